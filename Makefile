@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make demo` runs the main job, `make test` runs the tests.
+# Each creates .venv on first use. torch==2.13.0 is installed before the project so pip takes
+# the CPU build on this disk instead of resolving a multi-GB CUDA build from the index.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast ui bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) main.py job=gauntlet
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+ui: $(STAMP)
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
+
+bench: $(STAMP)
+	$(PY) benchmarks/gauntlet_throughput.py
+
+clean:
+	rm -rf .cache outputs/2* multirun_sweeps/2*

@@ -1,0 +1,131 @@
+"""Structured-config schemas, registered in Hydra's ConfigStore.
+
+`conf/config.yaml` lists `config_schema` first in its defaults, so every group file is merged
+into a typed node: a misspelt key or a wrong type fails at compose time, before any work.
+Checks that need more than a type (ranges, cross-references) live in each job's `validate`.
+Importing this module must stay cheap: no mlflow, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+class UserInputError(ValueError):
+    """Bad input: reported as one line naming the problem and the fix, before any work starts."""
+
+
+class DataLabel(str, Enum):
+    REPLAYED = "REPLAYED"
+    SIMULATED = "SIMULATED"
+    COUNTERFACTUAL = "COUNTERFACTUAL"
+
+
+@dataclass
+class JobConfig:
+    name: str = "gauntlet"  # module under vlaeval/jobs/ that main.py dispatches to
+
+
+@dataclass
+class PathsConfig:
+    # Jobs write here; the default is Hydra's run (or sweep job) directory. Reproduce overrides it.
+    output_dir: str = "${hydra:runtime.output_dir}"
+    cache_dir: str = "${oc.env:VLAEVAL_CACHE_DIR,.cache/vlaeval}"
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    # null: $MLFLOW_TRACKING_URI if set, else sqlite:///<cwd>/mlflow.db (MLflow 3's own default).
+    uri: Optional[str] = None
+    experiment_prefix: str = "vlaeval"
+    log_artifacts: bool = True
+
+
+@dataclass
+class StratumConfig:
+    priority: int = 99  # lower runs first
+    units: int = 1000
+    base_rate: float = 0.9
+    cluster_size: int = 20
+    data_label: DataLabel = DataLabel.SIMULATED
+    related: List[str] = field(default_factory=list)  # promoted when this stratum regresses
+    kind: str = "global"  # "safety" strata get the stricter review margin in the recommendation
+    catastrophic_halt: bool = False  # a certified catastrophic regression here halts the gauntlet
+    margin_delta: Optional[float] = None  # null: gauntlet.margin_delta
+
+
+@dataclass
+class GauntletConfig:
+    candidate_version: str = "candidate-v4"
+    baseline_version: str = "baseline-v3"
+    seed: int = 11
+    alpha: float = 0.05
+    margin_delta: float = 0.02
+    catastrophic_delta: float = 0.05
+    batch_units: int = 2000
+    budget_units: int = 80_000
+    nominal_stratum: str = "nominal"
+    nominal_base_allowance: int = 8000
+    nominal_expand_factor: float = 2.0
+    critical_stratum: str = "safety_critical"
+    bet_rule: str = "agrapa"  # see vlaeval.seqtest.BET_RULES
+    bet_cap: float = 0.95  # fraction c of the largest bet that keeps wealth non-negative on [-1, 1]
+    cs_grid_step: float = 0.001  # resolution of the confidence sequence for the mean difference
+    use_cache: bool = True
+    require_clean_code: bool = False  # lineage invalid when the git tree has uncommitted changes
+    plot: bool = True
+
+
+@dataclass
+class OutcomesConfig:
+    _target_: str = "vlaeval.gauntlet.outcomes.SyntheticOutcomes"
+    path: Optional[str] = None  # outcomes=file: CSV or Parquet of paired scenario outcomes
+
+
+@dataclass
+class ReproduceConfig:
+    run_id: Optional[str] = None  # an MLflow run id, or a local run directory
+    job_overrides: List[str] = field(default_factory=list)  # applied on top of the saved config
+
+
+@dataclass
+class HistoryConfig:
+    limit: int = 20
+
+
+@dataclass
+class VlaevalConfig:
+    job: JobConfig = field(default_factory=JobConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    gauntlet: GauntletConfig = field(default_factory=GauntletConfig)
+    strata: Dict[str, StratumConfig] = field(default_factory=dict)
+    effects: Dict[str, float] = field(default_factory=dict)
+    outcomes: OutcomesConfig = field(default_factory=OutcomesConfig)
+    reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="config_schema", node=VlaevalConfig)
+
+
+register_configs()
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise a one-line UserInputError unless `condition` holds."""
+    if not condition:
+        raise UserInputError(message)
+
+
+def to_plain(cfg: Any) -> Any:
+    """Resolved plain-Python view of an OmegaConf node (enums as their names)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)

@@ -1,0 +1,206 @@
+"""Outcome sources: paired (baseline, candidate) 0/1 outcomes per scenario, grouped in clusters.
+
+A source is chosen with `outcomes=<name>` and built with `hydra.utils.instantiate`, so a team can
+plug in its own (a simulator farm, a replay service) through `_target_`. The protocol:
+
+    describe() -> dict                     the data source, for lineage
+    validate(strata, effects) -> None      raise UserInputError before any work starts
+    load(request, cache) -> (StratumOutcomes, cache_status)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+
+from vlaeval.artifacts import sha256_file, stable_seed
+from vlaeval.config import StratumConfig, UserInputError, require
+from vlaeval.gauntlet.cache import ArrayCache
+
+# Bump when the synthetic generator changes what it produces: old cache entries become misses.
+SYNTHETIC_GENERATOR_VERSION = 1
+OUTCOME_COLUMNS = ("stratum", "scenario_id", "cluster_id", "baseline", "candidate")
+
+
+@dataclass
+class StratumOutcomes:
+    """Unit outcomes in evaluation order; clusters are contiguous runs of `cluster_sizes`."""
+
+    baseline: np.ndarray  # bool (units,)
+    candidate: np.ndarray  # bool (units,)
+    cluster_sizes: np.ndarray  # int64 (clusters,)
+
+    @property
+    def units(self) -> int:
+        return int(self.baseline.size)
+
+    def to_arrays(self) -> Dict[str, np.ndarray]:
+        return {
+            "baseline_bits": np.packbits(self.baseline),
+            "candidate_bits": np.packbits(self.candidate),
+            "units": np.array([self.units], dtype=np.int64),
+            "cluster_sizes": self.cluster_sizes.astype(np.int64),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "StratumOutcomes":
+        n = int(arrays["units"][0])
+        return cls(
+            np.unpackbits(arrays["baseline_bits"], count=n).astype(bool),
+            np.unpackbits(arrays["candidate_bits"], count=n).astype(bool),
+            np.asarray(arrays["cluster_sizes"], dtype=np.int64),
+        )
+
+
+@dataclass(frozen=True)
+class OutcomeRequest:
+    stratum: str
+    spec: StratumConfig
+    effect: float
+    seed: int
+    baseline_version: str
+    candidate_version: str
+
+
+def synthetic_paired_outcomes(stratum: str, spec: StratumConfig, effect: float, seed: int) -> StratumOutcomes:
+    """The seed's paired generator, vectorised: a shared uniform per scenario decides both
+    policies' outcomes (paired), a per-cluster scene offset moves the success rate, and 4% of
+    the candidate's scenarios draw a fresh uniform. The generator is seeded by a stable digest of
+    the stratum name (the seed used hash(), which Python salts per process)."""
+    n = int(spec.units)
+    rng = np.random.default_rng([int(seed), stable_seed("gauntlet-stratum", stratum)])
+    u = rng.random(n)
+    size = int(spec.cluster_size)
+    n_clusters = -(-n // size)
+    scene = rng.normal(0.0, 0.02, size=n_clusters)
+    p_base = np.clip(float(spec.base_rate) + np.repeat(scene, size)[:n], 0.02, 0.995)
+    p_cand = np.clip(p_base + float(effect), 0.02, 0.995)
+    flip = rng.random(n) < 0.04
+    fresh = rng.random(n)
+    sizes = np.full(n_clusters, size, dtype=np.int64)
+    sizes[-1] = n - size * (n_clusters - 1)
+    return StratumOutcomes(u < p_base, np.where(flip, fresh, u) < p_cand, sizes)
+
+
+class SyntheticOutcomes:
+    """The seed's synthetic paired generator with planted per-stratum effects, cached."""
+
+    def __init__(self, path: Optional[str] = None) -> None:
+        self.path = path  # unused: the schema is shared with FileOutcomes
+
+    def describe(self) -> Dict[str, Any]:
+        return {"kind": "synthetic", "generator_version": SYNTHETIC_GENERATOR_VERSION,
+                "sha256": f"synthetic-generator-v{SYNTHETIC_GENERATOR_VERSION}"}
+
+    def validate(self, strata: Mapping[str, StratumConfig], effects: Mapping[str, float]) -> None:
+        for name, effect in effects.items():
+            require(-1.0 <= float(effect) <= 1.0,
+                    f"effects.{name}={effect} is outside [-1, 1]; a planted effect is a difference of success rates")
+
+    def cache_payload(self, request: OutcomeRequest) -> Dict[str, Any]:
+        spec = request.spec
+        return {
+            "kind": "gauntlet-units",
+            "stratum": request.stratum,
+            "units": int(spec.units),
+            "base_rate": float(spec.base_rate),
+            "cluster_size": int(spec.cluster_size),
+            "effect": float(request.effect),
+            "seed": int(request.seed),
+            "baseline_version": request.baseline_version,
+            "candidate_version": request.candidate_version,
+            "generator_version": SYNTHETIC_GENERATOR_VERSION,
+            "numpy_major": int(np.__version__.split(".")[0]),
+        }
+
+    def load(self, request: OutcomeRequest, cache: ArrayCache) -> tuple[StratumOutcomes, str]:
+        arrays, status = cache.get_or_compute(
+            self.cache_payload(request),
+            lambda: synthetic_paired_outcomes(request.stratum, request.spec, request.effect, request.seed).to_arrays(),
+        )
+        return StratumOutcomes.from_arrays(arrays), status
+
+
+class FileOutcomes:
+    """Paired outcomes from a CSV or Parquet file with columns
+    stratum, scenario_id, cluster_id, baseline, candidate (outcomes 0/1).
+
+    Rows of one cluster are evaluated together (in the order their cluster first appears), so
+    a batch never splits a cluster. The file's rows are the stratum's units: `strata.*.units`
+    and `cluster_size` describe the synthetic source only.
+    """
+
+    def __init__(self, path: Optional[str] = None) -> None:
+        require(path is not None and str(path) not in ("", "???"),
+                "outcomes=file needs a file: add outcomes.path=<file.csv|file.parquet>")
+        self.path = Path(str(path))
+        self._by_stratum: Dict[str, StratumOutcomes] | None = None
+        self._sha256: str | None = None
+
+    def describe(self) -> Dict[str, Any]:
+        return {"kind": "file", "path": str(self.path.resolve()), "sha256": self._sha256}
+
+    def _read_table(self):
+        import pandas as pd
+
+        suffix = self.path.suffix.lower()
+        require(self.path.is_file(), f"outcomes.path={self.path} does not exist; pass an existing CSV or Parquet file")
+        require(suffix in (".csv", ".parquet", ".pq"),
+                f"outcomes.path={self.path} must end in .csv or .parquet")
+        try:
+            if suffix == ".csv":
+                return pd.read_csv(self.path, dtype={"stratum": str, "scenario_id": str, "cluster_id": str})
+            return pd.read_parquet(self.path)
+        except Exception as error:
+            raise UserInputError(f"outcomes.path={self.path} cannot be read ({type(error).__name__}: {error}); "
+                                 "check that it is a valid CSV or Parquet file") from error
+
+    def validate(self, strata: Mapping[str, StratumConfig], effects: Mapping[str, float]) -> None:
+        require(not effects, "effects can only be planted in synthetic outcomes; use effects=none with outcomes=file")
+        table = self._read_table()
+        missing = [c for c in OUTCOME_COLUMNS if c not in table.columns]
+        require(not missing, f"outcome file {self.path} lacks column(s) {', '.join(missing)}; "
+                             f"required: {', '.join(OUTCOME_COLUMNS)}")
+        require(len(table) > 0, f"outcome file {self.path} has no rows")
+        for column in OUTCOME_COLUMNS:
+            bad = table[column].isna()
+            require(not bad.any(), f"outcome file {self.path}: column {column} is empty in data row "
+                                   f"{int(bad.to_numpy().argmax())}; fill it or drop the row")
+        for column in ("baseline", "candidate"):
+            values = table[column]
+            numeric = values.astype(str).str.strip().str.lower().map(
+                {"0": 0, "1": 1, "0.0": 0, "1.0": 1, "true": 1, "false": 0})
+            if numeric.isna().any():
+                first = int(numeric.isna().to_numpy().argmax())
+                raise UserInputError(f"outcome file {self.path}: {column}={values.iloc[first]!r} in row {first} "
+                                     "is not a 0/1 outcome; encode success as 1 and failure as 0")
+            table[column] = numeric.astype(bool)
+        table["stratum"] = table["stratum"].astype(str)
+        table["scenario_id"] = table["scenario_id"].astype(str)
+        table["cluster_id"] = table["cluster_id"].astype(str)
+        duplicated = table["scenario_id"].duplicated()
+        if duplicated.any():
+            dup = table["scenario_id"][duplicated].iloc[0]
+            raise UserInputError(f"outcome file {self.path}: scenario_id {dup!r} appears more than once; "
+                                 "each scenario must have one paired row")
+        unknown = sorted(set(table["stratum"]) - set(strata))
+        require(not unknown, f"outcome file {self.path}: unknown stratum {unknown[0]!r}; "
+                             f"known strata: {', '.join(strata)} (add it to the strata config or fix the file)")
+        self._by_stratum = {}
+        for name, rows in table.groupby("stratum", sort=False):
+            # Stable regrouping: clusters in order of first appearance, rows in file order.
+            order = rows["cluster_id"].map({c: i for i, c in enumerate(rows["cluster_id"].unique())})
+            rows = rows.assign(_cluster_rank=order.to_numpy()).sort_values("_cluster_rank", kind="stable")
+            sizes = rows.groupby("_cluster_rank", sort=True).size().to_numpy(dtype=np.int64)
+            self._by_stratum[str(name)] = StratumOutcomes(
+                rows["baseline"].to_numpy(dtype=bool), rows["candidate"].to_numpy(dtype=bool), sizes)
+        self._sha256 = sha256_file(self.path)
+
+    def load(self, request: OutcomeRequest, cache: ArrayCache) -> tuple[StratumOutcomes, str]:
+        if self._by_stratum is None:
+            raise RuntimeError("FileOutcomes.validate() must run before load()")
+        empty = StratumOutcomes(np.zeros(0, bool), np.zeros(0, bool), np.zeros(0, np.int64))
+        return self._by_stratum.get(request.stratum, empty), "file"
