@@ -73,7 +73,7 @@ class PairedSequentialTest:
         self._pass = WealthFamily.start(np.array(decision_margins), UPPER)
         self._regression = WealthFamily.start(np.array(decision_margins), LOWER)
         steps = int(round(2.0 / cs_grid_step))
-        self._cs_grid = np.linspace(-1.0, 1.0, steps + 1)[1:-1]
+        self._cs_grid = np.round(np.linspace(-1.0, 1.0, steps + 1)[1:-1], 12)
         self._cs_lower = WealthFamily.start(self._cs_grid, UPPER)  # rejects Delta <= m
         self._cs_upper = WealthFamily.start(self._cs_grid, LOWER)  # rejects Delta >= m
         self._cs_alive = np.ones(self._cs_grid.shape, dtype=bool)

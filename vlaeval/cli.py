@@ -1,0 +1,51 @@
+"""The edge between Hydra and the jobs: one-line errors, exit codes, no half-written output."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from vlaeval.config import UserInputError
+
+EXIT_BAD_INPUT = 2
+EXIT_TRACKING = 3
+
+
+def _remove_if_only_hydra_files(output_dir: str | None) -> None:
+    """Bad input leaves nothing behind: drop the run directory if it holds only Hydra's own
+    files (.hydra/ and the log); anything else in it is kept."""
+    if not output_dir:
+        return
+    path = Path(output_dir)
+    if path.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in path.iterdir()):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def run_job(cfg: DictConfig) -> float | None:
+    from vlaeval import console
+    from vlaeval.jobs import dispatch
+    from vlaeval.tracking import TrackingError
+
+    try:
+        result = dispatch(cfg)
+    except UserInputError as error:
+        console.print_error(str(error))
+        _remove_if_only_hydra_files(_hydra_output_dir())
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    except TrackingError as error:
+        console.print_error(str(error))
+        raise SystemExit(EXIT_TRACKING) from None
+    # A number Hydra sweepers can optimise: 1.0 when every gate check passed.
+    checks = result.get("checks") if isinstance(result, dict) else None
+    return float(all(checks.values())) if checks else None
+
+
+def _hydra_output_dir() -> str | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.output_dir
+    except Exception:
+        return None

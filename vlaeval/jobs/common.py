@@ -1,0 +1,66 @@
+"""What every job does at its edges: typed views of the config, the local result, tracking."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from vlaeval import tracking
+from vlaeval.artifacts import atomic_write_json
+from vlaeval.config import to_plain
+
+RESULT_FILE = "result.json"
+# Metrics that measure the machine, not the method: reproduce does not compare them.
+VOLATILE_METRIC_PREFIXES = ("timing.",)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    path = Path(str(cfg.paths.output_dir))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def typed(node: Any) -> Any:
+    """The structured-config dataclass behind a node (enums and types as the schema says)."""
+    return OmegaConf.to_object(node)
+
+
+def publish(
+    cfg: DictConfig,
+    job_name: str,
+    result: Dict[str, Any],
+    *,
+    started_ms: int,
+    run_name: str,
+    metrics: Mapping[str, Optional[float]],
+    checks: Mapping[str, bool],
+    tags: Mapping[str, Any],
+    history: Mapping[str, Sequence[Tuple[int, Optional[float]]]] = (),
+    plots: Sequence[Path] = (),
+    code: Mapping[str, Any],
+) -> Dict[str, Any]:
+    """Write the result locally (atomic) first, then log the run to MLflow."""
+    plain = to_plain(cfg)
+    out = output_dir(cfg)
+    all_tags = tracking.standard_tags(plain, code, tags)
+    result.update(job=job_name, metrics=dict(metrics), checks=dict(checks),
+                  tags={k: v for k, v in all_tags.items() if v is not None},
+                  config_sha256=all_tags["config.sha256"])
+    result_path = atomic_write_json(out / RESULT_FILE, result)
+    artifacts = [(result_path, None), (out / ".hydra", "hydra")] + [(p, "plots") for p in plots]
+    with tracking.open_run(cfg.tracking, job_name, run_name=run_name, start_time_ms=started_ms,
+                           tags=all_tags, result_path=result_path) as logger:
+        if logger is not None:
+            tracking.log_standard_run(logger, plain, metrics=metrics, checks=checks, tags=all_tags,
+                                      history=history, artifacts=artifacts,
+                                      log_artifacts=cfg.tracking.log_artifacts)
+            result["mlflow_run_id"] = logger.run_id
+    result["result_path"] = str(result_path)
+    return result

@@ -1,0 +1,195 @@
+"""job=reproduce: re-run a logged run from its saved config and compare the numbers.
+
+Fetch the run's saved `.hydra/config.yaml` (from MLflow by run id, or from a local run
+directory), refuse `_target_` values outside `vlaeval.` (a saved config is untrusted input),
+validate it against today's schema, warn when the code version differs, re-run the same job into
+<this run's output dir>/rerun, and print original vs re-run for each key metric, gate check and
+decision: identical or differs.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from vlaeval import console
+from vlaeval.artifacts import atomic_write_json, atomic_write_text, read_json
+from vlaeval.config import UserInputError, VlaevalConfig, require
+from vlaeval.gauntlet.lineage import code_version
+from vlaeval.jobs import job_runner
+from vlaeval.jobs.common import RESULT_FILE, VOLATILE_METRIC_PREFIXES, output_dir
+
+REPRODUCIBLE_JOBS = ("gauntlet",)
+TRUSTED_TARGET_PREFIX = "vlaeval."
+COMPARED_TAG_PREFIXES = ("recommendation", "halted", "gate.pass", "stratum.", "config.sha256")
+
+
+def run(cfg: DictConfig) -> Dict[str, Any]:
+    source = cfg.reproduce.run_id
+    require(source is not None and str(source).strip() != "",
+            "job=reproduce needs reproduce.run_id=<MLflow run id or local run directory>")
+    saved, original = load_original(cfg, str(source))
+    refuse_untrusted_targets(saved)
+    rerun_cfg = rerun_config(cfg, saved)
+    job_name = str(rerun_cfg.job.name)
+    require(job_name in REPRODUCIBLE_JOBS,
+            f"run {source} is a job={job_name} run; reproduce re-runs {', '.join(REPRODUCIBLE_JOBS)}")
+
+    warnings = version_warnings(original["tags"])
+    for w in warnings:
+        console.show(f"[yellow]warning:[/yellow] {w}")
+    rerun_dir = Path(str(rerun_cfg.paths.output_dir))
+    atomic_write_text(rerun_dir / ".hydra" / "config.yaml", OmegaConf.to_yaml(rerun_cfg))
+    rerun = job_runner(job_name)(rerun_cfg)
+    _tag_reproduction(cfg, rerun, str(source))
+
+    comparisons = compare(original, rerun)
+    all_identical = all(c["verdict"] == "identical" for c in comparisons)
+    console.show(console.table(
+        f"Reproduction of {source} ({job_name})", ["key", "original", "re-run", "verdict"],
+        [(c["key"], _show(c["original"]), _show(c["rerun"]), c["verdict"]) for c in comparisons]))
+    differing = sum(c["verdict"] != "identical" for c in comparisons)
+    console.show(f"{len(comparisons) - differing} identical, {differing} differ"
+                 + ("" if all_identical else "  <- NOT reproduced"))
+    report = {"source": str(source), "job": job_name, "warnings": warnings, "all_identical": all_identical,
+              "comparisons": comparisons, "rerun_result": rerun.get("result_path"),
+              "rerun_mlflow_run_id": rerun.get("mlflow_run_id")}
+    atomic_write_json(output_dir(cfg) / "reproduce.json", report)
+    return report
+
+
+# ------------------------------------------------------------------ loading
+def load_original(cfg: DictConfig, source: str) -> Tuple[DictConfig, Dict[str, Any]]:
+    """(saved config, {"metrics": ..., "tags": ...}) from a run directory or an MLflow run."""
+    directory = Path(source)
+    if directory.is_dir():
+        config_path = directory / ".hydra" / "config.yaml"
+        require(config_path.is_file(), f"{directory} has no .hydra/config.yaml; pass a Hydra run directory of vlaeval")
+        require((directory / RESULT_FILE).is_file(), f"{directory} has no {RESULT_FILE}: that run did not finish")
+        result = read_json(directory / RESULT_FILE)
+        metrics = dict(result.get("metrics", {}))
+        metrics.update({f"gate.{k}": float(v) for k, v in result.get("checks", {}).items()})
+        return _load_yaml(config_path), {"metrics": metrics, "tags": result.get("tags", {})}
+    require(cfg.tracking.enabled, f"{source} is not a directory and tracking is disabled: cannot look up an MLflow run")
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from vlaeval.tracking import resolve_uri
+
+    uri = resolve_uri(cfg.tracking)
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        mlflow_run = client.get_run(source)
+    except MlflowException as error:
+        raise UserInputError(f"no MLflow run {source!r} in {uri} ({str(error).splitlines()[0]}); "
+                             "pass a run id from the MLflow UI or a local run directory") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(source, "hydra/config.yaml", tmp)
+        except Exception as error:
+            raise UserInputError(f"MLflow run {source} has no hydra/config.yaml artifact ({type(error).__name__}); "
+                                 "it was not logged by vlaeval with tracking.log_artifacts=true") from None
+        saved = _load_yaml(Path(path))
+    return saved, {"metrics": dict(mlflow_run.data.metrics), "tags": dict(mlflow_run.data.tags)}
+
+
+def _load_yaml(path: Path) -> DictConfig:
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as error:
+        raise UserInputError(f"saved config {path} is not valid YAML ({type(error).__name__})") from None
+    require(isinstance(loaded, DictConfig), f"saved config {path} is not a mapping")
+    return loaded
+
+
+def _walk_targets(node: Any, where: str = "") -> Iterator[Tuple[str, Any]]:
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            path = f"{where}.{key}" if where else str(key)
+            if key == "_target_":
+                yield path, value
+            else:
+                yield from _walk_targets(value, path)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk_targets(value, f"{where}.{i}")
+
+
+def refuse_untrusted_targets(saved: DictConfig) -> None:
+    plain = OmegaConf.to_container(saved, resolve=False)
+    for path, target in _walk_targets(plain):
+        if not (isinstance(target, str) and target.startswith(TRUSTED_TARGET_PREFIX)):
+            raise UserInputError(f"saved config sets {path}={target!r}, outside the {TRUSTED_TARGET_PREFIX!r} "
+                                 "namespace: refused (a saved config is untrusted input)")
+
+
+def rerun_config(cfg: DictConfig, saved: DictConfig) -> DictConfig:
+    """The saved config, validated by today's schema, writing into <output>/rerun and tracking
+    to where this run tracks."""
+    schema = OmegaConf.structured(VlaevalConfig)
+    try:
+        rerun = OmegaConf.merge(schema, saved)
+        overrides = list(cfg.reproduce.job_overrides)
+        if overrides:
+            rerun = OmegaConf.merge(rerun, OmegaConf.from_dotlist(overrides))
+    except Exception as error:
+        raise UserInputError(f"saved config does not fit today's schema ({str(error).splitlines()[0]}); "
+                             "reproduce it with the vlaeval version that made it") from None
+    rerun.paths.output_dir = str(output_dir(cfg) / "rerun")
+    rerun.paths.cache_dir = cfg.paths.cache_dir
+    rerun.tracking = cfg.tracking
+    rerun.reproduce = OmegaConf.structured(VlaevalConfig().reproduce)
+    return rerun
+
+
+def version_warnings(original_tags: Mapping[str, Any]) -> List[str]:
+    code = code_version()
+    out = []
+    for tag, now, label in (("git.sha", code["git_sha"], "git sha"),
+                            ("vlaeval.version", code["vlaeval_version"], "vlaeval version")):
+        then = original_tags.get(tag)
+        if then is not None and now is not None and str(then) != str(now):
+            out.append(f"{label} differs: original {then}, now {now}")
+    return out
+
+
+# ------------------------------------------------------------------ comparing
+def compare(original: Mapping[str, Any], rerun: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    rerun_metrics = dict(rerun["metrics"])
+    rerun_metrics.update({f"gate.{k}": float(v) for k, v in rerun["checks"].items()})
+    rows = []
+    for key in sorted(rerun_metrics):
+        if key.startswith(VOLATILE_METRIC_PREFIXES):
+            continue
+        rows.append(_compare_one(key, original["metrics"].get(key), rerun_metrics[key]))
+    for key in sorted(rerun["tags"]):
+        if key.startswith(COMPARED_TAG_PREFIXES):
+            rows.append(_compare_one(key, original["tags"].get(key), rerun["tags"][key]))
+    return rows
+
+
+def _compare_one(key: str, a: Any, b: Any) -> Dict[str, Any]:
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and a is not None:
+        same = float(a) == float(b) or (math.isnan(float(a)) and math.isnan(float(b)))
+    else:
+        same = a is not None and str(a) == str(b)
+    return {"key": key, "original": a, "rerun": b, "verdict": "identical" if same else "differs"}
+
+
+def _show(value: Any) -> str:
+    return "-" if value is None else (repr(float(value)) if isinstance(value, (int, float)) else str(value))
+
+
+def _tag_reproduction(cfg: DictConfig, rerun: Mapping[str, Any], source: str) -> None:
+    run_id: Optional[str] = rerun.get("mlflow_run_id")
+    if not run_id:
+        return
+    from mlflow.tracking import MlflowClient
+
+    from vlaeval.tracking import resolve_uri
+
+    MlflowClient(tracking_uri=resolve_uri(cfg.tracking)).set_tag(run_id, "vlaeval.reproduced_from", source)

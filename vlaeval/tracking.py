@@ -1,0 +1,300 @@
+"""Everything MLflow: the store, runs, flattened params, metrics, gate checks, tags, artifacts.
+
+mlflow is imported lazily (it costs ~2 s), so `--help`, `--cfg job` and config tests stay fast.
+A brand-new SQLite store is created once, under a file lock: MLflow migrates a new database
+without a lock, and parallel processes racing on that corrupt it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from vlaeval.artifacts import sha256_json
+
+PARENT_RUN_FILE = ".vlaeval_parent_run.json"
+MAX_PARAM_CHARS = 6000
+MAX_TAG_CHARS = 8000
+SECRET_KEY = re.compile(r"(password|passwd|secret|token|credential|(^|_)key$|api_?key|access_?key)", re.I)
+MASK = "*****"
+# Config sections that do not change a run's numbers: left out of the config digest.
+VOLATILE_SECTIONS = ("paths", "tracking")
+
+
+class TrackingError(RuntimeError):
+    """MLflow could not record a run; the result is already saved locally."""
+
+
+def default_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def resolve_uri(tracking_cfg: Any) -> str:
+    return tracking_cfg.uri or default_uri()
+
+
+def experiment_name(tracking_cfg: Any, job_name: str) -> str:
+    return f"{tracking_cfg.experiment_prefix}-{job_name}"
+
+
+def ensure_store(uri: str) -> None:
+    """Create a SQLite store once (migrations) under an exclusive lock; other stores pass."""
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            from mlflow.tracking import MlflowClient
+
+            # Any read initialises (migrates) the schema; holding the lock serialises creators.
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def config_sha256(plain_cfg: Mapping[str, Any]) -> str:
+    return sha256_json({k: v for k, v in plain_cfg.items() if k not in VOLATILE_SECTIONS})
+
+
+def flatten(value: Any, prefix: str = "") -> Dict[str, Any]:
+    """{'a': {'b': [1, 2]}} -> {'a.b.0': 1, 'a.b.1': 2}; MLflow rejects 'a[0]'-style keys."""
+    if isinstance(value, Mapping):
+        items: Iterable[Tuple[str, Any]] = ((str(k), v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((str(i), v) for i, v in enumerate(value))
+    else:
+        return {prefix: value}
+    out: Dict[str, Any] = {}
+    empty = True
+    for key, item in items:
+        empty = False
+        out.update(flatten(item, f"{prefix}.{key}" if prefix else key))
+    if empty and prefix:
+        out[prefix] = "[]" if isinstance(value, (list, tuple)) else "{}"
+    return out
+
+
+def mask_secrets(flat: Mapping[str, Any]) -> Dict[str, Any]:
+    return {k: (MASK if SECRET_KEY.search(k.rsplit(".", 1)[-1]) and v not in (None, "") else v)
+            for k, v in flat.items()}
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 13] + "...[clipped]"
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def hydra_runtime() -> Dict[str, Any]:
+    """Output dir, sweep dir, job number and overrides of the current Hydra job (if any)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+    except Exception:
+        return {}
+    info = {"output_dir": hc.runtime.output_dir, "mode": str(hc.mode),
+            "overrides": list(hc.overrides.task)}
+    if str(hc.mode) == "RunMode.MULTIRUN":
+        info["sweep_dir"] = str(Path(hc.sweep.dir).resolve())
+        info["job_num"] = int(hc.job.num)
+    return info
+
+
+def read_parent_run(sweep_dir: Optional[str]) -> Optional[Dict[str, Any]]:
+    if not sweep_dir:
+        return None
+    path = Path(sweep_dir) / PARENT_RUN_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+class RunLogger:
+    """One MLflow run, written through MlflowClient (no global fluent state, safe in workers)."""
+
+    def __init__(self, client: Any, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        entries = [Param(_clip(k, 250), _clip(str(v), MAX_PARAM_CHARS)) for k, v in params.items()]
+        for chunk in _chunks(entries, 100):
+            self.client.log_batch(self.run_id, params=list(chunk))
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        entries = [RunTag(k, _clip(str(v), MAX_TAG_CHARS)) for k, v in tags.items() if v is not None]
+        for chunk in _chunks(entries, 100):
+            self.client.log_batch(self.run_id, tags=list(chunk))
+
+    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: int = 0) -> None:
+        self.log_history({k: [(step, v)] for k, v in metrics.items()})
+
+    def log_history(self, history: Mapping[str, Sequence[Tuple[int, Optional[float]]]]) -> None:
+        """Metric series: {key: [(step, value), ...]}; None and non-finite values are skipped."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        entries = [Metric(key, float(value), now, int(step))
+                   for key, points in history.items() for step, value in points
+                   if value is not None and _finite(value)]
+        for chunk in _chunks(entries, 1000):
+            self.client.log_batch(self.run_id, metrics=list(chunk))
+
+    def log_checks(self, checks: Mapping[str, bool]) -> None:
+        """Each check as a 0/1 metric gate.<name>, and the tag gate.pass."""
+        self.log_metrics({f"gate.{name}": float(bool(ok)) for name, ok in checks.items()})
+        self.set_tags({"gate.pass": str(all(checks.values())).lower()})
+
+    def log_artifact(self, path: str | Path, artifact_path: Optional[str] = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        elif path.exists():
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+
+def _finite(value: float) -> bool:
+    return value == value and value not in (float("inf"), float("-inf"))
+
+
+@contextlib.contextmanager
+def open_run(
+    tracking_cfg: Any,
+    job_name: str,
+    *,
+    run_name: str,
+    start_time_ms: int,
+    tags: Mapping[str, Any],
+    result_path: Path,
+) -> Iterator[Optional[RunLogger]]:
+    """An MLflow run that ends FINISHED, or FAILED if the body raises; None when disabled.
+
+    Any MLflow failure becomes a TrackingError naming the store and where the result is saved.
+    """
+    if not tracking_cfg.enabled:
+        yield None
+        return
+    uri = resolve_uri(tracking_cfg)
+    runtime = hydra_runtime()
+    parent = read_parent_run(runtime.get("sweep_dir"))
+    logger: Optional[RunLogger] = None
+    try:
+        from mlflow.tracking import MlflowClient
+
+        ensure_store(uri)
+        client = MlflowClient(tracking_uri=uri)
+        experiment_id = get_or_create_experiment(client, experiment_name(tracking_cfg, job_name))
+        all_tags = {"mlflow.runName": run_name, "vlaeval.job": job_name, **tags}
+        if parent is not None:
+            all_tags["mlflow.parentRunId"] = parent["run_id"]
+        run = client.create_run(experiment_id, start_time=start_time_ms,
+                                tags={k: _clip(str(v), MAX_TAG_CHARS) for k, v in all_tags.items() if v is not None})
+        logger = RunLogger(client, run.info.run_id)
+    except Exception as error:
+        raise TrackingError(f"MLflow tracking at {uri} failed to open a run ({type(error).__name__}: "
+                            f"{_first_line(error)}); the result is saved at {result_path}") from error
+    try:
+        yield logger
+    except BaseException as error:
+        with contextlib.suppress(Exception):
+            logger.set_tags({"vlaeval.error": f"{type(error).__name__}: {_first_line(error)}"})
+            logger.client.set_terminated(logger.run_id, status="FAILED")
+        if isinstance(error, Exception) and not isinstance(error, TrackingError):
+            raise TrackingError(f"MLflow tracking at {uri} failed while logging run {logger.run_id} "
+                                f"({type(error).__name__}: {_first_line(error)}); the result is saved at "
+                                f"{result_path}") from error
+        raise
+    try:
+        logger.client.set_terminated(logger.run_id, status="FINISHED")
+    except Exception as error:
+        raise TrackingError(f"MLflow tracking at {uri} failed to close run {logger.run_id} "
+                            f"({_first_line(error)}); the result is saved at {result_path}") from error
+
+
+def get_or_create_experiment(client: Any, name: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception:
+        # Another process created it between our lookup and create.
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def standard_tags(plain_cfg: Mapping[str, Any], code: Mapping[str, Any], extra: Mapping[str, Any] = ()) -> Dict[str, Any]:
+    runtime = hydra_runtime()
+    tags = {
+        "vlaeval.run_kind": "job",
+        "vlaeval.version": code.get("vlaeval_version"),
+        "git.sha": code.get("git_sha"),
+        "git.dirty": None if code.get("git_dirty") is None else str(code["git_dirty"]).lower(),
+        "config.sha256": config_sha256(plain_cfg),
+        "hydra.output_dir": plain_cfg.get("paths", {}).get("output_dir"),
+        "hydra.sweep_dir": runtime.get("sweep_dir"),
+        "hydra.job_num": runtime.get("job_num"),
+        "hydra.overrides": " ".join(runtime.get("overrides", [])) or None,
+    }
+    tags.update(dict(extra))
+    return tags
+
+
+def log_standard_run(
+    logger: RunLogger,
+    plain_cfg: Mapping[str, Any],
+    *,
+    metrics: Mapping[str, Optional[float]],
+    checks: Mapping[str, bool],
+    tags: Mapping[str, Any],
+    history: Mapping[str, Sequence[Tuple[int, Optional[float]]]] = (),
+    artifacts: Sequence[Tuple[Path, Optional[str]]] = (),
+    log_artifacts: bool = True,
+) -> None:
+    """What every job logs: flattened masked params, metrics, history, checks, tags, artifacts."""
+    logger.log_params(mask_secrets(flatten(plain_cfg)))
+    logger.log_metrics(metrics)
+    if history:
+        logger.log_history(history)
+    if checks:
+        logger.log_checks(checks)
+    logger.set_tags(tags)
+    if log_artifacts:
+        for path, artifact_path in artifacts:
+            logger.log_artifact(path, artifact_path)
+
+
+def search_job_runs(tracking_cfg: Any, job_name: str, limit: int) -> Tuple[Any, List[Any]]:
+    """(client, runs) of a job's experiment, newest first, sweep parents left out."""
+    from mlflow.tracking import MlflowClient
+
+    uri = resolve_uri(tracking_cfg)
+    ensure_store(uri)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(experiment_name(tracking_cfg, job_name))
+    if experiment is None:
+        return client, []
+    runs = client.search_runs([experiment.experiment_id], filter_string="tags.`vlaeval.run_kind` != 'sweep_parent'",
+                              order_by=["attributes.start_time DESC"], max_results=limit)
+    return client, list(runs)
