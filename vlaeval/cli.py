@@ -21,6 +21,9 @@ def _remove_if_only_hydra_files(output_dir: str | None) -> None:
     path = Path(output_dir)
     if path.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in path.iterdir()):
         shutil.rmtree(path, ignore_errors=True)
+        parent = path.parent
+        if parent != Path.cwd() and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()  # the outputs/ folder Hydra made for this run alone
 
 
 def run_job(cfg: DictConfig) -> float | None:

@@ -175,7 +175,9 @@ class FileOutcomes:
                 {"0": 0, "1": 1, "0.0": 0, "1.0": 1, "true": 1, "false": 0})
             if numeric.isna().any():
                 first = int(numeric.isna().to_numpy().argmax())
-                raise UserInputError(f"outcome file {self.path}: {column}={values.iloc[first]!r} in row {first} "
+                raw = values.iloc[first]
+                raw = raw.item() if hasattr(raw, "item") else raw
+                raise UserInputError(f"outcome file {self.path}: {column}={raw!r} in row {first} "
                                      "is not a 0/1 outcome; encode success as 1 and failure as 0")
             table[column] = numeric.astype(bool)
         table["stratum"] = table["stratum"].astype(str)
@@ -187,8 +189,9 @@ class FileOutcomes:
             raise UserInputError(f"outcome file {self.path}: scenario_id {dup!r} appears more than once; "
                                  "each scenario must have one paired row")
         unknown = sorted(set(table["stratum"]) - set(strata))
-        require(not unknown, f"outcome file {self.path}: unknown stratum {unknown[0]!r}; "
-                             f"known strata: {', '.join(strata)} (add it to the strata config or fix the file)")
+        if unknown:
+            raise UserInputError(f"outcome file {self.path}: unknown stratum {unknown[0]!r}; known strata: "
+                                 f"{', '.join(strata)} (add it to the strata config or fix the file)")
         self._by_stratum = {}
         for name, rows in table.groupby("stratum", sort=False):
             # Stable regrouping: clusters in order of first appearance, rows in file order.

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from vlaeval import console
-from vlaeval.config import require, to_plain
+from vlaeval.config import UserInputError, require, to_plain
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.lineage import build_lineage, code_version
 from vlaeval.gauntlet.plots import plot_trajectories
@@ -30,7 +31,14 @@ JOB = "gauntlet"
 def build_source(cfg: DictConfig) -> Any:
     require(not OmegaConf.is_missing(cfg.outcomes, "path"),
             "outcomes=file needs a file: add outcomes.path=<file.csv|file.parquet>")
-    return instantiate(cfg.outcomes)
+    try:
+        return instantiate(cfg.outcomes)
+    except InstantiationException as error:
+        # Hydra wraps the source's own one-line input errors; show them as they are.
+        if isinstance(error.__cause__, UserInputError):
+            raise error.__cause__ from None
+        raise UserInputError(f"outcomes._target_={cfg.outcomes._target_} could not be built "
+                             f"({str(error).splitlines()[0]})") from None
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:

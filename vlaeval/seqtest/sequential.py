@@ -164,15 +164,18 @@ class PairedSequentialTest:
         return lower, upper
 
     def e_values(self) -> Dict[str, float]:
+        def e(log_wealth: float) -> float:
+            return float(np.exp(min(log_wealth, 700.0)))  # ~1e304: beyond that, only "huge" matters
+
         out = {
-            "e_value_regression": float(np.exp(self._regression.log_wealth[0])),
-            "e_value_pass": float(np.exp(self._pass.log_wealth[0])),
-            "max_e_value_regression": float(np.exp(self._regression.log_max_wealth[0])),
-            "max_e_value_pass": float(np.exp(self._pass.log_max_wealth[0])),
+            "e_value_regression": e(self._regression.log_wealth[0]),
+            "e_value_pass": e(self._pass.log_wealth[0]),
+            "max_e_value_regression": e(self._regression.log_max_wealth[0]),
+            "max_e_value_pass": e(self._pass.log_max_wealth[0]),
         }
         if self.catastrophic_delta is not None:
-            out["e_value_catastrophic"] = float(np.exp(self._regression.log_wealth[1]))
-            out["e_value_not_catastrophic"] = float(np.exp(self._pass.log_wealth[1]))
+            out["e_value_catastrophic"] = e(self._regression.log_wealth[1])
+            out["e_value_not_catastrophic"] = e(self._pass.log_wealth[1])
         return out
 
     def record_trajectory_point(self, **extra: Any) -> Dict[str, Any]:

@@ -1,0 +1,102 @@
+"""Every config group composes; typos and wrong types fail at compose time; the CLI is light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from conftest import CONF, MAIN, REPO, compose_config, typed_gauntlet
+from vlaeval.config import DataLabel, StratumConfig
+
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "sweep")
+
+
+def _options(group):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_every_group_option_composes(group, option):
+    overrides = [f"{group}={option}"]
+    if (group, option) == ("outcomes", "file"):
+        overrides.append("outcomes.path=somewhere.csv")
+    cfg = compose_config(overrides)
+    settings, strata, effects = typed_gauntlet(cfg)
+    assert all(isinstance(s, StratumConfig) for s in strata.values())
+    assert all(isinstance(s.data_label, DataLabel) for s in strata.values())
+    assert set(effects) <= set(strata)
+
+
+@pytest.mark.parametrize("sweep", _options("sweep"))
+def test_sweep_presets_compose(sweep):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        cfg = compose("config", overrides=[f"+sweep={sweep}"], return_hydra_config=True)
+    assert cfg.hydra.mode.name == "MULTIRUN"
+    assert cfg.hydra.sweeper.params
+
+
+def test_default_strata_are_the_seed_priority_order():
+    from vlaeval.gauntlet import priority_order
+
+    _, strata, _ = typed_gauntlet(compose_config())
+    assert priority_order(strata) == ["safety_critical", "historical_regressions", "new_odd",
+                                      "distribution_shift", "rare_events", "nominal"]
+    assert sum(s.units for s in strata.values()) == 100_000
+    assert strata["safety_critical"].related == ["historical_regressions", "rare_events"]
+
+
+@pytest.mark.parametrize("override", [
+    "gauntlet.margn_delta=0.1",          # misspelt key
+    "strata.safety_critical.unitz=5",    # misspelt nested key
+    "tracking.urii=x",
+])
+def test_typo_fails_at_compose_time(override):
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_config([override])
+    assert isinstance(info.value.__cause__, (ConfigKeyError, ValidationError)) or "not in" in str(info.value.__cause__)
+
+
+@pytest.mark.parametrize("override", [
+    "gauntlet.alpha=abc",
+    "gauntlet.budget_units=lots",
+    "strata.nominal.data_label=GUESSED",
+    "tracking.enabled=maybe",
+])
+def test_wrong_type_fails_at_compose_time(override):
+    with pytest.raises(ConfigCompositionException):
+        compose_config([override])
+
+
+def test_typo_on_the_command_line_is_a_clear_hydra_error(tmp_path):
+    proc = subprocess.run([sys.executable, str(MAIN), "gauntlet.margn_delta=0.1"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "Key 'margn_delta' not in 'GauntletConfig'" in proc.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--cfg", "job"]])
+def test_help_and_cfg_do_not_import_mlflow_or_torch(tmp_path, args):
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(MAIN), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
+    assert "hydra" in imported
+    assert "mlflow" not in imported and "torch" not in imported and "matplotlib" not in imported
+    if args == ["--cfg", "job"]:
+        printed = OmegaConf.create(proc.stdout)
+        assert printed.job.name == "gauntlet" and printed.gauntlet.margin_delta == 0.02
+
+
+def test_readme_commands_exist():
+    readme = (REPO / "README.md").read_text()
+    assert readme.index("make demo") < 2000 and readme.index("make test") < 2000
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "make test" in ci

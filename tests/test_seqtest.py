@@ -1,0 +1,179 @@
+"""The anytime-valid paired test: bets, wealth, stickiness, confidence sequences, validity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import beta as beta_dist
+
+from vlaeval.seqtest import (
+    CATASTROPHIC,
+    DECISION_INSUFFICIENT,
+    DECISION_PASS,
+    DECISION_REGRESSION,
+    NOT_CATASTROPHIC,
+    PairedSequentialTest,
+    cluster_means,
+    log_wealth_paths,
+    plan_batches,
+)
+from vlaeval.seqtest.eprocess import LOWER, UPPER, MomentState, WealthFamily, predictable_bets
+
+
+def clopper_pearson_lower(k: int, n: int, level: float = 0.95) -> float:
+    return 0.0 if k == 0 else float(beta_dist.ppf((1 - level) / 2, k, n - k + 1))
+
+
+def paired_cluster_means(rng, reps, clusters, size, delta, p_plus=0.01):
+    """Cluster means of paired unit differences in {-1, 0, 1} with mean exactly `delta`."""
+    p_minus = p_plus - delta
+    u = rng.random((reps, clusters, size))
+    d = (u < p_plus).astype(np.float64) - ((u >= p_plus) & (u < p_plus + p_minus))
+    return d.mean(axis=2)
+
+
+@pytest.mark.parametrize("cap", [0.5, 0.95, 1.0])
+@pytest.mark.parametrize("side", [UPPER, LOWER])
+def test_wealth_never_negative_on_adversarial_data(cap, side):
+    rng = np.random.default_rng(3)
+    x = rng.choice([-1.0, 1.0], size=(50, 400))  # the bounds themselves, in every order
+    logw = log_wealth_paths(x, -0.02, side, cap_fraction=cap)
+    assert not np.any(np.isnan(logw))
+    if cap < 1.0:
+        assert np.all(np.isfinite(logw))  # factor >= 1 - c > 0: wealth stays strictly positive
+    else:
+        assert np.all(logw < np.inf)
+
+
+def test_bets_are_predictable():
+    """Changing x_t must not change any bet up to and including t."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-0.2, 0.2, 200)
+    y = x.copy()
+    y[120] = -1.0
+    margins = np.array([[-0.02], [0.0], [0.05]])
+    a = predictable_bets(x, MomentState(), margins, UPPER, rule="agrapa", cap_fraction=0.95, alpha=0.05)
+    b = predictable_bets(y, MomentState(), margins, UPPER, rule="agrapa", cap_fraction=0.95, alpha=0.05)
+    np.testing.assert_array_equal(a[:, :121], b[:, :121])
+    assert not np.array_equal(a[:, 121:], b[:, 121:])
+    assert np.all(a >= 0) and np.all(a <= 0.95 / (1 + margins))
+
+
+def test_batches_of_any_split_give_the_same_wealth():
+    rng = np.random.default_rng(1)
+    x = rng.normal(0.01, 0.05, 600).clip(-1, 1)
+    whole = WealthFamily.start(np.array([-0.02, 0.03]), LOWER)
+    whole.update(x, MomentState(), rule="agrapa", cap_fraction=0.95, alpha=0.05, threshold_log=3.0)
+    split = WealthFamily.start(np.array([-0.02, 0.03]), LOWER)
+    state = MomentState()
+    for chunk in np.array_split(x, [7, 100, 101, 350]):
+        split.update(chunk, state, rule="agrapa", cap_fraction=0.95, alpha=0.05, threshold_log=3.0)
+        state = state.advanced(chunk)
+    np.testing.assert_allclose(split.log_wealth, whole.log_wealth, rtol=1e-10)
+    np.testing.assert_allclose(split.log_wealth, log_wealth_paths(x, -0.02, LOWER)[0, -1] * np.array([1, 0]) +
+                               log_wealth_paths(x, 0.03, LOWER)[0, -1] * np.array([0, 1]), rtol=1e-10)
+
+
+def test_pass_regression_and_stickiness():
+    rng = np.random.default_rng(5)
+    test = PairedSequentialTest(delta=0.02, alpha=0.05)
+    assert test.evaluate() == DECISION_INSUFFICIENT and test.delta_estimate() is None
+    test.update_clusters(paired_cluster_means(rng, 1, 400, 20, 0.0)[0])
+    assert test.evaluate() == DECISION_PASS
+    decided = test.snapshot()["decided_at_cluster"]
+    assert 50 < decided < 400
+    test.update_clusters(np.full(2000, -1.0))  # overwhelming contrary evidence afterwards
+    assert test.evaluate() == DECISION_PASS  # sticky
+    assert test.snapshot()["decided_at_cluster"] == decided
+
+    bad = PairedSequentialTest(delta=0.02, alpha=0.05)
+    bad.update_clusters(paired_cluster_means(rng, 1, 400, 20, -0.06)[0])
+    assert bad.evaluate() == DECISION_REGRESSION
+    assert bad.delta_estimate() == pytest.approx(-0.06, abs=0.01)
+
+
+def test_catastrophic_status_is_certified_not_estimated():
+    rng = np.random.default_rng(8)
+    cat = PairedSequentialTest(delta=0.02, alpha=0.05, catastrophic_delta=0.05)
+    cat.update_clusters(paired_cluster_means(rng, 1, 400, 20, -0.12, p_plus=0.02)[0])
+    assert cat.catastrophic_status() == CATASTROPHIC
+    assert cat.confidence_sequence()[1] < 0  # the CS agrees: the whole interval is below zero
+    mild = PairedSequentialTest(delta=0.02, alpha=0.05, catastrophic_delta=0.05)
+    mild.update_clusters(paired_cluster_means(rng, 1, 600, 20, -0.035, p_plus=0.02)[0])
+    assert mild.evaluate() == DECISION_REGRESSION
+    assert mild.catastrophic_status() == NOT_CATASTROPHIC
+    # A point estimate below -0.05 on a handful of clusters is not a certificate.
+    few = PairedSequentialTest(delta=0.02, alpha=0.05, catastrophic_delta=0.05)
+    few.update_clusters(np.array([-0.1, -0.05, -0.1]))
+    assert few.delta_estimate() < -0.05 and few.catastrophic_status() == "UNDECIDED"
+
+
+def test_confidence_sequence_covers_uniformly_over_time_and_shrinks():
+    """P(the CS ever excludes the truth) <= alpha, checked after every batch (300 replications)."""
+    rng = np.random.default_rng(11)
+    alpha, reps, truth = 0.1, 300, -0.01
+    ever_missed, widths = 0, []
+    for x in paired_cluster_means(rng, reps, 300, 10, truth, p_plus=0.03):
+        test = PairedSequentialTest(delta=0.02, alpha=alpha, cs_grid_step=0.002)
+        missed = False
+        for chunk in np.array_split(x, 15):
+            test.update_clusters(chunk)
+            lo, hi = test.confidence_sequence()
+            missed |= not (lo < truth < hi)
+        ever_missed += missed
+        widths.append(hi - lo)
+    assert clopper_pearson_lower(ever_missed, reps) <= alpha
+    assert np.mean(widths) < 0.06
+
+
+def test_cluster_means_and_batches_respect_clusters():
+    sizes = np.array([3, 1, 4, 2])
+    d = np.array([1, 0, -1, 1, 0, 0, 0, 1, -1, -1], dtype=float)
+    np.testing.assert_allclose(cluster_means(d, sizes), [0.0, 1.0, 0.25, -1.0])
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    for batch_units in (1, 2, 3, 5, 100):
+        for limit in (0, 3, 4, 7, 9, 10):
+            plan = plan_batches(sizes, batch_units, limit)
+            assert all(a < b for a, b in plan)
+            assert all(p[1] == q[0] for p, q in zip(plan, plan[1:]))
+            if plan:
+                assert plan[0][0] == 0 and offsets[plan[-1][1]] <= limit
+                # the next whole cluster would not have fitted
+                assert plan[-1][1] == len(sizes) or offsets[plan[-1][1] + 1] > limit
+
+
+@pytest.mark.parametrize("rule", ["agrapa", "prpl"])
+def test_type_one_error_under_continuous_monitoring(rule):
+    """At the boundary Delta = -delta, neither decision may be wrongly declared more often than
+    alpha, looking after every cluster (2000 replications)."""
+    rng = np.random.default_rng(2024)
+    alpha, delta, reps = 0.05, 0.02, 2000
+    x = paired_cluster_means(rng, reps, 400, 20, -delta, p_plus=0.02)
+    for side in (UPPER, LOWER):
+        logw = log_wealth_paths(x, -delta, side, rule=rule, alpha=alpha)
+        false_decisions = int((logw.max(axis=1) >= np.log(1 / alpha)).sum())
+        assert clopper_pearson_lower(false_decisions, reps) <= alpha, (side, false_decisions)
+
+
+def test_negative_control_naive_peeking_z_test_is_detected():
+    """The same harness flags a procedure known to be invalid: a z-test peeked after every batch."""
+    rng = np.random.default_rng(7)
+    alpha, delta, reps = 0.05, 0.02, 2000
+    x = paired_cluster_means(rng, reps, 400, 20, -delta, p_plus=0.02)
+    n = np.arange(1, x.shape[1] + 1)
+    mean = np.cumsum(x, axis=1) / n
+    var = np.maximum(np.cumsum(x * x, axis=1) / n - mean**2, 1e-12)
+    z = (mean + delta) / np.sqrt(var / n)
+    looks = np.arange(9, x.shape[1], 10)  # a look every 10 clusters
+    false_pass = int((z[:, looks] > 1.6449).any(axis=1).sum())
+    assert clopper_pearson_lower(false_pass, reps) > alpha
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="alpha"):
+        PairedSequentialTest(0.02, 1.5)
+    with pytest.raises(ValueError, match="bet rule"):
+        PairedSequentialTest(0.02, 0.05, bet_rule="kelly")
+    test = PairedSequentialTest(0.02, 0.05)
+    with pytest.raises(ValueError, match=r"\[-1, 1\]"):
+        test.update_clusters(np.array([0.5, 1.5]))
