@@ -17,7 +17,7 @@ from vlaeval.seqtest import (
     log_wealth_paths,
     plan_batches,
 )
-from vlaeval.seqtest.eprocess import LOWER, UPPER, MomentState, WealthFamily, predictable_bets
+from vlaeval.seqtest.eprocess import LOWER, UPPER, MomentState, WealthFamily, predictable_bets, predictable_moments
 
 
 def clopper_pearson_lower(k: int, n: int, level: float = 0.95) -> float:
@@ -63,11 +63,13 @@ def test_batches_of_any_split_give_the_same_wealth():
     rng = np.random.default_rng(1)
     x = rng.normal(0.01, 0.05, 600).clip(-1, 1)
     whole = WealthFamily.start(np.array([-0.02, 0.03]), LOWER)
-    whole.update(x, MomentState(), rule="agrapa", cap_fraction=0.95, alpha=0.05, threshold_log=3.0)
+    whole.update(x, predictable_moments(x, MomentState()), rule="agrapa", cap_fraction=0.95, alpha=0.05,
+                 threshold_log=3.0)
     split = WealthFamily.start(np.array([-0.02, 0.03]), LOWER)
     state = MomentState()
     for chunk in np.array_split(x, [7, 100, 101, 350]):
-        split.update(chunk, state, rule="agrapa", cap_fraction=0.95, alpha=0.05, threshold_log=3.0)
+        split.update(chunk, predictable_moments(chunk, state), rule="agrapa", cap_fraction=0.95, alpha=0.05,
+                     threshold_log=3.0)
         state = state.advanced(chunk)
     np.testing.assert_allclose(split.log_wealth, whole.log_wealth, rtol=1e-10)
     np.testing.assert_allclose(split.log_wealth, log_wealth_paths(x, -0.02, LOWER)[0, -1] * np.array([1, 0]) +

@@ -13,8 +13,8 @@ from vlaeval.artifacts import atomic_write_json
 from vlaeval.config import to_plain
 
 RESULT_FILE = "result.json"
-# Metrics that measure the machine, not the method: reproduce does not compare them.
-VOLATILE_METRIC_PREFIXES = ("timing.",)
+# Metrics of the machine and its cache state, not of the method: reproduce does not compare them.
+VOLATILE_METRIC_PREFIXES = ("timing.", "cache.")
 
 
 def now_ms() -> int:

@@ -20,6 +20,7 @@ array expression per batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Tuple
 
 import numpy as np
 
@@ -47,13 +48,16 @@ class MomentState:
         )
 
 
-def predictable_moments(x: np.ndarray, state: MomentState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+Moments = Tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def predictable_moments(x: np.ndarray, state: MomentState) -> Moments:
     """Shrunk mean, variance and count available *before* each element of x, along the last axis
     (x may carry leading replication axes; `state` describes what came before x)."""
     before = np.arange(x.shape[-1], dtype=np.float64) + state.count
-    pad = [(0, 0)] * (x.ndim - 1) + [(1, 0)]
-    total = state.total + np.pad(np.cumsum(x, axis=-1)[..., :-1], pad)
-    total_sq = state.total_sq + np.pad(np.cumsum(x * x, axis=-1)[..., :-1], pad)
+    total = state.total + (np.cumsum(x, axis=-1) - x)  # exclusive prefix sums
+    squares = x * x
+    total_sq = state.total_sq + (np.cumsum(squares, axis=-1) - squares)
     mean = total / (before + 1.0)
     sum_sq_dev = np.maximum(total_sq - total**2 / np.maximum(before, 1.0), 0.0)
     variance = (PRIOR_VARIANCE + sum_sq_dev) / (before + 1.0)
@@ -66,9 +70,8 @@ def bet_caps(margins: np.ndarray, side: str, cap_fraction: float) -> np.ndarray:
     return cap_fraction / (1.0 + margins) if side == UPPER else cap_fraction / (1.0 - margins)
 
 
-def predictable_bets(
-    x: np.ndarray,
-    state: MomentState,
+def bets_from_moments(
+    moments: Moments,
     margins: np.ndarray,
     side: str,
     *,
@@ -76,26 +79,30 @@ def predictable_bets(
     cap_fraction: float,
     alpha: float,
 ) -> np.ndarray:
-    """Bets lam for observations x, each computed from the past only; `margins` broadcasts
-    against x (shape (G, 1) against (B,) gives one row of bets per margin).
+    """Bets lam from the predictable moments; `margins` broadcasts against them (shape (G, 1)
+    against (B,) gives one row of bets per margin).
 
     agrapa: the approximate growth-rate-optimal plug-in bet (mean - m) / (var + (mean - m)^2),
             zero when the past points the other way.
     prpl:   the predictable plug-in empirical-Bernstein bet sqrt(2 log(1/alpha) / (var t log(1+t))),
             always placed on the alternative's side.
     """
-    mean, variance, before = predictable_moments(x, state)
+    mean, variance, before = moments
     margins = np.asarray(margins, dtype=np.float64)
-    sign = 1.0 if side == UPPER else -1.0
     if rule == "agrapa":
-        edge = sign * (mean - margins)
-        raw = edge / (variance + edge**2)
+        edge = (mean - margins) if side == UPPER else (margins - mean)
+        raw = edge / (variance + edge * edge)
     elif rule == "prpl":
         t = before + 1.0
         raw = np.sqrt(2.0 * np.log(1.0 / alpha) / (variance * t * np.log1p(t))) + 0.0 * margins
     else:
         raise ValueError(f"unknown bet rule {rule!r}; use one of {BET_RULES}")
     return np.clip(raw, 0.0, bet_caps(margins, side, cap_fraction))
+
+
+def predictable_bets(x: np.ndarray, state: MomentState, margins: np.ndarray, side: str, **rule: Any) -> np.ndarray:
+    """Bets for observations x, each computed from the past only (see bets_from_moments)."""
+    return bets_from_moments(predictable_moments(x, state), margins, side, **rule)
 
 
 def log_wealth_increments(x: np.ndarray, margins: np.ndarray, side: str, bets: np.ndarray) -> np.ndarray:
@@ -125,28 +132,28 @@ class WealthFamily:
     def update(
         self,
         x: np.ndarray,
-        state: MomentState,
+        moments: Moments,
         *,
         rule: str,
         cap_fraction: float,
         alpha: float,
-        threshold_log: float,
+        threshold_log: np.ndarray | float,
         active: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Advance by observations x; return, per margin, the index into x of the first crossing
-        of threshold_log (-1 where none). Only `active` margins are computed (others keep their
-        values): a margin already rejected stays rejected, so it needs no further work."""
+        """Advance by observations x (with their predictable moments); return, per margin, the
+        index into x of the first crossing of its threshold (-1 where none). Only `active`
+        margins are computed (the others keep their values): a margin already rejected stays
+        rejected, so it needs no further work."""
         first_cross = np.full(self.margins.shape, -1, dtype=np.int64)
         index = np.arange(self.margins.size) if active is None else np.flatnonzero(active)
         if index.size == 0 or x.size == 0:
             return first_cross
         margins = self.margins[index, None]
-        bets = predictable_bets(x, state, margins, self.side, rule=rule,
-                                cap_fraction=cap_fraction, alpha=alpha)
-        path = self.log_wealth[index, None] + np.cumsum(
-            log_wealth_increments(x, margins, self.side, bets), axis=1
-        )
-        crossed = path >= threshold_log
+        bets = bets_from_moments(moments, margins, self.side, rule=rule, cap_fraction=cap_fraction, alpha=alpha)
+        path = np.cumsum(log_wealth_increments(x, margins, self.side, bets), axis=1)
+        path += self.log_wealth[index, None]
+        threshold = np.broadcast_to(np.asarray(threshold_log, dtype=np.float64), self.margins.shape)[index, None]
+        crossed = path >= threshold
         any_cross = crossed.any(axis=1)
         first_cross[index[any_cross]] = crossed[any_cross].argmax(axis=1)
         self.log_max_wealth[index] = np.maximum(self.log_max_wealth[index], path.max(axis=1))

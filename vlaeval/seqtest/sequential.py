@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from vlaeval.seqtest.eprocess import BET_RULES, LOWER, UPPER, MomentState, WealthFamily
+from vlaeval.seqtest.eprocess import BET_RULES, LOWER, UPPER, MomentState, WealthFamily, predictable_moments
 
 DECISION_REGRESSION = "REGRESSION"
 DECISION_PASS = "PASS"
@@ -31,6 +31,9 @@ DECISION_INSUFFICIENT = "INSUFFICIENT"
 CATASTROPHIC = "CATASTROPHIC"
 NOT_CATASTROPHIC = "NOT_CATASTROPHIC"
 CATASTROPHIC_UNDECIDED = "UNDECIDED"
+
+CS_FIRST_CHUNK = 8  # clusters in the first confidence-sequence sub-chunk of a batch (then doubling)
+CS_SMALL_GRID = 256  # margins still alive below which a batch is processed in one chunk
 
 
 class PairedSequentialTest:
@@ -63,20 +66,22 @@ class PairedSequentialTest:
         self.catastrophic_delta = None if catastrophic_delta is None else float(catastrophic_delta)
         self.bet_rule = bet_rule
         self.bet_cap = float(bet_cap)
-        self._threshold_log = math.log(1.0 / alpha)
-        self._cs_threshold_log = math.log(2.0 / alpha)
 
+        # One family per side over [decision margins..., confidence-sequence grid...]:
+        # index 0 is the margin -delta, index 1 the catastrophic margin (when configured).
         decision_margins = [-self.delta]
         if self.catastrophic_delta is not None:
             decision_margins.append(-self.catastrophic_delta)
-        # index 0: the margin -delta; index 1: the catastrophic margin (when configured)
-        self._pass = WealthFamily.start(np.array(decision_margins), UPPER)
-        self._regression = WealthFamily.start(np.array(decision_margins), LOWER)
+        self._n_decision = len(decision_margins)
         steps = int(round(2.0 / cs_grid_step))
         self._cs_grid = np.round(np.linspace(-1.0, 1.0, steps + 1)[1:-1], 12)
-        self._cs_lower = WealthFamily.start(self._cs_grid, UPPER)  # rejects Delta <= m
-        self._cs_upper = WealthFamily.start(self._cs_grid, LOWER)  # rejects Delta >= m
-        self._cs_alive = np.ones(self._cs_grid.shape, dtype=bool)
+        margins = np.concatenate((decision_margins, self._cs_grid))
+        self._upper = WealthFamily.start(margins, UPPER)  # PASS side; the grid's rejects Delta <= m
+        self._lower = WealthFamily.start(margins, LOWER)  # REGRESSION side; the grid's rejects Delta >= m
+        # Decisions at alpha; each side of the (1 - alpha) confidence sequence at alpha / 2.
+        self._thresholds = np.concatenate((np.full(self._n_decision, math.log(1.0 / alpha)),
+                                           np.full(self._cs_grid.size, math.log(2.0 / alpha))))
+        self._active = np.ones(margins.shape, dtype=bool)  # decision margins stay active always
 
         self._moments = MomentState()
         self._units = 0
@@ -99,30 +104,37 @@ class PairedSequentialTest:
         if sizes.shape != x.shape or np.any(sizes < 1):
             raise ValueError("cluster_sizes must match cluster_means and be >= 1")
         seen = int(self._moments.count)
-        kwargs = dict(rule=self.bet_rule, cap_fraction=self.bet_cap, alpha=self.alpha)
+        kwargs = dict(rule=self.bet_rule, cap_fraction=self.bet_cap, alpha=self.alpha, threshold_log=self._thresholds)
+        upper_first = np.full(self._active.shape, -1, dtype=np.int64)
+        lower_first = upper_first.copy()
+        # Growing sub-chunks with pruning in between: a rejected grid margin stays rejected, so
+        # this gives exactly the unchunked result while most of the grid (far from the data) is
+        # dropped after the first few clusters.
+        state, start, chunk = self._moments, 0, CS_FIRST_CHUNK
+        while start < x.size:
+            if np.count_nonzero(self._active) <= CS_SMALL_GRID:
+                chunk = x.size  # little left to prune: one pass costs less than many small ones
+            part = x[start:start + chunk]
+            moments = predictable_moments(part, state)
+            up = self._upper.update(part, moments, active=self._active, **kwargs)
+            low = self._lower.update(part, moments, active=self._active, **kwargs)
+            for first, new in ((upper_first, up), (lower_first, low)):
+                hit = (first < 0) & (new >= 0)
+                first[hit] = new[hit] + start + seen
+            self._active[self._n_decision:] &= (upper_first[self._n_decision:] < 0) & (lower_first[self._n_decision:] < 0)
+            state, start, chunk = state.advanced(part), start + part.size, chunk * 2
 
-        pass_cross = self._pass.update(x, self._moments, threshold_log=self._threshold_log, **kwargs)
-        regression_cross = self._regression.update(x, self._moments, threshold_log=self._threshold_log, **kwargs)
         if self._decision == DECISION_INSUFFICIENT:
-            # Sticky: the first e-process to reach 1/alpha decides (both at once cannot happen
-            # under either hypothesis with meaningful probability; regression wins the tie).
-            first = {DECISION_REGRESSION: regression_cross[0], DECISION_PASS: pass_cross[0]}
-            crossed = {k: v for k, v in first.items() if v >= 0}
+            # Sticky: the first e-process to reach 1/alpha decides (regression wins a tie).
+            crossed = {k: v for k, v in ((DECISION_REGRESSION, lower_first[0]), (DECISION_PASS, upper_first[0])) if v >= 0}
             if crossed:
                 self._decision = min(crossed, key=lambda k: (crossed[k], k != DECISION_REGRESSION))
-                self._decided_at_cluster = seen + int(crossed[self._decision]) + 1
+                self._decided_at_cluster = int(crossed[self._decision]) + 1
         if self.catastrophic_delta is not None and self._catastrophic == CATASTROPHIC_UNDECIDED:
-            hits = {CATASTROPHIC: regression_cross[1], NOT_CATASTROPHIC: pass_cross[1]}
-            crossed = {k: v for k, v in hits.items() if v >= 0}
+            crossed = {k: v for k, v in ((CATASTROPHIC, lower_first[1]), (NOT_CATASTROPHIC, upper_first[1])) if v >= 0}
             if crossed:
                 self._catastrophic = min(crossed, key=lambda k: (crossed[k], k != CATASTROPHIC))
-                self._catastrophic_at_cluster = seen + int(crossed[self._catastrophic]) + 1
-
-        lower_cross = self._cs_lower.update(x, self._moments, threshold_log=self._cs_threshold_log,
-                                            active=self._cs_alive, **kwargs)
-        upper_cross = self._cs_upper.update(x, self._moments, threshold_log=self._cs_threshold_log,
-                                            active=self._cs_alive, **kwargs)
-        self._cs_alive &= (lower_cross < 0) & (upper_cross < 0)
+                self._catastrophic_at_cluster = int(crossed[self._catastrophic]) + 1
 
         self._moments = self._moments.advanced(x)
         self._units += int(sizes.sum())
@@ -154,7 +166,7 @@ class PairedSequentialTest:
     def confidence_sequence(self) -> tuple[float, float]:
         """Anytime-valid (1 - alpha) bounds for Delta: grid margins not yet rejected lie inside;
         the bounds are the nearest rejected grid points (conservative by one grid step)."""
-        alive = np.flatnonzero(self._cs_alive)
+        alive = np.flatnonzero(self._active[self._n_decision:])
         if alive.size == 0:  # cannot happen with valid data; keep the estimate as a degenerate CS
             est = self.delta_estimate() or 0.0
             return est, est
@@ -168,14 +180,14 @@ class PairedSequentialTest:
             return float(np.exp(min(log_wealth, 700.0)))  # ~1e304: beyond that, only "huge" matters
 
         out = {
-            "e_value_regression": e(self._regression.log_wealth[0]),
-            "e_value_pass": e(self._pass.log_wealth[0]),
-            "max_e_value_regression": e(self._regression.log_max_wealth[0]),
-            "max_e_value_pass": e(self._pass.log_max_wealth[0]),
+            "e_value_regression": e(self._lower.log_wealth[0]),
+            "e_value_pass": e(self._upper.log_wealth[0]),
+            "max_e_value_regression": e(self._lower.log_max_wealth[0]),
+            "max_e_value_pass": e(self._upper.log_max_wealth[0]),
         }
         if self.catastrophic_delta is not None:
-            out["e_value_catastrophic"] = e(self._regression.log_wealth[1])
-            out["e_value_not_catastrophic"] = e(self._pass.log_wealth[1])
+            out["e_value_catastrophic"] = e(self._lower.log_wealth[1])
+            out["e_value_not_catastrophic"] = e(self._upper.log_wealth[1])
         return out
 
     def record_trajectory_point(self, **extra: Any) -> Dict[str, Any]:

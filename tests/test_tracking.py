@@ -1,0 +1,169 @@
+"""MLflow end to end: a run's params, metrics, checks, tags and artifacts; real -m sweeps with
+the basic and joblib launchers into brand-new SQLite stores; history and reproduce."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from conftest import run_main, sqlite_uri
+from vlaeval.tracking import flatten, mask_secrets
+
+
+def _runs(uri, experiment="vlaeval-gauntlet"):
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None
+    return client, client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def test_flatten_and_mask():
+    flat = flatten({"a": {"b": [1, {"c": 2}], "e": []}, "db": {"password": "hunter2", "api_key": "k", "token": None}})
+    assert flat == {"a.b.0": 1, "a.b.1.c": 2, "a.e": "[]", "db.password": "hunter2", "db.api_key": "k", "db.token": None}
+    masked = mask_secrets(flat)
+    assert masked["db.password"] == "*****" and masked["db.api_key"] == "*****" and masked["a.b.0"] == 1
+
+
+@pytest.mark.slow
+def test_single_run_logs_everything(workdir, store):
+    proc = run_main(["effects=safety_regression_mild"], workdir, env={"MLFLOW_TRACKING_URI": store})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REGRESSION_PRIORITIZE_RELATED" in proc.stdout and "DO_NOT_LAUNCH" in proc.stdout
+    client, runs = _runs(store)
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
+    assert params["gauntlet.margin_delta"] == "0.02"
+    assert params["strata.safety_critical.related.0"] == "historical_regressions"
+    assert params["effects.safety_critical"] == "-0.035"
+    assert metrics["stratum.safety_critical.decision_regression"] == 1.0
+    assert metrics["gate.no_stratum_regression"] == 0.0 and metrics["gate.no_catastrophic_halt"] == 1.0
+    assert tags["gate.pass"] == "false" and tags["recommendation"] == "DO_NOT_LAUNCH"
+    assert tags["halted"] == "false" and tags["stratum.safety_critical.decision"] == "REGRESSION"
+    for key in ("git.sha", "git.dirty", "vlaeval.version", "config.sha256", "hydra.output_dir"):
+        assert key in tags, key
+    history = client.get_metric_history(run.info.run_id, "stratum.safety_critical.e_value_regression")
+    assert [m.step for m in history] == list(range(1, len(history) + 1)) and len(history) >= 2
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"result.json", "hydra", "plots"} <= artifacts
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "hydra")} >= {"hydra/config.yaml", "hydra/overrides.yaml"}
+    local = Path(tags["hydra.output_dir"]) / "result.json"
+    downloaded = json.loads(Path(client.download_artifacts(run.info.run_id, "result.json", str(workdir))).read_text())
+    assert downloaded == json.loads(local.read_text())
+    assert downloaded["processed_order"][:3] == ["safety_critical", "historical_regressions", "rare_events"]
+
+    # gauntlet_history lists it and shows it in full
+    hist = run_main(["job=gauntlet_history"], workdir, env={"MLFLOW_TRACKING_URI": store})
+    assert hist.returncode == 0, hist.stderr[-3000:]
+    assert run.info.run_id in hist.stdout and "DO_NOT_LAUNCH" in hist.stdout
+    assert f"latest finished run {run.info.run_id}" in hist.stdout
+
+    # reproduce by run id: identical numbers, a new run tagged with its origin
+    rep = run_main(["job=reproduce", f"reproduce.run_id={run.info.run_id}"], workdir, env={"MLFLOW_TRACKING_URI": store})
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    report = json.loads(next(workdir.glob("outputs/*_reproduce/reproduce.json")).read_text())
+    assert report["all_identical"], [c for c in report["comparisons"] if c["verdict"] != "identical"]
+    assert len(report["comparisons"]) > 40
+    assert "0 differ" in rep.stdout
+    _, runs = _runs(store)
+    reproduced = [r for r in runs if r.data.tags.get("vlaeval.reproduced_from") == run.info.run_id]
+    assert len(reproduced) == 1 and reproduced[0].data.metrics["scale.units_evaluated"] == metrics["scale.units_evaluated"]
+
+
+@pytest.mark.slow
+def test_reproduce_from_a_run_directory_and_detects_differences(workdir):
+    run_dir = workdir / "original"
+    proc = run_main(["tracking=disabled", "strata=small", f"hydra.run.dir={run_dir}"], workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    same = run_main(["job=reproduce", "tracking=disabled", f"reproduce.run_id={run_dir}",
+                     "hydra.run.dir=" + str(workdir / "rep1")], workdir)
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert json.loads((workdir / "rep1" / "reproduce.json").read_text())["all_identical"]
+    # a changed setting on top of the saved config is reported as a difference
+    changed = run_main(["job=reproduce", "tracking=disabled", f"reproduce.run_id={run_dir}",
+                        'reproduce.job_overrides=["gauntlet.seed=12"]', "hydra.run.dir=" + str(workdir / "rep2")], workdir)
+    report = json.loads((workdir / "rep2" / "reproduce.json").read_text())
+    assert not report["all_identical"] and "differ  <- NOT reproduced" in changed.stdout
+    assert any(c["key"] == "config.sha256" and c["verdict"] == "differs" for c in report["comparisons"])
+
+
+def test_reproduce_refuses_targets_outside_vlaeval(workdir):
+    run_dir = workdir / "evil"
+    (run_dir / ".hydra").mkdir(parents=True)
+    config = {"job": {"name": "gauntlet"}, "outcomes": {"_target_": "os.system", "path": "rm -rf /"}}
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / "result.json").write_text(json.dumps({"metrics": {}, "tags": {}}))
+    proc = run_main(["job=reproduce", "tracking=disabled", f"reproduce.run_id={run_dir}"], workdir)
+    assert proc.returncode == 2
+    assert "outcomes._target_='os.system', outside the 'vlaeval.' namespace: refused" in proc.stderr
+    assert not any(workdir.glob("outputs/*"))
+
+
+def _check_sweep(uri, sweep_root, expected_children):
+    client, runs = _runs(uri)
+    parents = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"]
+    children = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "job"]
+    assert len(parents) == 1 and len(children) == expected_children
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert sorted(int(c.data.tags["hydra.job_num"]) for c in children) == list(range(expected_children))
+    assert all("gate.pass" in c.data.tags and "gate.lineage_valid" in c.data.metrics for c in children)
+    assert parent.data.metrics["sweep.jobs"] == expected_children
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"sweep_summary.json", "sweep_summary.md"}
+    sweep_dirs = list(Path(sweep_root).glob("*"))
+    assert len(sweep_dirs) == 1 and (sweep_dirs[0] / "sweep_summary.md").exists()
+    return children
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_multirun_sweep_into_a_brand_new_store(workdir, launcher):
+    uri = sqlite_uri(workdir / "fresh" / "mlflow.db")  # does not exist yet: the callback creates it once
+    args = ["-m", "effects=none,catastrophic_safety,safety_regression_mild", "strata=small", "gauntlet.plot=false"]
+    if launcher == "joblib":
+        args += ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    proc = run_main(args, workdir, env={"MLFLOW_TRACKING_URI": uri})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Sweep summary" in proc.stdout
+    children = _check_sweep(uri, workdir / "multirun_sweeps", 3)
+    by_effect = {c.data.params["effects.safety_critical"] if "effects.safety_critical" in c.data.params else "none": c
+                 for c in children}
+    assert by_effect["-0.1"].data.tags["halted"] == "true"
+    assert by_effect["none"].data.tags["recommendation"] in ("LAUNCH", "NEEDS_REVIEW")
+
+
+@pytest.mark.slow
+def test_failed_job_in_a_sweep_leaves_nothing_running(workdir, store):
+    proc = run_main(["-m", "gauntlet.alpha=0.05,1.5", "strata=small", "gauntlet.plot=false"], workdir,
+                    env={"MLFLOW_TRACKING_URI": store})
+    assert proc.returncode == 2
+    assert "gauntlet.alpha=1.5 must be in (0, 1)" in proc.stderr
+    _, runs = _runs(store)
+    assert runs and all(r.info.status != "RUNNING" for r in runs)
+    parent = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"][0]
+    assert parent.info.status == "FAILED"
+    assert [r.info.status for r in runs if r.data.tags.get("vlaeval.run_kind") == "job"] == ["FINISHED"]
+
+
+@pytest.mark.slow
+def test_job_that_raises_is_recorded_as_failed_child(workdir, store):
+    """An unexpected exception (not bad input) in every job: FAILED children carrying the error,
+    a FAILED parent, nothing left RUNNING, and a non-zero exit."""
+    proc = run_main(["-m", "gauntlet.seed=1,2", "strata=small", "paths.cache_dir=/dev/null/cache"], workdir,
+                    env={"MLFLOW_TRACKING_URI": store})
+    assert proc.returncode == 1
+    _, runs = _runs(store)
+    assert runs and all(r.info.status != "RUNNING" for r in runs)
+    children = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "job"]
+    parent = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"][0]
+    assert len(children) == 2 and all(c.info.status == "FAILED" for c in children)
+    assert all("NotADirectoryError" in c.data.tags["vlaeval.error"] for c in children)
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    assert parent.info.status == "FAILED"
