@@ -225,12 +225,21 @@ def open_run(
                             f"({_first_line(error)}); the result is saved at {result_path}") from error
 
 
+def artifact_root(uri: str) -> Optional[str]:
+    """Artifacts of a SQLite store go to mlartifacts/ beside the database. (MLflow's default,
+    ./mlruns, would later make a bare `mlflow ui` in that folder open a file store instead.)"""
+    if uri.startswith("sqlite:///"):
+        return str(Path(uri[len("sqlite:///"):]).parent / "mlartifacts")
+    return None  # a server decides (proxied artifacts)
+
+
 def get_or_create_experiment(client: Any, name: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
+    root = artifact_root(client.tracking_uri)
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=None if root is None else f"{root}/{name}")
     except Exception:
         # Another process created it between our lookup and create.
         experiment = client.get_experiment_by_name(name)

@@ -28,6 +28,7 @@ from vlaeval.gauntlet.recommendation import launch_recommendation
 from vlaeval.seqtest import (
     BET_RULES,
     CATASTROPHIC,
+    CATASTROPHIC_UNDECIDED,
     DECISION_INSUFFICIENT,
     DECISION_PASS,
     DECISION_REGRESSION,
@@ -113,7 +114,7 @@ def _evaluate_stratum(test: PairedSequentialTest, outcomes, unit_limit: int, bat
         if halting and catastrophic == CATASTROPHIC:
             break
         if decision != DECISION_INSUFFICIENT and (
-            not halting or decision == DECISION_PASS or catastrophic != "UNDECIDED"
+            not halting or decision == DECISION_PASS or catastrophic != CATASTROPHIC_UNDECIDED
         ):
             break
     return {
@@ -215,7 +216,7 @@ def run_gauntlet(
                 "event": "CRITICAL_PASS_EXPAND", "stratum": name, "nominal_allowance": nominal_allowance,
                 "detail": f"{name} passed; nominal allowance expanded to {nominal_allowance} units",
             })
-    not_evaluated = [name for name in queue]
+    not_evaluated = list(queue)
     if not_evaluated and not halted:
         events.append({"event": "BUDGET_EXHAUSTED", "not_evaluated": not_evaluated,
                        "detail": f"budget of {s.budget_units} units spent; not evaluated: {not_evaluated}"})
