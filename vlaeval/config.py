@@ -87,6 +87,76 @@ class OutcomesConfig:
     path: Optional[str] = None  # outcomes=file: CSV or Parquet of paired scenario outcomes
 
 
+DEFAULT_TASKS = ["reach-v3", "push-v3", "pick-place-v3", "peg-insert-side-v3", "disassemble-v3", "stick-pull-v3"]
+
+
+@dataclass
+class DataConfig:
+    name: str = "metaworld"
+    # Easy tasks mixed with ones whose scripted experts themselves fail now and then, so that
+    # evaluations can tell two policies apart.
+    tasks: List[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
+    episodes_per_task: int = 12
+    max_steps: int = 150
+    action_noise: float = 0.1  # std of the seeded perturbation of executed expert actions
+    seed: int = 0
+    horizon: int = 4  # H: the target chunk is the next H expert actions
+
+
+@dataclass
+class ModelConfig:
+    _target_: str = "vlaeval.policy.TinyVLA"
+    encoder_hidden: int = 256
+    conditioning_dim: int = 128
+    head_hidden: int = 256
+    head_layers: int = 3
+    time_embedding_dim: int = 32
+
+
+@dataclass
+class FlowConfig:
+    # openpi convention: t ~ Beta(beta_a, beta_b) * time_scale + time_offset, t = 1 is noise.
+    beta_a: float = 1.5
+    beta_b: float = 1.0
+    time_scale: float = 0.999
+    time_offset: float = 0.001
+    sampling_steps: int = 10  # Euler steps when acting
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 3000
+    batch_size: int = 256
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+    log_every: int = 50
+    evaluate_after: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    kind: str = "builtin"  # builtin: train on first use, cached by config hash; path: use `path`
+    path: Optional[str] = None
+
+
+@dataclass
+class EvaluateConfig:
+    episodes_per_task: int = 5
+    seed: int = 1
+    execute_actions: int = 1  # actions of each sampled chunk executed before re-planning
+    max_steps: int = 150
+
+
+@dataclass
+class GradientsConfig:
+    num_anchors: int = 64
+    seeds: List[int] = field(default_factory=lambda: list(range(5000, 5128)))
+    trainable: str = "action_head"  # or "all"
+    batch_size: int = 4096  # (anchor, seed) pairs per backward pass
+    epoch: int = 0
+
+
 @dataclass
 class ReproduceConfig:
     run_id: Optional[str] = None  # an MLflow run id, or a local run directory
@@ -101,12 +171,20 @@ class HistoryConfig:
 @dataclass
 class VlaevalConfig:
     job: JobConfig = field(default_factory=JobConfig)
+    device: str = "cpu"
     paths: PathsConfig = field(default_factory=PathsConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     gauntlet: GauntletConfig = field(default_factory=GauntletConfig)
     strata: Dict[str, StratumConfig] = field(default_factory=dict)
     effects: Dict[str, float] = field(default_factory=dict)
     outcomes: OutcomesConfig = field(default_factory=OutcomesConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    gradients: GradientsConfig = field(default_factory=GradientsConfig)
     reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)
     history: HistoryConfig = field(default_factory=HistoryConfig)
 

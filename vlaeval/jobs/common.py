@@ -45,6 +45,7 @@ def publish(
     history: Mapping[str, Sequence[Tuple[int, Optional[float]]]] = (),
     plots: Sequence[Path] = (),
     code: Mapping[str, Any],
+    extra_artifacts: Sequence[Tuple[Path, Optional[str]]] = (),
 ) -> Dict[str, Any]:
     """Write the result locally (atomic) first, then log the run to MLflow."""
     plain = to_plain(cfg)
@@ -54,7 +55,7 @@ def publish(
                   tags={k: v for k, v in all_tags.items() if v is not None},
                   config_sha256=all_tags["config.sha256"])
     result_path = atomic_write_json(out / RESULT_FILE, result)
-    artifacts = [(result_path, None), (out / ".hydra", "hydra")] + [(p, "plots") for p in plots]
+    artifacts = [(result_path, None), (out / ".hydra", "hydra")] + [(p, "plots") for p in plots] + list(extra_artifacts)
     with tracking.open_run(cfg.tracking, job_name, run_name=run_name, start_time_ms=started_ms,
                            tags=all_tags, result_path=result_path) as logger:
         if logger is not None:

@@ -1,0 +1,268 @@
+"""Expert demonstrations recorded from Meta-World's bundled scripted policies (MuJoCo, CPU, offline).
+
+Each episode is seeded: its scene is a task variant (`MT1(task).train_tasks[i]`; Meta-World 3.1
+ignores the seed passed to reset) and the expert's actions are perturbed by seeded Gaussian noise
+while the clean expert action is recorded as the label (so the data covers states off the
+expert's own path). Training episodes use the first half of the 50 variants, held-out
+evaluation episodes the second half. Arrays plus a manifest whose sha256 covers their content are
+cached under <cache>/demonstrations/<config hash>/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from vlaeval.artifacts import atomic_write_json, atomic_write_npz, read_json, sha256_json, stable_seed
+from vlaeval.config import UserInputError, require
+
+log = logging.getLogger(__name__)
+
+DATASET_SCHEMA_VERSION = 1
+VARIANTS_PER_TASK = 50
+TRAIN_VARIANTS = range(0, 25)
+HELD_OUT_VARIANTS = range(25, 50)
+OBS_DIM = 39
+ACTION_DIM = 4
+
+# A natural-language instruction per task (the stand-in for a VLA's language input).
+INSTRUCTIONS: Dict[str, str] = {
+    "reach-v3": "reach the red goal position",
+    "push-v3": "push the puck to the goal",
+    "pick-place-v3": "pick up the puck and place it at the goal",
+    "peg-insert-side-v3": "insert the peg into the hole from the side",
+    "disassemble-v3": "pick the nut off the peg",
+    "stick-pull-v3": "grasp the stick and pull the box with it",
+    "box-close-v3": "grasp the lid and close the box",
+    "drawer-open-v3": "open the drawer",
+    "drawer-close-v3": "push the drawer closed",
+    "button-press-v3": "press the button",
+    "door-open-v3": "open the door",
+    "window-open-v3": "slide the window open",
+}
+
+
+def _quiet_metaworld():
+    warnings.filterwarnings("ignore", module=r"gymnasium\..*")
+    warnings.filterwarnings("ignore", module=r"metaworld\..*")
+    import metaworld
+    from metaworld.policies import ENV_POLICY_MAP
+
+    return metaworld, ENV_POLICY_MAP
+
+
+def known_tasks() -> List[str]:
+    _, policies = _quiet_metaworld()
+    return sorted(policies)
+
+
+def instruction_for(task: str) -> str:
+    return INSTRUCTIONS.get(task, task.rsplit("-v", 1)[0].replace("-", " "))
+
+
+@dataclass
+class Demonstrations:
+    """Flat step arrays; episode e covers steps episode_start[e] : episode_start[e] + episode_length[e]."""
+
+    observations: np.ndarray  # float32 (steps, 39)
+    actions: np.ndarray  # float32 (steps, 4), the clean expert action at each visited state
+    episode_start: np.ndarray  # int64 (episodes,)
+    episode_length: np.ndarray  # int64 (episodes,)
+    episode_task: np.ndarray  # int64 (episodes,) index into tasks
+    episode_success: np.ndarray  # bool (episodes,)
+    episode_variant: np.ndarray  # int64 (episodes,)
+    episode_seed: np.ndarray  # int64 (episodes,)
+    tasks: List[str]
+    instructions: List[str]
+    manifest: Dict[str, Any]
+
+    @property
+    def manifest_sha256(self) -> str:
+        return self.manifest["content_sha256"]
+
+    @property
+    def name(self) -> str:
+        return self.manifest["name"]
+
+    def arrays(self) -> Dict[str, np.ndarray]:
+        return {k: getattr(self, k) for k in ("observations", "actions", "episode_start", "episode_length",
+                                              "episode_task", "episode_success", "episode_variant", "episode_seed")}
+
+
+def content_sha256(arrays: Mapping[str, np.ndarray], tasks: Sequence[str], instructions: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        value = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}|{value.dtype.str}|{value.shape}|".encode())
+        digest.update(value.tobytes())
+    digest.update(json.dumps({"tasks": list(tasks), "instructions": list(instructions)}).encode())
+    return digest.hexdigest()
+
+
+def validate_data_config(data: Any) -> None:
+    require(len(data.tasks) > 0, "data.tasks is empty; list Meta-World tasks, e.g. data.tasks=[reach-v3,push-v3]")
+    require(len(set(data.tasks)) == len(data.tasks), f"data.tasks lists a task twice: {list(data.tasks)}")
+    known = set(known_tasks())
+    for task in data.tasks:
+        if task not in known:
+            close = sorted(known, key=lambda k: _distance(k, task))[:3]
+            raise UserInputError(f"data.tasks: unknown Meta-World task {task!r}; did you mean {', '.join(close)}?")
+    require(data.episodes_per_task >= 1, f"data.episodes_per_task={data.episodes_per_task} must be >= 1")
+    require(data.max_steps >= 2, f"data.max_steps={data.max_steps} must be >= 2")
+    require(data.action_noise >= 0.0, f"data.action_noise={data.action_noise} must be >= 0")
+    require(data.horizon >= 1, f"data.horizon={data.horizon} must be >= 1 (the action chunk length H)")
+
+
+def _distance(a: str, b: str) -> int:
+    """Levenshtein distance, for 'did you mean'."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+def episode_plan(tasks: Sequence[str], episodes_per_task: int, seed: int, variants: range) -> List[Dict[str, Any]]:
+    """Which scene variant and noise seed each episode uses: a function of the config alone."""
+    plan = []
+    for task_index, task in enumerate(tasks):
+        rng = np.random.default_rng(stable_seed("episodes", task, seed))
+        chosen = rng.choice(np.array(variants), size=episodes_per_task, replace=episodes_per_task > len(variants))
+        for k in range(episodes_per_task):
+            plan.append({"task": task, "task_index": task_index, "variant": int(chosen[k]),
+                         "seed": stable_seed("episode", task, seed, k)})
+    return plan
+
+
+class EpisodeRunner:
+    """One MuJoCo environment per task, reused across episodes."""
+
+    def __init__(self) -> None:
+        self._metaworld, self._policies = _quiet_metaworld()
+        self._envs: Dict[str, Any] = {}
+
+    def env(self, task: str, variant: int):
+        if task not in self._envs:
+            benchmark = self._metaworld.MT1(task, seed=0)
+            env = benchmark.train_classes[task]()
+            self._envs[task] = (env, benchmark.train_tasks)
+        env, variants = self._envs[task]
+        env.set_task(variants[variant])
+        obs, _ = env.reset()
+        return env, obs
+
+    def expert(self, task: str):
+        return self._policies[task]()
+
+    def close(self) -> None:
+        for env, _ in self._envs.values():
+            env.close()
+        self._envs.clear()
+
+
+def record_episode(runner: EpisodeRunner, task: str, variant: int, seed: int, max_steps: int,
+                   action_noise: float) -> Dict[str, Any]:
+    env, obs = runner.env(task, variant)
+    expert = runner.expert(task)
+    rng = np.random.default_rng(seed)
+    observations, actions, success = [], [], False
+    for _ in range(max_steps):
+        clean = np.clip(expert.get_action(obs), -1.0, 1.0).astype(np.float32)
+        observations.append(np.asarray(obs, dtype=np.float32))
+        actions.append(clean)
+        executed = np.clip(clean + action_noise * rng.standard_normal(ACTION_DIM), -1.0, 1.0)
+        obs, _, terminated, truncated, info = env.step(executed)
+        if info.get("success"):
+            success = True
+            break
+        if terminated or truncated:
+            break
+    return {"observations": np.stack(observations), "actions": np.stack(actions), "success": success}
+
+
+def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str], None]] = None) -> Demonstrations:
+    tasks = list(data.tasks)
+    plan = episode_plan(tasks, int(data.episodes_per_task), int(data.seed), TRAIN_VARIANTS)
+    runner = EpisodeRunner()
+    episodes = []
+    try:
+        for i, ep in enumerate(plan):
+            episodes.append(record_episode(runner, ep["task"], ep["variant"], ep["seed"], int(data.max_steps),
+                                           float(data.action_noise)))
+            if progress is not None:
+                progress(i + 1, len(plan), ep["task"])
+    finally:
+        runner.close()
+    lengths = np.array([len(e["actions"]) for e in episodes], dtype=np.int64)
+    arrays = {
+        "observations": np.concatenate([e["observations"] for e in episodes]).astype(np.float32),
+        "actions": np.concatenate([e["actions"] for e in episodes]).astype(np.float32),
+        "episode_start": np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64),
+        "episode_length": lengths,
+        "episode_task": np.array([ep["task_index"] for ep in plan], dtype=np.int64),
+        "episode_success": np.array([e["success"] for e in episodes], dtype=bool),
+        "episode_variant": np.array([ep["variant"] for ep in plan], dtype=np.int64),
+        "episode_seed": np.array([ep["seed"] for ep in plan], dtype=np.int64),
+    }
+    instructions = [instruction_for(t) for t in tasks]
+    manifest = {
+        "schema_version": DATASET_SCHEMA_VERSION,
+        "name": str(data.name),
+        "tasks": tasks,
+        "instructions": instructions,
+        "episodes": len(plan),
+        "steps": int(lengths.sum()),
+        "expert_success_rate": float(arrays["episode_success"].mean()),
+        "config": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in _data_fields(data).items()},
+        "content_sha256": content_sha256(arrays, tasks, instructions),
+    }
+    return Demonstrations(**arrays, tasks=tasks, instructions=instructions, manifest=manifest)
+
+
+def _data_fields(data: Any) -> Dict[str, Any]:
+    from omegaconf import DictConfig, OmegaConf
+
+    plain = OmegaConf.to_container(data, resolve=True) if isinstance(data, DictConfig) else dict(vars(data))
+    # The horizon shapes anchors, not episodes: it does not change the recorded data.
+    return {k: v for k, v in plain.items() if k not in ("horizon",)}
+
+
+def dataset_key(data: Any) -> str:
+    import metaworld
+
+    return sha256_json({"schema": DATASET_SCHEMA_VERSION, "config": _data_fields(data),
+                        "metaworld": getattr(metaworld, "__version__", "unknown")})
+
+
+def load_or_build_demonstrations(data: Any, cache_dir: str | os.PathLike,
+                                 progress: Optional[Callable[[int, int, str], None]] = None) -> tuple[Demonstrations, bool]:
+    """(demonstrations, built_now): read the cached build for this config, verified against its
+    manifest digest, or build and cache it."""
+    validate_data_config(data)
+    folder = Path(cache_dir) / "demonstrations" / dataset_key(data)
+    arrays_path, manifest_path = folder / "arrays.npz", folder / "manifest.json"
+    if arrays_path.is_file() and manifest_path.is_file():
+        try:
+            manifest = read_json(manifest_path)
+            with np.load(arrays_path, allow_pickle=False) as stored:
+                arrays = {k: stored[k] for k in stored.files}
+            if content_sha256(arrays, manifest["tasks"], manifest["instructions"]) == manifest["content_sha256"]:
+                return Demonstrations(**arrays, tasks=manifest["tasks"], instructions=manifest["instructions"],
+                                      manifest=manifest), False
+            log.warning("cached demonstrations in %s do not match their manifest: rebuilding", folder)
+        except Exception as error:
+            log.warning("cached demonstrations in %s are unreadable (%s): rebuilding", folder, error)
+    demos = build_demonstrations(data, progress)
+    atomic_write_npz(arrays_path, demos.arrays())
+    atomic_write_json(manifest_path, demos.manifest)
+    return demos, True

@@ -1,0 +1,57 @@
+"""Weights-only checkpoints: a state_dict of tensors (torch.save) plus a JSON sidecar.
+
+Loading always uses torch.load(weights_only=True): a file holding pickled code or objects is
+refused. The sidecar records the file's sha256, so a truncated or bit-flipped checkpoint is
+detected before it is loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+
+from vlaeval.artifacts import atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file
+from vlaeval.config import UserInputError, require
+
+CHECKPOINT_SCHEMA_VERSION = 1
+
+
+def sidecar_path(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def save_checkpoint(model: torch.nn.Module, path: Path, sidecar: Mapping[str, Any]) -> Dict[str, Any]:
+    """Write the state_dict (atomically) and its sidecar; returns the sidecar as written."""
+    buffer = io.BytesIO()
+    torch.save({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, buffer)
+    data = buffer.getvalue()
+    atomic_write_bytes(path, lambda handle: handle.write(data))
+    written = {"schema_version": CHECKPOINT_SCHEMA_VERSION, **sidecar, "sha256": sha256_bytes(data),
+               "file": path.name}
+    atomic_write_json(sidecar_path(path), written)
+    return written
+
+
+def load_state_dict(path: Path) -> tuple[Dict[str, torch.Tensor], Optional[Dict[str, Any]], str]:
+    """(state_dict, sidecar or None, sha256). Refuses missing, corrupt and non-weights files."""
+    require(path.is_file(), f"checkpoint {path} does not exist; train one with job=train or use checkpoint=builtin")
+    digest = sha256_file(path)
+    sidecar = read_json(sidecar_path(path)) if sidecar_path(path).is_file() else None
+    if sidecar is not None and sidecar.get("sha256") not in (None, digest):
+        raise UserInputError(f"checkpoint {path} does not match the sha256 in {sidecar_path(path).name} "
+                             "(truncated or modified); retrain it or restore the file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise UserInputError(f"checkpoint {path} holds pickled code or objects, refused (weights-only loading: "
+                             f"{str(error).splitlines()[0][:120]}); save model.state_dict() instead") from None
+    except Exception as error:
+        raise UserInputError(f"checkpoint {path} cannot be read ({type(error).__name__}); it is corrupt "
+                             "or not a torch.save file") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserInputError(f"checkpoint {path} is not a state_dict of tensors; save model.state_dict()")
+    return state, sidecar, digest

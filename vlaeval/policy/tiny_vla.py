@@ -1,0 +1,84 @@
+"""The built-in tiny VLA: an instruction + observation encoder (the stand-in for the VLM) and a
+flow-matching MLP action head over an H x action_dim chunk, conditioned on the encoding.
+
+Every trainable layer is nn.Linear (the instruction enters as a bag-of-words vector), so exact
+per-sample gradient norms come from one batched backward pass (vlaeval.residual.gradients).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Dict, Iterable, List, Sequence
+
+import torch
+from torch import nn
+
+
+def vocabulary(instructions: Sequence[str]) -> List[str]:
+    return sorted({w for text in instructions for w in re.findall(r"[a-z]+", text.lower())})
+
+
+def bag_of_words(instructions: Sequence[str], vocab: Sequence[str]) -> torch.Tensor:
+    """(len(instructions), len(vocab)) normalised word counts: the instruction tokens."""
+    position = {w: i for i, w in enumerate(vocab)}
+    out = torch.zeros(len(instructions), len(vocab))
+    for row, text in enumerate(instructions):
+        words = [position[w] for w in re.findall(r"[a-z]+", text.lower()) if w in position]
+        for w in words:
+            out[row, w] += 1.0 / max(len(words), 1)
+    return out
+
+
+def mlp(sizes: Sequence[int]) -> nn.Sequential:
+    layers: List[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.SiLU())
+    return nn.Sequential(*layers)
+
+
+class TinyVLA(nn.Module):
+    def __init__(self, vocab: Sequence[str], obs_dim: int, action_dim: int, horizon: int, *,
+                 encoder_hidden: int = 256, conditioning_dim: int = 128, head_hidden: int = 256,
+                 head_layers: int = 3, time_embedding_dim: int = 32) -> None:
+        super().__init__()
+        self.vocab = list(vocab)
+        self.obs_dim, self.action_dim, self.horizon = int(obs_dim), int(action_dim), int(horizon)
+        self.time_embedding_dim = int(time_embedding_dim)
+        self.register_buffer("obs_mean", torch.zeros(obs_dim))
+        self.register_buffer("obs_std", torch.ones(obs_dim))
+        self.encoder = mlp([obs_dim + len(self.vocab), encoder_hidden, encoder_hidden, conditioning_dim])
+        chunk = self.horizon * self.action_dim
+        self.action_head = mlp([chunk + conditioning_dim + time_embedding_dim] + [head_hidden] * head_layers + [chunk])
+
+    def set_observation_statistics(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        self.obs_mean.copy_(mean)
+        self.obs_std.copy_(std.clamp_min(1e-3))
+
+    def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        obs = (batch["observation"] - self.obs_mean) / self.obs_std
+        return self.encoder(torch.cat([obs, batch["instruction"]], dim=-1))
+
+    def time_embedding(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.time_embedding_dim // 2
+        frequencies = torch.exp(torch.arange(half, dtype=t.dtype) * (-math.log(1000.0) / max(half - 1, 1)))
+        angles = t[:, None] * frequencies[None, :] * 2 * math.pi
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+
+    def velocity(self, conditioning: torch.Tensor, noisy_actions: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        flat = noisy_actions.reshape(noisy_actions.shape[0], -1)
+        out = self.action_head(torch.cat([flat, conditioning, self.time_embedding(t)], dim=-1))
+        return out.reshape(-1, self.horizon, self.action_dim)
+
+    def trainable_parameters(self, which: str) -> Iterable[nn.Parameter]:
+        if which == "action_head":
+            return list(self.action_head.parameters())
+        if which == "all":
+            return list(self.encoder.parameters()) + list(self.action_head.parameters())
+        raise ValueError(f"unknown trainable subset {which!r}; use 'action_head' or 'all'")
+
+    def trainable_modules(self, which: str) -> List[nn.Linear]:
+        modules = [self.action_head] if which == "action_head" else [self.encoder, self.action_head]
+        return [m for module in modules for m in module.modules() if isinstance(m, nn.Linear)]
