@@ -46,16 +46,23 @@ def publish(
     plots: Sequence[Path] = (),
     code: Mapping[str, Any],
     extra_artifacts: Sequence[Tuple[Path, Optional[str]]] = (),
+    artifact_file: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Write the result locally (atomic) first, then log the run to MLflow."""
+    """Write the result locally (atomic) first, then log the run to MLflow. With `artifact_file`,
+    result["artifact"] is also written on its own under that name (e.g. the gradient artifact)."""
     plain = to_plain(cfg)
     out = output_dir(cfg)
     all_tags = tracking.standard_tags(plain, code, tags)
     result.update(job=job_name, metrics=dict(metrics), checks=dict(checks),
                   tags={k: v for k, v in all_tags.items() if v is not None},
                   config_sha256=all_tags["config.sha256"])
+    artifacts = [(out / ".hydra", "hydra")] + [(p, "plots") for p in plots] + list(extra_artifacts)
+    if artifact_file is not None:
+        artifact_path = atomic_write_json(out / artifact_file, result["artifact"])
+        result["artifact_path"] = str(artifact_path)
+        artifacts.append((artifact_path, None))
     result_path = atomic_write_json(out / RESULT_FILE, result)
-    artifacts = [(result_path, None), (out / ".hydra", "hydra")] + [(p, "plots") for p in plots] + list(extra_artifacts)
+    artifacts.insert(0, (result_path, None))
     with tracking.open_run(cfg.tracking, job_name, run_name=run_name, start_time_ms=started_ms,
                            tags=all_tags, result_path=result_path) as logger:
         if logger is not None:

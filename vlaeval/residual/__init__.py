@@ -1,0 +1,1 @@
+"""Flow-matching residual estimators and the per-sample gradient artifact."""
