@@ -30,6 +30,8 @@ ui: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/gauntlet_throughput.py
+	$(PY) benchmarks/per_sample_gradients.py
+	$(PY) benchmarks/builtin_policy.py
 
 clean:
 	rm -rf .cache outputs/2* multirun_sweeps/2*
