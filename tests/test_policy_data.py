@@ -242,3 +242,18 @@ def test_default_config_gradient_reliability_reaches_0_8(workdir):
     artifact = json.loads((run_dir / "gradient_artifact.json").read_text())
     assert len(artifact["anchors"]) == 64 and len(artifact["seed_separation"]["gradient_seeds"]) == 512
     assert artifact["reliability"]["split_half_spearman"] >= 0.8
+
+
+@pytest.mark.slow
+def test_reproduce_of_a_training_run_gives_the_same_checkpoint(workdir):
+    run_dir = workdir / "train"
+    env = {"VLAEVAL_CACHE_DIR": str(workdir / "cache")}
+    proc = run_main(["job=train", "tracking=disabled", *SMALL, f"hydra.run.dir={run_dir}"], workdir, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = run_main(["job=reproduce", "tracking=disabled", f"reproduce.run_id={run_dir}",
+                    f"hydra.run.dir={workdir / 'rep'}"], workdir, env=env)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    report = json.loads((workdir / "rep" / "reproduce.json").read_text())
+    assert report["all_identical"]
+    keys = {c["key"] for c in report["comparisons"]}
+    assert {"checkpoint.sha256", "train.final_loss"} <= keys

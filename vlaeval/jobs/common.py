@@ -27,6 +27,27 @@ def output_dir(cfg: DictConfig) -> Path:
     return path
 
 
+def load_data(cfg: DictConfig) -> Any:
+    """The built-in demonstrations and anchors (recorded on first use, with a progress bar)."""
+    from vlaeval import console
+    from vlaeval.policy.builtin import prepare_data
+
+    with console.unit_progress("demonstrations", 1) as update:
+        return prepare_data(cfg, lambda done, total, task: update(completed=done, description=f"recording {task} ({total})"))
+
+
+def load_data_and_policy(cfg: DictConfig) -> Tuple[Any, Any]:
+    """Demonstrations and the policy the checkpoint group names (checkpoint=builtin trains it on
+    first use, with a progress bar)."""
+    from vlaeval import console
+    from vlaeval.policy.builtin import obtain_policy
+
+    data = load_data(cfg)
+    with console.unit_progress("training on first use", int(cfg.train.steps)) as update:
+        handle = obtain_policy(cfg, data, lambda step, loss: update(completed=step, description=f"loss {loss:.4f}"))
+    return data, handle
+
+
 def typed(node: Any) -> Any:
     """The structured-config dataclass behind a node (enums and types as the schema says)."""
     return OmegaConf.to_object(node)

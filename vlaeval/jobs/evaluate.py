@@ -11,9 +11,8 @@ from omegaconf import DictConfig
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes
 from vlaeval.config import require
-from vlaeval.gauntlet.lineage import code_version
-from vlaeval.jobs.common import now_ms, output_dir, publish
-from vlaeval.policy.builtin import obtain_policy, prepare_data
+from vlaeval.provenance import code_version
+from vlaeval.jobs.common import load_data_and_policy, now_ms, output_dir, publish
 from vlaeval.policy.rollout import evaluate_closed_loop
 
 JOB = "evaluate"
@@ -31,9 +30,7 @@ def validate_evaluate(cfg: DictConfig) -> None:
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
     validate_evaluate(cfg)
-    data = prepare_data(cfg)
-    with console.unit_progress("training on first use", int(cfg.train.steps)) as update:
-        handle = obtain_policy(cfg, data, lambda step, loss: update(completed=step, description=f"loss {loss:.4f}"))
+    data, handle = load_data_and_policy(cfg)
     with console.unit_progress("episodes", 1) as update:
         evaluation = evaluate_closed_loop(handle.model, data.demonstrations.tasks, data.instruction_table, cfg.evaluate,
                                           cfg.flow, lambda done, total, task: update(completed=done, description=task))

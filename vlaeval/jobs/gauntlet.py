@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from vlaeval import console
 from vlaeval.config import UserInputError, require, to_plain
 from vlaeval.gauntlet.cache import ArrayCache
-from vlaeval.gauntlet.lineage import build_lineage, code_version
+from vlaeval.gauntlet.lineage import build_lineage
+from vlaeval.provenance import code_version
 from vlaeval.gauntlet.plots import plot_trajectories
 from vlaeval.gauntlet.recommendation import LAUNCH
 from vlaeval.gauntlet.scheduler import BatchProgress, run_gauntlet, validate_gauntlet

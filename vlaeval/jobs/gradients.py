@@ -18,9 +18,8 @@ from omegaconf import DictConfig
 from vlaeval import console
 from vlaeval.config import require
 from vlaeval.data.anchors import draw
-from vlaeval.gauntlet.lineage import code_version
-from vlaeval.jobs.common import now_ms, publish
-from vlaeval.policy.builtin import obtain_policy, prepare_data
+from vlaeval.provenance import code_version
+from vlaeval.jobs.common import load_data_and_policy, now_ms, publish
 from vlaeval.residual.gradients import gradient_measurements, split_half_reliability
 
 JOB = "gradients"
@@ -44,9 +43,7 @@ def validate_gradients(cfg: DictConfig) -> None:
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
     validate_gradients(cfg)
-    data = prepare_data(cfg)
-    with console.unit_progress("training on first use", int(cfg.train.steps)) as update:
-        handle = obtain_policy(cfg, data, lambda step, loss: update(completed=step, description=f"loss {loss:.4f}"))
+    data, handle = load_data_and_policy(cfg)
     anchor_index, traces = draw(data.anchors, int(cfg.gradients.num_anchors), int(cfg.gradients.epoch))
     require(anchor_index.size == int(cfg.gradients.num_anchors),
             f"gradients.num_anchors={cfg.gradients.num_anchors} exceeds the dataset's {len(data.anchors)} anchors")

@@ -19,13 +19,13 @@ from omegaconf import DictConfig, OmegaConf
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_json, atomic_write_text, read_json
 from vlaeval.config import UserInputError, VlaevalConfig, require
-from vlaeval.gauntlet.lineage import code_version
+from vlaeval.provenance import code_version
 from vlaeval.jobs import job_runner
 from vlaeval.jobs.common import RESULT_FILE, VOLATILE_METRIC_PREFIXES, output_dir
 
-REPRODUCIBLE_JOBS = ("gauntlet",)
+REPRODUCIBLE_JOBS = ("gauntlet", "train", "evaluate", "gradients")
 TRUSTED_TARGET_PREFIX = "vlaeval."
-COMPARED_TAG_PREFIXES = ("recommendation", "halted", "gate.pass", "stratum.", "config.sha256")
+COMPARED_TAG_PREFIXES = ("recommendation", "halted", "gate.pass", "stratum.", "config.sha256", "checkpoint.sha256")
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:

@@ -15,10 +15,10 @@ from omegaconf import DictConfig
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes
 from vlaeval.config import require
-from vlaeval.gauntlet.lineage import code_version
-from vlaeval.jobs.common import now_ms, output_dir, publish
+from vlaeval.provenance import code_version
+from vlaeval.jobs.common import load_data, now_ms, output_dir, publish
 from vlaeval.jobs.evaluate import evaluation_view, plot_success, print_evaluation, validate_evaluate
-from vlaeval.policy.builtin import checkpoint_key, prepare_data, train_and_save
+from vlaeval.policy.builtin import checkpoint_key, train_and_save
 from vlaeval.policy.checkpoint import sidecar_path
 from vlaeval.policy.rollout import evaluate_closed_loop
 
@@ -38,8 +38,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     validate_train(cfg)
     if cfg.train.evaluate_after:
         validate_evaluate(cfg)
-    with console.unit_progress("demonstrations", 1) as update:
-        data = prepare_data(cfg, lambda done, total, task: update(completed=done, description=f"recording {task} ({total})"))
+    data = load_data(cfg)
     out = output_dir(cfg)
     with console.unit_progress("training", int(cfg.train.steps)) as update:
         handle = train_and_save(cfg, data, out / "model.pt",
