@@ -161,6 +161,39 @@ class GradientsConfig:
 
 
 @dataclass
+class EstimatorConfig:
+    kind: str = "stratified"  # iid | midpoint_antithetic | stratified | sobol (vlaeval.residual.estimators)
+    samples_per_estimator: int = 8  # M: (t, eps) draws per anchor and estimator seed
+    seeds: List[int] = field(default_factory=lambda: [9300, 9301, 9302, 9303])
+    anchor_batch_size: int = 64  # anchors scored per forward pass of the action head
+
+
+@dataclass
+class AuditConfig:
+    gradient_artifact: Optional[str] = None  # null: build (and cache) one for the builtin checkpoint
+    alpha: float = 0.2  # uniform mixing of the proposal
+    percentile_epsilon: float = 0.1  # winsorisation of the scores
+    proposal_power: float = 0.5  # gamma: weights = winsorised score ** gamma
+    permutations: int = 10_000
+    permutation_seed: int = 9100
+    plot: bool = True
+
+
+@dataclass
+class GateConfig:
+    name: str = "formal"
+    min_anchors: int = 64
+    formal_min_anchors: int = 64  # fewer anchors: "smoke, not a gate certificate"
+    repeatability_spearman: float = 0.90
+    score_gradient_spearman: float = 0.50
+    permutation_p: float = 0.01
+    top25_overlap: float = 0.50
+    second_moment_ratio: float = 0.98
+    second_moment_permutation_p: float = 0.01
+    leave_one_out: bool = True
+
+
+@dataclass
 class ReproduceConfig:
     run_id: Optional[str] = None  # an MLflow run id, or a local run directory
     job_overrides: List[str] = field(default_factory=list)  # applied on top of the saved config
@@ -188,6 +221,9 @@ class VlaevalConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     gradients: GradientsConfig = field(default_factory=GradientsConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
     reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)
     history: HistoryConfig = field(default_factory=HistoryConfig)
 

@@ -1,0 +1,223 @@
+"""job=residual_audit: is the frozen flow-matching residual a good importance-sampling proposal?
+
+Check every input before work; load the gradient artifact (or build and cache one for the builtin
+checkpoint); recover its anchors in the same order and check their sampling traces; score every
+anchor with the configured estimator (batched across anchors, one encode per anchor); measure
+repeatability across estimator seeds, alignment with gradient RMS (beside the training loss),
+the proposal's second-moment ratio with its permutation control, and leave-one-out robustness;
+decide the gate; save the result, plot, log to MLflow, print the gate table.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from vlaeval import console
+from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
+from vlaeval.audit.plots import plot_audit
+from vlaeval.config import UserInputError, require, to_plain
+from vlaeval.data.anchors import TRACE_FIELDS, draw
+from vlaeval.jobs.common import load_data_and_policy, now_ms, output_dir, publish
+from vlaeval.provenance import code_version
+from vlaeval.residual.artifact import cached_gradient_artifact, load_gradient_artifact
+from vlaeval.residual.estimators import DESCRIPTIONS, UNBIASED, score_anchors
+
+JOB = "residual_audit"
+RESULT_SCHEMA_VERSION = 1
+SCORE_LABEL = "residual"
+
+
+def validate_audit(cfg: DictConfig) -> None:
+    e, a, g = cfg.estimator, cfg.audit, cfg.gate
+    require(e.kind in UNBIASED, f"estimator.kind={e.kind!r} is unknown; use one of {', '.join(sorted(UNBIASED))}")
+    m = int(e.samples_per_estimator)
+    require(m >= 2 and m % 2 == 0, f"estimator.samples_per_estimator={m} must be an even number >= 2")
+    seeds = [int(s) for s in e.seeds]
+    require(len(seeds) >= 4 and len(seeds) % 2 == 0,
+            f"estimator.seeds has {len(seeds)} seeds; give an even number >= 4 (split-half repeatability)")
+    duplicated = sorted({s for s in seeds if seeds.count(s) > 1})
+    require(not duplicated, f"estimator.seeds repeats {duplicated}; estimator seeds must be unique")
+    require(e.anchor_batch_size >= 1, f"estimator.anchor_batch_size={e.anchor_batch_size} must be >= 1")
+    require(0.0 <= a.alpha <= 1.0, f"audit.alpha={a.alpha} must be in [0, 1]")
+    require(0.0 <= a.percentile_epsilon < 0.5, f"audit.percentile_epsilon={a.percentile_epsilon} must be in [0, 0.5)")
+    require(a.proposal_power > 0, f"audit.proposal_power={a.proposal_power} must be > 0")
+    require(a.permutations >= 1, f"audit.permutations={a.permutations} must be >= 1")
+    require(g.min_anchors >= 4, f"gate.min_anchors={g.min_anchors} must be >= 4")
+
+
+def check_seed_separation(estimator_seeds: List[int], gradient_seeds: List[int]) -> None:
+    overlap = sorted(set(estimator_seeds) & set(int(s) for s in gradient_seeds))
+    require(not overlap, f"estimator.seeds overlap the gradient artifact's gradient seeds {overlap[:5]}; "
+                         "choose disjoint seeds so scores and gradients use independent draws")
+
+
+def recover_anchors(data: Any, artifact_anchors: List[Dict[str, Any]]) -> Tuple[np.ndarray, List[Dict[str, Any]]]:
+    """The artifact's anchors in its order from our sampler, each trace checked field by field."""
+    epoch = int(artifact_anchors[0]["sampling_trace"]["epoch"])
+    index, traces = draw(data.anchors, len(artifact_anchors), epoch)
+    if index.size < len(artifact_anchors):
+        raise UserInputError(f"the dataset has {index.size} anchors but the gradient artifact lists "
+                             f"{len(artifact_anchors)}; it was made from other data")
+    for position, (observed, anchor) in enumerate(zip(traces, artifact_anchors)):
+        expected = {f: anchor["sampling_trace"].get(f) for f in TRACE_FIELDS}
+        if {f: observed[f] for f in TRACE_FIELDS} != expected:
+            field = next(f for f in TRACE_FIELDS if observed[f] != expected[f])
+            raise UserInputError(f"sample trace mismatch at position {position}: {field} is {observed[field]!r} here "
+                                 f"but {expected[field]!r} in the gradient artifact (made from other data or sampler)")
+    return index, traces
+
+
+def peak_memory() -> Dict[str, Any]:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return {"kind": "cuda", "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+                "peak_reserved_bytes": int(torch.cuda.max_memory_reserved())}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"kind": "process_rss", "peak_rss_bytes": int(rss if sys.platform == "darwin" else rss * 1024)}
+
+
+def run(cfg: DictConfig) -> Dict[str, Any]:
+    started_ms = now_ms()
+    validate_audit(cfg)
+    estimator_seeds = [int(s) for s in cfg.estimator.seeds]
+    given = cfg.audit.gradient_artifact
+    if given is not None:  # an explicit artifact is checked before any work
+        metadata, artifact_anchors = load_gradient_artifact(Path(str(given)))
+        check_seed_separation(estimator_seeds, metadata["gradient_seeds"])
+    else:
+        check_seed_separation(estimator_seeds, list(cfg.gradients.seeds))
+    data, handle = load_data_and_policy(cfg)
+    if given is None:
+        path, _ = cached_gradient_artifact(cfg, data, handle)
+        metadata, artifact_anchors = load_gradient_artifact(path)
+    if metadata["checkpoint_sha256"] is not None and metadata["checkpoint_sha256"] != handle.sha256:
+        raise UserInputError(f"checkpoint {handle.path} (sha256 {handle.sha256[:12]}...) differs from the gradient "
+                             f"artifact's ({str(metadata['checkpoint_sha256'])[:12]}...); use the checkpoint it was made with")
+    anchor_index, traces = recover_anchors(data, artifact_anchors)
+
+    started = time.perf_counter()
+    with console.unit_progress(f"scoring ({cfg.estimator.kind})", anchor_index.size) as update:
+        scores = score_anchors(handle.model, data.anchors, anchor_index, [t["global_draw_id"] for t in traces],
+                               data.instruction_table, kind=str(cfg.estimator.kind), seeds=estimator_seeds,
+                               samples_per_estimator=int(cfg.estimator.samples_per_estimator),
+                               anchor_batch_size=int(cfg.estimator.anchor_batch_size), flow=cfg.flow,
+                               device=str(cfg.device), progress=lambda done, total: update(completed=done))
+    elapsed = time.perf_counter() - started
+
+    matrix = scores.estimator_residuals
+    score = matrix.mean(axis=0)
+    gradient_rms = np.array([a["gradient_rms"] for a in artifact_anchors])
+    mean_losses = np.array([a["mean_gradient_loss"] for a in artifact_anchors])
+    a = cfg.audit
+    rep = repeatability(matrix)
+    gradient_reliability = (metadata.get("reliability") or {}).get("spearman_brown")
+    alignment = alignment_audit(score, gradient_rms, mean_losses, alpha=a.alpha, percentile_epsilon=a.percentile_epsilon,
+                                permutation_count=int(a.permutations), permutation_seed=int(a.permutation_seed),
+                                score_label=SCORE_LABEL, proposal_power=a.proposal_power,
+                                score_reliability=rep["spearman_brown_reliability"],
+                                gradient_reliability=gradient_reliability)
+    robustness = leave_one_out_robustness(score, gradient_rms, alpha=a.alpha, percentile_epsilon=a.percentile_epsilon,
+                                          proposal_power=a.proposal_power)
+    gate = gate_decision(sample_count=anchor_index.size, repeatability=rep, alignment=alignment,
+                         robustness=robustness, score_label=SCORE_LABEL, gate=cfg.gate)
+    null = alignment["random_permutation_control"]
+    null_spearman, null_ratio = null.pop("_null_spearman"), null.pop("_null_second_moment")
+
+    plots = []
+    if a.plot:
+        plots.append(plot_audit(score, gradient_rms, matrix, alignment, robustness, null_spearman, null_ratio,
+                                SCORE_LABEL, output_dir(cfg) / "residual_audit.png"))
+    result = {
+        "schema_version": RESULT_SCHEMA_VERSION,
+        "status": gate["status"],
+        "checkpoint": str(handle.path),
+        "checkpoint_sha256": handle.sha256,
+        "gradient_artifact": metadata,
+        "sample_count": int(anchor_index.size),
+        "score_definition": {
+            "name": "frozen_flow_matching_residual",
+            "estimator": str(cfg.estimator.kind),
+            "unbiased": UNBIASED[str(cfg.estimator.kind)],
+            "variance_reduction": DESCRIPTIONS[str(cfg.estimator.kind)] + [
+                "one shared conditioning encode per anchor", "action head batched across anchors"],
+            "model_mode": "eval",
+            "estimator_seeds": estimator_seeds,
+            "samples_per_estimator": int(cfg.estimator.samples_per_estimator),
+            "head_evaluations_per_anchor": int(cfg.estimator.samples_per_estimator) * len(estimator_seeds),
+            "proposal_power": float(a.proposal_power),
+            "forbidden_labels": ["likelihood", "entropy", "surprisal"],
+        },
+        "score_runtime": {"elapsed_seconds": elapsed, "seconds_per_anchor": elapsed / anchor_index.size,
+                          "anchors_per_second": anchor_index.size / elapsed, "device": str(cfg.device),
+                          **peak_memory()},
+        "repeatability": rep,
+        "alignment": alignment,
+        "leave_one_out_robustness": robustness,
+        "gate": gate,
+        "anchors": [{"anchor_position": i, "estimator_residuals": matrix[:, i].tolist(),
+                     "sample_losses": scores.sample_losses[:, i].tolist(), "time_values": scores.time_values[:, i].tolist(),
+                     "mean_residual": float(score[i]), "sampling_trace": traces[i],
+                     "gradient_rms": float(gradient_rms[i]), "mean_gradient_loss": float(mean_losses[i])}
+                    for i in range(anchor_index.size)],
+    }
+    metrics = headline_metrics(result)
+    tags = {"gate.status": gate["status"], "gate.eligible_for_500_step_ablation": str(gate["eligible_for_500_step_ablation"]).lower(),
+            "estimator.kind": str(cfg.estimator.kind), "estimator.unbiased": str(UNBIASED[str(cfg.estimator.kind)]).lower(),
+            "checkpoint.sha256": handle.sha256}
+    result = publish(cfg, JOB, result, started_ms=started_ms, run_name=f"audit-{cfg.estimator.kind}-{handle.sha256[:8]}",
+                     metrics=metrics, checks=gate["checks"], tags=tags, plots=plots, code=code_version())
+    print_summary(result)
+    return result
+
+
+def headline_metrics(result: Dict[str, Any]) -> Dict[str, float]:
+    al, rep, loo = result["alignment"], result["repeatability"], result["leave_one_out_robustness"]
+    perm, prop = al["random_permutation_control"], al["proposal"]
+    return {
+        "repeatability.spearman": rep["spearman"], "repeatability.kendall": rep["kendall"],
+        "repeatability.mean_anchor_cv": rep["mean_anchor_cv"],
+        f"alignment.spearman_{SCORE_LABEL}_vs_gradient_rms": al[f"spearman_{SCORE_LABEL}_vs_gradient_rms"],
+        f"alignment.kendall_{SCORE_LABEL}_vs_gradient_rms": al[f"kendall_{SCORE_LABEL}_vs_gradient_rms"],
+        "alignment.spearman_training_loss_vs_gradient_rms": al["spearman_training_loss_vs_gradient_rms"],
+        "alignment.top25_overlap": al["top25_overlap"],
+        "alignment.attenuation_corrected_spearman": al["reliability"].get("attenuation_corrected_spearman"),
+        "proposal.information_to_baseline_ratio": prop["information_to_baseline_ratio"],
+        "proposal.oracle_ratio": prop["oracle_ratio"],
+        "proposal.fraction_of_oracle_gain": prop["fraction_of_oracle_gain"],
+        "proposal.training_loss_ratio": al["training_loss_proposal"]["information_to_baseline_ratio"],
+        "proposal.raw_score_ratio": al["raw_score_proposal"]["information_to_baseline_ratio"],
+        "permutation.p_spearman": perm["one_sided_pvalue_rho_at_least_observed"],
+        "permutation.p_second_moment": perm["one_sided_pvalue_second_moment_at_most_observed"],
+        "leave_one_out.min_spearman": loo["min_spearman"],
+        "leave_one_out.max_second_moment_ratio": loo["max_second_moment_ratio"],
+        "score.mean_residual": float(np.mean([x["mean_residual"] for x in result["anchors"]])),
+        "gate.eligible_for_500_step_ablation": float(result["gate"]["eligible_for_500_step_ablation"]),
+        "timing.score_seconds": result["score_runtime"]["elapsed_seconds"],
+        "timing.anchors_per_second": result["score_runtime"]["anchors_per_second"],
+    }
+
+
+def print_summary(result: Dict[str, Any]) -> None:
+    gate = result["gate"]
+    console.print_checks(f"Residual audit gate ({gate['preset']}, {result['sample_count']} anchors, "
+                         f"estimator {result['score_definition']['estimator']}"
+                         f"{'' if result['score_definition']['unbiased'] else ', BIASED'})", gate["checks"])
+    m = result["metrics"]
+    console.show(
+        f"repeatability rho {m['repeatability.spearman']:.3f} | residual vs gradient RMS rho "
+        f"{m[f'alignment.spearman_{SCORE_LABEL}_vs_gradient_rms']:.3f} (training loss "
+        f"{m['alignment.spearman_training_loss_vs_gradient_rms']:.3f}) | second-moment ratio "
+        f"{m['proposal.information_to_baseline_ratio']:.3f} (oracle {m['proposal.oracle_ratio']:.3f}, training loss "
+        f"{m['proposal.training_loss_ratio']:.3f})")
+    console.show(f"status: {gate['status']}   eligible for the 500-step ablation: "
+                 f"{console.styled('PASS' if gate['eligible_for_500_step_ablation'] else 'FAIL')}")
+    if result.get("result_path"):
+        console.show(f"result: {result['result_path']}" +
+                     (f"   mlflow run: {result['mlflow_run_id']}" if result.get("mlflow_run_id") else ""))

@@ -1,0 +1,107 @@
+"""The per-anchor gradient artifact: building it, caching it, and reading it back as untrusted input."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+from omegaconf import DictConfig
+
+from vlaeval.artifacts import atomic_write_json, read_json, sha256_file, sha256_json
+from vlaeval.config import UserInputError, require, to_plain
+from vlaeval.data.anchors import TRACE_FIELDS, draw
+from vlaeval.residual.gradients import gradient_measurements, split_half_reliability
+
+ARTIFACT_SCHEMA_VERSION = 1
+REQUIRED_ANCHOR_FIELDS = ("gradient_rms", "mean_gradient_loss", "sampling_trace")
+
+
+def build_gradient_artifact(cfg: DictConfig, data: Any, handle: Any) -> Dict[str, Any]:
+    anchor_index, traces = draw(data.anchors, int(cfg.gradients.num_anchors), int(cfg.gradients.epoch))
+    require(anchor_index.size == int(cfg.gradients.num_anchors),
+            f"gradients.num_anchors={cfg.gradients.num_anchors} exceeds the dataset's {len(data.anchors)} anchors")
+    seeds = [int(s) for s in cfg.gradients.seeds]
+    started = time.perf_counter()
+    measured = gradient_measurements(handle.model, data.anchors, anchor_index, data.instruction_table, seeds, cfg.flow,
+                                     trainable=str(cfg.gradients.trainable), batch_size=int(cfg.gradients.batch_size),
+                                     device=str(cfg.device))
+    elapsed = time.perf_counter() - started
+    p = measured["parameter_count"]
+    per_seed_rms = np.sqrt(measured["sq_norms"] / p)
+    gradient_rms = np.sqrt(measured["sq_norms"].mean(axis=0) / p)
+    mean_loss = measured["losses"].mean(axis=0)
+    return {
+        "schema_version": ARTIFACT_SCHEMA_VERSION,
+        "checkpoint_sha256": handle.sha256,
+        "manifest_sha256": data.demonstrations.manifest_sha256,
+        "dataset_name": data.demonstrations.name,
+        "trainable": str(cfg.gradients.trainable),
+        "parameter_count": p,
+        "gradient_rms_definition": "sqrt(mean over seeds and trainable parameter entries of the squared per-sample "
+                                   "gradient of the flow-matching loss)",
+        "seed_separation": {"gradient_seeds": seeds},
+        "gradient_runtime": {"elapsed_seconds": elapsed, "pairs": int(measured["sq_norms"].size),
+                             "method": "batched per-layer ghost norms (exact)", "device": str(cfg.device)},
+        "reliability": split_half_reliability(measured["sq_norms"], p),
+        "anchors": [
+            {"gradient_rms": float(gradient_rms[i]), "mean_gradient_loss": float(mean_loss[i]),
+             "sampling_trace": traces[i],
+             "per_seed": {"gradient_rms": per_seed_rms[:, i].tolist(), "loss": measured["losses"][:, i].tolist()}}
+            for i in range(anchor_index.size)],
+    }
+
+
+def cached_gradient_artifact(cfg: DictConfig, data: Any, handle: Any) -> Tuple[Path, bool]:
+    """(path, built_now) of the artifact for this checkpoint and gradients config, cached."""
+    plain = to_plain(cfg)
+    key = sha256_json({"checkpoint": handle.sha256, "gradients": plain["gradients"], "flow": plain["flow"],
+                       "schema": ARTIFACT_SCHEMA_VERSION})
+    path = Path(cfg.paths.cache_dir) / "gradients" / f"{key}.json"
+    if path.is_file():
+        try:
+            load_gradient_artifact(path)
+            return path, False
+        except UserInputError:
+            pass  # a damaged cache entry is rebuilt, never trusted
+    atomic_write_json(path, build_gradient_artifact(cfg, data, handle))
+    return path, True
+
+
+def load_gradient_artifact(path: Path) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """(metadata, anchors) of a gradient artifact, each check a one-line error."""
+    require(path.is_file(), f"gradient artifact {path} does not exist; run job=gradients or leave audit.gradient_artifact=null")
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UserInputError(f"gradient artifact {path} is not valid JSON ({error.__class__.__name__}: {error}); "
+                             "it is truncated or corrupt: rebuild it with job=gradients") from None
+    require(isinstance(payload, dict), f"gradient artifact {path} is not a JSON object")
+    anchors = payload.get("anchors")
+    require(isinstance(anchors, list) and len(anchors) >= 4,
+            f"gradient artifact {path} must contain at least four anchors (found "
+            f"{len(anchors) if isinstance(anchors, list) else 'none'})")
+    for index, anchor in enumerate(anchors):
+        missing = [f for f in REQUIRED_ANCHOR_FIELDS if not isinstance(anchor, dict) or f not in anchor]
+        require(not missing, f"gradient artifact {path}: anchor {index} lacks {', '.join(missing)}")
+        rms, loss = anchor["gradient_rms"], anchor["mean_gradient_loss"]
+        ok = isinstance(rms, (int, float)) and math.isfinite(rms) and rms > 0
+        require(ok, f"gradient artifact {path}: anchor {index} has gradient_rms={rms!r}; it must be finite and > 0")
+        require(isinstance(loss, (int, float)) and math.isfinite(loss),
+                f"gradient artifact {path}: anchor {index} has mean_gradient_loss={loss!r}; it must be finite")
+        trace_missing = [f for f in TRACE_FIELDS if f not in (anchor["sampling_trace"] or {})]
+        require(not trace_missing, f"gradient artifact {path}: anchor {index}'s sampling_trace lacks {', '.join(trace_missing)}")
+    metadata = {
+        "path": str(path.resolve()),
+        "sha256": sha256_file(path),
+        "checkpoint_sha256": payload.get("checkpoint_sha256"),
+        "manifest_sha256": payload.get("manifest_sha256"),
+        "gradient_runtime": payload.get("gradient_runtime"),
+        "gradient_seeds": (payload.get("seed_separation") or {}).get("gradient_seeds") or [],
+        "reliability": payload.get("reliability"),
+        "trainable": payload.get("trainable"),
+    }
+    return metadata, anchors
