@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) main.py job=gauntlet
+	$(PY) main.py job=residual_audit
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -29,6 +29,7 @@ ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
 
 bench: $(STAMP)
+	$(PY) benchmarks/residual_audit.py
 	$(PY) benchmarks/gauntlet_throughput.py
 	$(PY) benchmarks/per_sample_gradients.py
 	$(PY) benchmarks/builtin_policy.py

@@ -26,13 +26,17 @@ from vlaeval.artifacts import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 
-# Columns of the sweep summary: (header, kind, key) read from each child run.
-SUMMARY_COLUMNS = (
-    ("gate.pass", "tag", "gate.pass"),
-    ("recommendation", "tag", "recommendation"),
-    ("units", "metric", "scale.units_evaluated"),
-    ("halted", "tag", "halted"),
-)
+# Columns of the sweep summary per job: (header, kind, key) read from each child run.
+SUMMARY_COLUMNS = {
+    "gauntlet": (("gate.pass", "tag", "gate.pass"), ("recommendation", "tag", "recommendation"),
+                 ("units", "metric", "scale.units_evaluated"), ("halted", "tag", "halted")),
+    "residual_audit": (("gate.pass", "tag", "gate.pass"), ("status", "tag", "gate.status"),
+                       ("estimator", "tag", "estimator.kind"), ("repeat rho", "metric", "repeatability.spearman"),
+                       ("grad rho", "metric", "alignment.spearman_residual_vs_gradient_rms"),
+                       ("ratio", "metric", "proposal.information_to_baseline_ratio"),
+                       ("oracle", "metric", "proposal.oracle_ratio"), ("p(ratio)", "metric", "permutation.p_second_moment")),
+}
+DEFAULT_COLUMNS = (("gate.pass", "tag", "gate.pass"),)
 
 
 class SweepTrackingCallback(Callback):
@@ -126,7 +130,7 @@ class SweepTrackingCallback(Callback):
                                           max_results=10_000)
             failed = [c for c in children if c.info.status != "FINISHED"]
             status = forced_status or ("FAILED" if failed else "FINISHED")
-            rows = summary_rows(children)
+            rows = summary_rows(children, SUMMARY_COLUMNS.get(self._parent["job"], DEFAULT_COLUMNS))
             text = render_summary(rows)
             sweep_dir = Path(self._parent["sweep_dir"])
             summary_json = atomic_write_json(sweep_dir / "sweep_summary.json", rows)
@@ -147,14 +151,15 @@ class SweepTrackingCallback(Callback):
             log.error("could not close the sweep parent run %s: %s", self._parent["run_id"], error)
 
 
-def summary_rows(children: List[Any]) -> List[Dict[str, Any]]:
+def summary_rows(children: List[Any], columns: Any) -> List[Dict[str, Any]]:
     rows = []
     for child in sorted(children, key=lambda r: int(r.data.tags.get("hydra.job_num", 10**9))):
         tags, metrics = child.data.tags, child.data.metrics
         row: Dict[str, Any] = {"job": tags.get("hydra.job_num"), "run_id": child.info.run_id,
                                "status": child.info.status, "overrides": tags.get("hydra.overrides", "")}
-        for header, kind, key in SUMMARY_COLUMNS:
-            row[header] = tags.get(key) if kind == "tag" else metrics.get(key)
+        for header, kind, key in columns:
+            value = tags.get(key) if kind == "tag" else metrics.get(key)
+            row[header] = round(value, 4) if isinstance(value, float) else value
         gate_metrics = {k[len("gate."):]: v for k, v in metrics.items() if k.startswith("gate.")}
         row["gate_checks_passed"] = f"{int(sum(gate_metrics.values()))}/{len(gate_metrics)}" if gate_metrics else None
         row["error"] = tags.get("vlaeval.error")

@@ -162,8 +162,10 @@ class GradientsConfig:
 
 @dataclass
 class EstimatorConfig:
-    kind: str = "stratified"  # iid | midpoint_antithetic | stratified | sobol (vlaeval.residual.estimators)
-    samples_per_estimator: int = 8  # M: (t, eps) draws per anchor and estimator seed
+    kind: str = "sobol"  # iid | midpoint_antithetic | stratified | sobol (vlaeval.residual.estimators)
+    # M: (t, eps) draws per anchor and estimator seed. With 4 seeds, 256 head evaluations per
+    # anchor: enough for sobol to rank anchors as well as 512 iid samples (benchmarks/residual_audit.py).
+    samples_per_estimator: int = 64
     seeds: List[int] = field(default_factory=lambda: [9300, 9301, 9302, 9303])
     anchor_batch_size: int = 64  # anchors scored per forward pass of the action head
 

@@ -23,7 +23,7 @@ from vlaeval.provenance import code_version
 from vlaeval.jobs import job_runner
 from vlaeval.jobs.common import RESULT_FILE, VOLATILE_METRIC_PREFIXES, output_dir
 
-REPRODUCIBLE_JOBS = ("gauntlet", "train", "evaluate", "gradients")
+REPRODUCIBLE_JOBS = ("gauntlet", "train", "evaluate", "gradients", "residual_audit")
 TRUSTED_TARGET_PREFIX = "vlaeval."
 COMPARED_TAG_PREFIXES = ("recommendation", "halted", "gate.pass", "stratum.", "config.sha256", "checkpoint.sha256")
 

@@ -104,9 +104,8 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
 
     started = time.perf_counter()
     with console.unit_progress(f"scoring ({cfg.estimator.kind})", anchor_index.size) as update:
-        scores = score_anchors(handle.model, data.anchors, anchor_index, [t["global_draw_id"] for t in traces],
-                               data.instruction_table, kind=str(cfg.estimator.kind), seeds=estimator_seeds,
-                               samples_per_estimator=int(cfg.estimator.samples_per_estimator),
+        scores = score_anchors(handle.model, data.anchors, anchor_index, data.instruction_table,
+                               kind=str(cfg.estimator.kind), seeds=estimator_seeds, samples_per_estimator=int(cfg.estimator.samples_per_estimator),
                                anchor_batch_size=int(cfg.estimator.anchor_batch_size), flow=cfg.flow,
                                device=str(cfg.device), progress=lambda done, total: update(completed=done))
     elapsed = time.perf_counter() - started
@@ -198,7 +197,7 @@ def headline_metrics(result: Dict[str, Any]) -> Dict[str, float]:
         "leave_one_out.min_spearman": loo["min_spearman"],
         "leave_one_out.max_second_moment_ratio": loo["max_second_moment_ratio"],
         "score.mean_residual": float(np.mean([x["mean_residual"] for x in result["anchors"]])),
-        "gate.eligible_for_500_step_ablation": float(result["gate"]["eligible_for_500_step_ablation"]),
+        "eligible_for_500_step_ablation": float(result["gate"]["eligible_for_500_step_ablation"]),
         "timing.score_seconds": result["score_runtime"]["elapsed_seconds"],
         "timing.anchors_per_second": result["score_runtime"]["anchors_per_second"],
     }

@@ -10,8 +10,8 @@ estimator seed and averages the losses; they differ in how the pairs are drawn:
                          never visit the high-loss ends of t; its low variance comes from fixing t
     stratified           randomly shifted stratification of t (one uniform draw per stratum of the
                          time CDF), iid noise: unbiased
-    sobol                randomized QMC: scrambled Sobol' points mapped through the time quantile
-                         and the normal quantile for the noise: unbiased
+    sobol                randomized QMC: scrambled Sobol' points (an aligned block of M per anchor)
+                         through the time quantile and the normal quantile for the noise: unbiased
 
 Scoring is batched across anchors: one conditioning encode per anchor, shared by all M x seeds
 action-head evaluations, and the head evaluated for `anchor_batch_size` anchors at once.
@@ -44,33 +44,41 @@ DESCRIPTIONS = {
 
 
 def time_quantile(u: np.ndarray, flow: Any) -> np.ndarray:
-    return beta_dist.ppf(u, float(flow.beta_a), float(flow.beta_b)) * float(flow.time_scale) + float(flow.time_offset)
+    a, b = float(flow.beta_a), float(flow.beta_b)
+    # Beta(a, 1) has CDF x^a: its quantile is closed-form (the openpi default, a = 1.5).
+    x = u ** (1.0 / a) if b == 1.0 else beta_dist.ppf(u, a, b)
+    return x * float(flow.time_scale) + float(flow.time_offset)
 
 
-def draw_pairs(kind: str, seed: int, anchor_key: int, m: int, chunk_shape: tuple, flow: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(t of shape (m,), noise of shape (m, *chunk_shape)) for one anchor and estimator seed."""
-    rng = np.random.default_rng(stable_seed("residual", kind, int(seed), int(anchor_key)))
+def draw_pairs(kind: str, seed: int, anchors: int, m: int, chunk_shape: tuple, flow: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(t of shape (anchors, m), noise of shape (anchors, m, *chunk_shape)) for one estimator seed;
+    anchor i of the audited list always gets row i, whatever the batching."""
+    rng = np.random.default_rng(stable_seed("residual", kind, int(seed)))
     d = int(np.prod(chunk_shape))
+    k = int(anchors)
     if kind == "iid":
-        u = rng.random(m)
-        noise = rng.standard_normal((m, d))
+        u = rng.random((k, m))
+        noise = rng.standard_normal((k, m, d))
     elif kind == "midpoint_antithetic":
         half = m // 2
-        u = np.repeat((np.arange(half) + 0.5) / half, 2)
-        eps = rng.standard_normal((half, d))
-        noise = np.stack([eps, -eps], axis=1).reshape(m, d)
+        u = np.broadcast_to(np.repeat((np.arange(half) + 0.5) / half, 2), (k, m))
+        eps = rng.standard_normal((k, half, 1, d))
+        noise = np.concatenate([eps, -eps], axis=2).reshape(k, m, d)
     elif kind == "stratified":
-        u = (np.arange(m) + rng.random(m)) / m
-        noise = rng.standard_normal((m, d))
+        u = (np.arange(m)[None, :] + rng.random((k, m))) / m
+        noise = rng.standard_normal((k, m, d))
     elif kind == "sobol":
+        # One scrambled Sobol' sequence per seed; anchor i takes the aligned block of m points
+        # i*m .. (i+1)*m - 1, itself a scrambled net when m is a power of two. Every point is
+        # uniform, so the estimate is unbiased, while each block stays balanced.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # balance warnings when m is not a power of two
-            points = qmc.Sobol(d=d + 1, scramble=True, seed=rng).random(m)
-        u = points[:, 0]
-        noise = norm.ppf(np.clip(points[:, 1:], 1e-12, 1 - 1e-12))
+            points = qmc.Sobol(d=d + 1, scramble=True, seed=rng).random(k * m).reshape(k, m, d + 1)
+        u = points[..., 0]
+        noise = norm.ppf(np.clip(points[..., 1:], 1e-12, 1 - 1e-12))
     else:
         raise ValueError(f"unknown estimator kind {kind!r}; use one of {sorted(UNBIASED)}")
-    return time_quantile(u, flow), noise.reshape(m, *chunk_shape)
+    return time_quantile(np.asarray(u), flow), noise.reshape(k, m, *chunk_shape)
 
 
 @dataclass
@@ -82,29 +90,27 @@ class ResidualScores:
 
 
 @torch.no_grad()
-def score_anchors(model: Any, anchors: AnchorSet, anchor_index: np.ndarray, anchor_keys: Sequence[int],
-                  instruction_table: torch.Tensor, *, kind: str, seeds: Sequence[int], samples_per_estimator: int,
-                  anchor_batch_size: int, flow: Any, device: str = "cpu",
-                  progress: Optional[Callable[[int, int], None]] = None) -> ResidualScores:
+def score_anchors(model: Any, anchors: AnchorSet, anchor_index: np.ndarray, instruction_table: torch.Tensor, *,
+                  kind: str, seeds: Sequence[int], samples_per_estimator: int, anchor_batch_size: int, flow: Any,
+                  device: str = "cpu", progress: Optional[Callable[[int, int], None]] = None) -> ResidualScores:
     model = model.to(device).eval()
     s, m, k = len(seeds), int(samples_per_estimator), anchor_index.size
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
+    draws = [draw_pairs(kind, seed, k, m, chunk, flow) for seed in seeds]
+    t_all = torch.from_numpy(np.stack([d[0] for d in draws]).astype(np.float32))  # (s, k, m)
+    noise_all = torch.from_numpy(np.stack([d[1] for d in draws]).astype(np.float32))  # (s, k, m, H, A)
     losses = np.empty((s, k, m))
-    times = np.empty((s, k, m))
     for start in range(0, k, int(anchor_batch_size)):
         stop = min(start + int(anchor_batch_size), k)
-        batch = anchor_batch(anchors, anchor_index[start:stop], instruction_table, device)
-        conditioning = model.encode(batch)  # once per anchor
-        draws = [[draw_pairs(kind, seed, anchor_keys[a], m, chunk, flow) for a in range(start, stop)] for seed in seeds]
-        t = torch.from_numpy(np.array([[d[0] for d in row] for row in draws], dtype=np.float32)).to(device)  # (s, b, m)
-        noise = torch.from_numpy(np.array([[d[1] for d in row] for row in draws], dtype=np.float32)).to(device)
         b = stop - start
+        batch = anchor_batch(anchors, anchor_index[start:stop], instruction_table, device)
+        conditioning = model.encode(batch)  # once per anchor, shared by all seeds and samples
         expand = lambda x: x[None, :, None].expand(s, b, m, *x.shape[1:]).reshape(s * b * m, *x.shape[1:])  # noqa: E731
         actions, mask = expand(batch["target_actions"]), expand(batch["target_mask"])
-        flat_t, flat_noise = t.reshape(-1), noise.reshape(-1, *chunk)
-        velocity = model.velocity(expand(conditioning), noisy_actions(actions, flat_noise, flat_t), flat_t)
-        losses[:, start:stop] = per_sample_loss(velocity, actions, flat_noise, mask).reshape(s, b, m).double().cpu().numpy()
-        times[:, start:stop] = t.double().cpu().numpy()
+        t = t_all[:, start:stop].reshape(-1).to(device)
+        noise = noise_all[:, start:stop].reshape(-1, *chunk).to(device)
+        velocity = model.velocity(expand(conditioning), noisy_actions(actions, noise, t), t)
+        losses[:, start:stop] = per_sample_loss(velocity, actions, noise, mask).reshape(s, b, m).double().cpu().numpy()
         if progress is not None:
             progress(stop, k)
-    return ResidualScores(losses.mean(axis=2), losses, times, head_evaluations=s * k * m)
+    return ResidualScores(losses.mean(axis=2), losses, t_all.double().numpy(), head_evaluations=s * k * m)

@@ -1,0 +1,186 @@
+"""Residual audit benchmarks on the default trained policy and its 64-anchor gradient artifact.
+
+    python benchmarks/residual_audit.py [--replicates R] [--skip-demo]
+
+1. Estimator quality at equal action-head evaluations (4 seeds x M = 8 = 32 per anchor), over R
+   replicate seed sets: bias against a 1024-sample iid reference, variance factor over iid,
+   split-half repeatability, Spearman with the reference and with gradient RMS; iid with 128
+   and 512 evaluations for comparison.
+2. Proposal: the second-moment ratio for gamma = 1, 1/2 and a cross-fitted gamma, vs the oracle.
+3. Throughput: anchors per second of cross-anchor batched scoring vs the seed's one anchor at a
+   time vs a naive loop that re-encodes the conditioning for every sample.
+4. Demo: wall time of `python main.py job=residual_audit` from an empty cache and fully cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+from scipy.stats import spearmanr
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import vlaeval.config  # noqa: E402,F401
+from vlaeval.artifacts import atomic_write_json  # noqa: E402
+from vlaeval.audit.statistics import information_to_baseline_ratio, oracle_ratio, proposal_distribution  # noqa: E402
+from vlaeval.policy.builtin import obtain_policy, prepare_data  # noqa: E402
+from vlaeval.policy.flow import noisy_actions, per_sample_loss  # noqa: E402
+from vlaeval.policy.training import anchor_batch  # noqa: E402
+from vlaeval.residual.artifact import cached_gradient_artifact, load_gradient_artifact  # noqa: E402
+from vlaeval.residual.estimators import UNBIASED, draw_pairs, score_anchors  # noqa: E402
+from vlaeval.jobs.residual_audit import recover_anchors  # noqa: E402
+
+
+def ratio_for(scores, r, gamma, alpha=0.2, eps=0.1):
+    return float(information_to_baseline_ratio(r, proposal_distribution(scores, alpha=alpha, percentile_epsilon=eps,
+                                                                        proposal_power=gamma)))
+
+
+def cross_fitted_ratio(scores, r, grid, splits=200, seed=0):
+    """Choose gamma on a random half of the anchors, evaluate the ratio on the other half."""
+    rng = np.random.default_rng(seed)
+    held_out, chosen = [], []
+    for _ in range(splits):
+        perm = rng.permutation(scores.size)
+        a, b = perm[: scores.size // 2], perm[scores.size // 2:]
+        best = min(grid, key=lambda g: ratio_for(scores[a], r[a], g))
+        chosen.append(best)
+        held_out.append(ratio_for(scores[b], r[b], best) / ratio_for(scores[b], r[b], 0.0))  # relative to uniform on b
+    return float(np.mean(held_out)), float(np.median(chosen))
+
+
+def naive_loop(model, anchors, index, table, seeds, m, flow):
+    """Re-encode the conditioning for every single (seed, sample) evaluation."""
+    chunk = (anchors.horizon, anchors.target_actions.shape[-1])
+    out = np.empty((len(seeds), index.size))
+    draws = [draw_pairs("sobol", seed, index.size, m, chunk, flow) for seed in seeds]
+    with torch.no_grad():
+        for a, anchor in enumerate(index):
+            batch = anchor_batch(anchors, np.array([anchor]), table)
+            for s, seed in enumerate(seeds):
+                t, noise = draws[s][0][a], draws[s][1][a]  # the same draws as the batched path
+                total = 0.0
+                for j in range(m):
+                    tt = torch.tensor([t[j]], dtype=torch.float32)
+                    nn_ = torch.from_numpy(noise[j:j + 1].astype(np.float32))
+                    v = model.velocity(model.encode(batch), noisy_actions(batch["target_actions"], nn_, tt), tt)
+                    total += float(per_sample_loss(v, batch["target_actions"], nn_, batch["target_mask"])[0])
+                out[s, a] = total / m
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--replicates", type=int, default=20)
+    parser.add_argument("--skip-demo", action="store_true")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "residual_audit.json")
+    args = parser.parse_args()
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+        cfg = compose("config", overrides=["paths.output_dir=/tmp/unused"])
+    data = prepare_data(cfg)
+    handle = obtain_policy(cfg, data)
+    path, _ = cached_gradient_artifact(cfg, data, handle)
+    _, artifact = load_gradient_artifact(path)
+    index, _ = recover_anchors(data, artifact)
+    r = np.array([a["gradient_rms"] for a in artifact])
+    score = lambda kind, seeds, m, batch=64: score_anchors(  # noqa: E731
+        handle.model, data.anchors, index, data.instruction_table, kind=kind, seeds=seeds,
+        samples_per_estimator=m, anchor_batch_size=batch, flow=cfg.flow)
+
+    reference = score("iid", list(range(90_000, 90_004)), 256).estimator_residuals.mean(axis=0)  # 1024 per anchor
+    rows = {}
+    configs = ([(k, 8, 4) for k in ("iid", "midpoint_antithetic", "stratified", "sobol")]
+               + [("iid", 32, 4), ("iid", 128, 4), ("sobol", 64, 4)])
+    for kind, m, n_seeds in configs:
+        label = f"{kind} ({m * n_seeds} evals)"
+        reps = [score(kind, list(range(1000 + 100 * i, 1000 + 100 * i + n_seeds)), m).estimator_residuals for i in range(args.replicates)]
+        means = np.array([x.mean(axis=0) for x in reps])  # (R, anchors)
+        split = [spearmanr(x[: n_seeds // 2].mean(0), x[n_seeds // 2:].mean(0)).statistic for x in reps]
+        rows[label] = {
+            "kind": kind, "unbiased": UNBIASED[kind], "head_evaluations_per_anchor": m * n_seeds,
+            "relative_bias": float(np.mean((means.mean(axis=0) - reference) / reference)),
+            "variance": means.var(axis=0, ddof=1),
+            "split_half_repeatability": float(np.mean(split)),
+            "spearman_with_reference": float(np.mean([spearmanr(x, reference).statistic for x in means])),
+            "spearman_with_gradient_rms": float(np.mean([spearmanr(x, r).statistic for x in means])),
+        }
+    iid_var = rows["iid (32 evals)"]["variance"]
+    for row in rows.values():
+        row["variance_factor_over_iid_32"] = float(np.mean(iid_var / row.pop("variance")))
+
+    default_scores = score(str(cfg.estimator.kind), [int(s) for s in cfg.estimator.seeds],
+                           int(cfg.estimator.samples_per_estimator)).estimator_residuals.mean(axis=0)
+    grid = [round(g, 2) for g in np.arange(0.0, 1.55, 0.05)]
+    cross, gamma_star = cross_fitted_ratio(default_scores, r, grid)
+    proposal = {"gamma_1": ratio_for(default_scores, r, 1.0), "gamma_half": ratio_for(default_scores, r, 0.5),
+                "cross_fitted_relative_to_uniform": cross, "cross_fitted_gamma_median": gamma_star,
+                "oracle": oracle_ratio(r), "reference_score_gamma_1": ratio_for(reference, r, 1.0),
+                "reference_score_gamma_half": ratio_for(reference, r, 0.5),
+                "training_loss_gamma_half": ratio_for(np.array([a["mean_gradient_loss"] for a in artifact]), r, 0.5)}
+
+    seeds4, m8 = [int(s) for s in cfg.estimator.seeds], int(cfg.estimator.samples_per_estimator)
+    timing = {}
+    for name, fn in (("batched (64 anchors per pass)", lambda: score(str(cfg.estimator.kind), seeds4, m8, 64)),
+                     ("one anchor at a time (the seed)", lambda: score(str(cfg.estimator.kind), seeds4, m8, 1)),
+                     ("naive: re-encode per sample", lambda: naive_loop(handle.model, data.anchors, index,
+                                                                         data.instruction_table, seeds4, m8, cfg.flow))):
+        fn()  # warm-up
+        started = time.perf_counter()
+        fn()
+        timing[name] = index.size / (time.perf_counter() - started)
+    # the seed's own settings: 4 seeds x M = 8, where one anchor per pass is a batch of only 32
+    for name, batch in (("batched, seed settings (M=8)", 64), ("one anchor at a time, seed settings (M=8)", 1)):
+        score(str(cfg.estimator.kind), seeds4, 8, batch)
+        started = time.perf_counter()
+        score(str(cfg.estimator.kind), seeds4, 8, batch)
+        timing[name] = index.size / (time.perf_counter() - started)
+    demo = {}
+    if not args.skip_demo:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "VLAEVAL_CACHE_DIR": f"{tmp}/cache", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
+            for label in ("cold (empty cache, new MLflow store)", "warm (everything cached)"):
+                started = time.perf_counter()
+                proc = subprocess.run([sys.executable, str(REPO / "main.py"), "job=residual_audit"], cwd=tmp, env=env,
+                                      capture_output=True, text=True)
+                demo[label] = time.perf_counter() - started
+                assert proc.returncode == 0, proc.stderr[-2000:]
+
+    print(f"1. estimator quality on {index.size} anchors, {args.replicates} replicate seed sets, "
+          "reference = iid with 1024 evaluations per anchor")
+    print(f"   {'estimator':34s} {'unbiased':>8s} {'rel.bias':>9s} {'var.factor':>10s} {'split-half':>10s} "
+          f"{'rho(ref)':>9s} {'rho(grad)':>9s}")
+    for label, row in rows.items():
+        print(f"   {label:34s} {str(row['unbiased']):>8s} {row['relative_bias']:+9.3f} "
+              f"{row['variance_factor_over_iid_32']:10.2f} {row['split_half_repeatability']:10.3f} "
+              f"{row['spearman_with_reference']:9.3f} {row['spearman_with_gradient_rms']:9.3f}")
+    print(f"2. proposal (default estimator's scores): ratio gamma=1 {proposal['gamma_1']:.3f}, gamma=1/2 "
+          f"{proposal['gamma_half']:.3f}, cross-fitted {proposal['cross_fitted_relative_to_uniform']:.3f} "
+          f"(median gamma {gamma_star}), oracle {proposal['oracle']:.3f}; reference score gamma=1 "
+          f"{proposal['reference_score_gamma_1']:.3f}, gamma=1/2 {proposal['reference_score_gamma_half']:.3f}; "
+          f"training loss gamma=1/2 {proposal['training_loss_gamma_half']:.3f}")
+    t = timing
+    print(f"3. throughput (anchors/s), default settings ({len(seeds4)} seeds x M={m8}): batched {t['batched (64 anchors per pass)']:.0f}, "
+          f"one anchor at a time {t['one anchor at a time (the seed)']:.0f} "
+          f"({t['batched (64 anchors per pass)'] / t['one anchor at a time (the seed)']:.1f}x), naive re-encode per sample "
+          f"{t['naive: re-encode per sample']:.1f} ({t['batched (64 anchors per pass)'] / t['naive: re-encode per sample']:.0f}x); "
+          f"seed settings (M=8): batched {t['batched, seed settings (M=8)']:.0f}, one anchor at a time "
+          f"{t['one anchor at a time, seed settings (M=8)']:.0f} "
+          f"({t['batched, seed settings (M=8)'] / t['one anchor at a time, seed settings (M=8)']:.1f}x)")
+    if demo:
+        print("4. demo wall time: " + ", ".join(f"{k} {v:.1f} s" for k, v in demo.items()))
+    atomic_write_json(args.out, {"estimators": rows, "proposal": proposal, "throughput_anchors_per_second": timing,
+                                 "demo_seconds": demo})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""The residual audit: statistics against closed forms and scipy, estimators' bias, the gate,
+every input check, and the job end to end."""
+
+from __future__ import annotations
+
+import copy
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from scipy.stats import kendalltau, spearmanr
+
+from conftest import compose_config, run_main
+from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
+from vlaeval.audit.statistics import information_to_baseline_ratio, oracle_ratio, permutation_control, proposal_distribution
+from vlaeval.data.anchors import draw
+from vlaeval.policy.builtin import obtain_policy, prepare_data
+from vlaeval.residual.estimators import UNBIASED, score_anchors
+
+AUDIT_SMALL = ["data=tiny", "model=tiny_vla_small", "train.steps=40", "train.batch_size=32", "train.log_every=10",
+               "gradients.num_anchors=16", "gradients.seeds=${range:100,116}", "gate=smoke", "audit.permutations=500"]
+
+
+def test_ratio_closed_forms():
+    rng = np.random.default_rng(0)
+    r = rng.lognormal(0, 1, 50)
+    uniform = proposal_distribution(np.ones(50), alpha=0.2, percentile_epsilon=0.1)
+    assert information_to_baseline_ratio(r, uniform) == pytest.approx(1.0, abs=1e-12)
+    oracle = proposal_distribution(r, alpha=0.0, percentile_epsilon=0.0, proposal_power=1.0)
+    assert information_to_baseline_ratio(r, oracle) == pytest.approx(r.sum() ** 2 / (50 * np.sum(r**2)), rel=1e-12)
+    assert oracle_ratio(r) == pytest.approx(r.sum() ** 2 / (50 * np.sum(r**2)))
+    fully_mixed = proposal_distribution(rng.lognormal(0, 2, 50), alpha=1.0, percentile_epsilon=0.1)
+    assert information_to_baseline_ratio(r, fully_mixed) == pytest.approx(1.0, abs=1e-12)
+    # Cauchy-Schwarz: no proposal beats the oracle
+    for _ in range(20):
+        q = proposal_distribution(rng.lognormal(0, 1, 50), alpha=0.1, percentile_epsilon=0.05)
+        assert information_to_baseline_ratio(r, q) >= oracle_ratio(r) - 1e-12
+
+
+def test_statistics_match_scipy_on_random_data():
+    rng = np.random.default_rng(1)
+    r = rng.lognormal(0, 1, 40)
+    scores = r * rng.lognormal(0, 0.5, 40)
+    losses = rng.lognormal(0, 1, 40)
+    out = alignment_audit(scores, r, losses, alpha=0.2, percentile_epsilon=0.1, permutation_count=200,
+                          permutation_seed=3, score_label="residual")
+    assert out["spearman_residual_vs_gradient_rms"] == pytest.approx(spearmanr(scores, r).statistic)
+    assert out["kendall_residual_vs_gradient_rms"] == pytest.approx(kendalltau(scores, r).statistic)
+    assert out["spearman_training_loss_vs_gradient_rms"] == pytest.approx(spearmanr(losses, r).statistic)
+    matrix = scores[None, :] * rng.lognormal(0, 0.3, (6, 40))
+    rep = repeatability(matrix)
+    assert rep["spearman"] == pytest.approx(spearmanr(matrix[:3].mean(0), matrix[3:].mean(0)).statistic)
+    loo = leave_one_out_robustness(scores, r, alpha=0.2, percentile_epsilon=0.1)
+    assert loo["spearman"][7] == pytest.approx(spearmanr(np.delete(scores, 7), np.delete(r, 7)).statistic)
+    q = proposal_distribution(np.delete(scores, 7), alpha=0.2, percentile_epsilon=0.1)
+    assert loo["second_moment_ratios"][7] == pytest.approx(float(information_to_baseline_ratio(np.delete(r, 7), q)))
+
+
+def test_vectorised_permutations_equal_a_loop():
+    rng = np.random.default_rng(2)
+    r = rng.lognormal(0, 1, 30)
+    scores = r * rng.lognormal(0, 1, 30)
+    out = permutation_control(scores, r, alpha=0.2, percentile_epsilon=0.1, proposal_power=0.5,
+                              permutation_count=300, permutation_seed=11)
+    perms = np.random.default_rng(11).permuted(np.tile(np.arange(30), (300, 1)), axis=1)
+    loop_rho = np.array([spearmanr(scores[p], r).statistic for p in perms])
+    np.testing.assert_allclose(out["_null_spearman"], loop_rho, atol=1e-12)
+    loop_ratio = [information_to_baseline_ratio(r, proposal_distribution(scores[p], alpha=0.2, percentile_epsilon=0.1,
+                                                                          proposal_power=0.5)) for p in perms]
+    np.testing.assert_allclose(out["_null_second_moment"], loop_ratio, rtol=1e-12)
+
+
+def test_permutation_pvalues_are_in_range_and_monotone():
+    rng = np.random.default_rng(3)
+    r = rng.lognormal(0, 1, 40)
+    noise = rng.lognormal(0, 1, 40)
+    previous = None
+    for strength in (0.0, 0.5, 1.0, 2.0, 4.0):  # stronger alignment -> larger rho -> smaller p
+        scores = r**strength * noise
+        out = permutation_control(scores, r, alpha=0.2, percentile_epsilon=0.1, proposal_power=1.0,
+                                  permutation_count=2000, permutation_seed=5)
+        p = out["one_sided_pvalue_rho_at_least_observed"]
+        assert 0 < p <= 1 and 0 < out["one_sided_pvalue_second_moment_at_most_observed"] <= 1
+        if previous is not None:
+            assert p <= previous[1] or out["observed_spearman"] < previous[0]
+        previous = (out["observed_spearman"], p)
+    assert previous[1] == pytest.approx(1 / 2001)
+
+
+def _gate_inputs(n, rho_rep, rho_align, ratio):
+    rep = {"spearman": rho_rep}
+    alignment = {"spearman_residual_vs_gradient_rms": rho_align, "top25_overlap": 0.6,
+                 "proposal": {"information_to_baseline_ratio": ratio},
+                 "random_permutation_control": {"one_sided_pvalue_rho_at_least_observed": 0.001,
+                                                "one_sided_pvalue_second_moment_at_most_observed": 0.001}}
+    loo = {"all_spearman_positive": True, "all_second_moment_ratios_below_one": True}
+    return dict(sample_count=n, repeatability=rep, alignment=alignment, robustness=loo, score_label="residual")
+
+
+def test_gate_logic_and_derived_check_names():
+    formal = compose_config(["gate=formal"]).gate
+    ok = gate_decision(**_gate_inputs(64, 0.95, 0.7, 0.9), gate=formal)
+    assert ok["pass"] and ok["eligible_for_500_step_ablation"] and ok["status"] == "formal_64_anchor_gate"
+    assert "score_repeatability_spearman_at_least_0_90" in ok["checks"] and "sample_count_at_least_64" in ok["checks"]
+    weak = gate_decision(**_gate_inputs(64, 0.89, 0.7, 0.9), gate=formal)
+    assert not weak["pass"] and weak["checks"]["score_repeatability_spearman_at_least_0_90"] is False
+    worse_than_uniform = gate_decision(**_gate_inputs(64, 0.95, 0.7, 0.99), gate=formal)
+    assert not worse_than_uniform["checks"]["second_moment_ratio_at_most_0_98"]
+    smoke = compose_config(["gate=smoke"]).gate
+    small = gate_decision(**_gate_inputs(16, 0.95, 0.7, 0.9), gate=smoke)
+    assert small["pass"] and not small["eligible_for_500_step_ablation"]
+    assert small["status"] == "smoke_not_a_gate_certificate"
+    custom = copy.deepcopy(formal)
+    custom.score_gradient_spearman = 0.65
+    assert "score_gradient_spearman_at_least_0_65" in gate_decision(**_gate_inputs(64, 0.95, 0.7, 0.9), gate=custom)["checks"]
+
+
+@pytest.fixture(scope="module")
+def small_policy(tmp_path_factory):
+    cfg = compose_config(AUDIT_SMALL, output_dir=tmp_path_factory.mktemp("out"), cache_dir=tmp_path_factory.mktemp("cache"))
+    data = prepare_data(cfg)
+    return cfg, data, obtain_policy(cfg, data)
+
+
+@pytest.mark.parametrize("kind", [k for k, unbiased in UNBIASED.items() if unbiased])
+def test_unbiased_estimators_agree_with_a_high_sample_iid_reference(small_policy, kind):
+    cfg, data, handle = small_policy
+    index, _ = draw(data.anchors, 6, 0)
+    common = dict(samples_per_estimator=8, anchor_batch_size=6, flow=cfg.flow)
+    reference = score_anchors(handle.model, data.anchors, index, data.instruction_table, kind="iid",
+                              seeds=list(range(50_000, 50_016)), **{**common, "samples_per_estimator": 512})
+    ref_mean = reference.estimator_residuals.mean(axis=0)
+    ref_se = reference.sample_losses.transpose(1, 0, 2).reshape(6, -1).std(axis=1) / np.sqrt(16 * 512)
+    estimate = score_anchors(handle.model, data.anchors, index, data.instruction_table, kind=kind,
+                             seeds=list(range(1, 401)), **common)
+    est_mean = estimate.estimator_residuals.mean(axis=0)
+    est_se = estimate.estimator_residuals.std(axis=0, ddof=1) / np.sqrt(400)
+    z = (est_mean - ref_mean) / np.sqrt(est_se**2 + ref_se**2)
+    assert np.all(np.abs(z) < 4.0), z
+
+
+def test_midpoint_estimator_is_declared_biased_and_repeats_its_times(small_policy):
+    cfg, data, handle = small_policy
+    index, _ = draw(data.anchors, 3, 0)
+    out = score_anchors(handle.model, data.anchors, index, data.instruction_table,
+                        kind="midpoint_antithetic", seeds=[1, 2], samples_per_estimator=8, anchor_batch_size=3,
+                        flow=cfg.flow)
+    assert not UNBIASED["midpoint_antithetic"]
+    np.testing.assert_array_equal(out.time_values[0, 0], out.time_values[1, 2])  # fixed midpoints everywhere
+    assert np.all(out.time_values[0, 0, ::2] == out.time_values[0, 0, 1::2])  # each time used by an antithetic pair
+
+
+def test_batched_scoring_equals_one_anchor_at_a_time(small_policy):
+    cfg, data, handle = small_policy
+    index, _ = draw(data.anchors, 10, 0)
+    kwargs = dict(kind="stratified", seeds=[1, 2, 3, 4], samples_per_estimator=8, flow=cfg.flow)
+    batched = score_anchors(handle.model, data.anchors, index, data.instruction_table, anchor_batch_size=10, **kwargs)
+    single = score_anchors(handle.model, data.anchors, index, data.instruction_table, anchor_batch_size=1, **kwargs)
+    np.testing.assert_allclose(batched.estimator_residuals, single.estimator_residuals, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def audit_run(tmp_path_factory):
+    """One real audit run (small config) whose artifact the input-check tests mutate."""
+    work = tmp_path_factory.mktemp("audit")
+    env = {"VLAEVAL_CACHE_DIR": str(work / "cache")}
+    grad = run_main(["job=gradients", "tracking=disabled", *AUDIT_SMALL, f"hydra.run.dir={work / 'grad'}"], work, env=env)
+    assert grad.returncode == 0, grad.stderr[-3000:]
+    audit = run_main(["job=residual_audit", "tracking=disabled", *AUDIT_SMALL, f"audit.gradient_artifact={work / 'grad' / 'gradient_artifact.json'}",
+                      f"hydra.run.dir={work / 'audit'}"], work, env=env)
+    assert audit.returncode == 0, audit.stderr[-3000:]
+    return work, env, json.loads((work / "grad" / "gradient_artifact.json").read_text()), audit
+
+
+def test_audit_job_end_to_end(audit_run):
+    work, _, artifact, proc = audit_run
+    result = json.loads((work / "audit" / "result.json").read_text())
+    assert result["status"] == "smoke_not_a_gate_certificate" and result["sample_count"] == 16
+    assert result["score_definition"]["estimator"] == "stratified" and result["score_definition"]["unbiased"]
+    assert result["gradient_artifact"]["checkpoint_sha256"] == artifact["checkpoint_sha256"] == result["checkpoint_sha256"]
+    assert len(result["anchors"][0]["estimator_residuals"]) == 4 and len(result["anchors"][0]["sample_losses"][0]) == 8
+    assert [a["sampling_trace"] for a in result["anchors"]] == [a["sampling_trace"] for a in artifact["anchors"]]
+    al = result["alignment"]
+    assert {"spearman_residual_vs_gradient_rms", "top25_overlap", "training_loss_proposal", "reliability"} <= set(al)
+    assert al["random_permutation_control"]["permutation_count"] == 500
+    assert set(result["gate"]["checks"]) == set(result["checks"]) and "Residual audit gate" in proc.stdout
+    assert result["score_runtime"]["peak_rss_bytes"] > 10_000_000
+    assert (work / "audit" / "residual_audit.png").stat().st_size > 10_000
+
+
+def _bad_artifact(audit_run, mutate, name):
+    work, _, artifact, _ = audit_run
+    bad = mutate(copy.deepcopy(artifact))
+    path = work / f"{name}.json"
+    path.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+    return path
+
+
+BAD_AUDIT_INPUTS = {
+    "fewer than 4 anchors": (lambda a: {**a, "anchors": a["anchors"][:3]}, [], "must contain at least four anchors"),
+    "missing field": (lambda a: {**a, "anchors": [{k: v for k, v in x.items() if k != "gradient_rms"} for x in a["anchors"]]},
+                      [], "anchor 0 lacks gradient_rms"),
+    "non-finite gradient": (lambda a: json.dumps(a).replace(f'"gradient_rms": {a["anchors"][2]["gradient_rms"]}', '"gradient_rms": NaN', 1),
+                            [], "anchor 2 has gradient_rms=nan"),
+    "non-positive gradient": (lambda a: {**a, "anchors": [{**x, "gradient_rms": 0.0} for x in a["anchors"]]}, [],
+                              "anchor 0 has gradient_rms=0.0; it must be finite and > 0"),
+    "truncated artifact": (lambda a: json.dumps(a)[:500], [], "is not valid JSON"),
+    "checkpoint differs": (lambda a: {**a, "checkpoint_sha256": "0" * 64}, [], "differs from the gradient artifact's"),
+    "seed overlap": (lambda a: a, ["estimator.seeds=[100,9301,9302,9303]"], "estimator.seeds overlap the gradient artifact's"),
+    "trace mismatch": (lambda a: {**a, "anchors": [a["anchors"][0], a["anchors"][2], a["anchors"][1], *a["anchors"][3:]]}, [],
+                       "sample trace mismatch at position 1: global_draw_id"),
+    "duplicate estimator seeds": (lambda a: a, ["estimator.seeds=[1,1,2,3]"], "estimator.seeds repeats [1]"),
+    "odd estimator seed count": (lambda a: a, ["estimator.seeds=[1,2,3,4,5]"], "give an even number >= 4"),
+    "too few estimator seeds": (lambda a: a, ["estimator.seeds=[1,2]"], "give an even number >= 4"),
+    "odd samples per estimator": (lambda a: a, ["estimator.samples_per_estimator=7"], "must be an even number >= 2"),
+    "unknown estimator": (lambda a: a, ["estimator.kind=magic"], "estimator.kind='magic' is unknown"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_AUDIT_INPUTS))
+def test_bad_audit_input_is_one_line_and_writes_nothing(audit_run, case):
+    work, env, _, _ = audit_run
+    mutate, extra, needle = BAD_AUDIT_INPUTS[case]
+    path = _bad_artifact(audit_run, mutate, case.replace(" ", "_"))
+    before = set(work.rglob("*"))
+    proc = run_main(["job=residual_audit", "tracking=disabled", *AUDIT_SMALL, f"audit.gradient_artifact={path}", *extra],
+                    work, env=env)
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert set(work.rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_reproduce_of_an_audit_gives_identical_numbers(audit_run):
+    work, env, _, _ = audit_run
+    rep = run_main(["job=reproduce", "tracking=disabled", f"reproduce.run_id={work / 'audit'}",
+                    f"hydra.run.dir={work / 'rep'}"], work, env=env)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    report = json.loads((work / "rep" / "reproduce.json").read_text())
+    assert report["all_identical"], [c for c in report["comparisons"] if c["verdict"] != "identical"]
+    assert any(c["key"] == "alignment.spearman_residual_vs_gradient_rms" for c in report["comparisons"])
