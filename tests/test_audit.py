@@ -177,9 +177,9 @@ def test_audit_job_end_to_end(audit_run):
     work, _, artifact, proc = audit_run
     result = json.loads((work / "audit" / "result.json").read_text())
     assert result["status"] == "smoke_not_a_gate_certificate" and result["sample_count"] == 16
-    assert result["score_definition"]["estimator"] == "stratified" and result["score_definition"]["unbiased"]
+    assert result["score_definition"]["estimator"] == "sobol" and result["score_definition"]["unbiased"]
     assert result["gradient_artifact"]["checkpoint_sha256"] == artifact["checkpoint_sha256"] == result["checkpoint_sha256"]
-    assert len(result["anchors"][0]["estimator_residuals"]) == 4 and len(result["anchors"][0]["sample_losses"][0]) == 8
+    assert len(result["anchors"][0]["estimator_residuals"]) == 4 and len(result["anchors"][0]["sample_losses"][0]) == 64
     assert [a["sampling_trace"] for a in result["anchors"]] == [a["sampling_trace"] for a in artifact["anchors"]]
     al = result["alignment"]
     assert {"spearman_residual_vs_gradient_rms", "top25_overlap", "training_loss_proposal", "reliability"} <= set(al)
@@ -241,3 +241,32 @@ def test_reproduce_of_an_audit_gives_identical_numbers(audit_run):
     report = json.loads((work / "rep" / "reproduce.json").read_text())
     assert report["all_identical"], [c for c in report["comparisons"] if c["verdict"] != "identical"]
     assert any(c["key"] == "alignment.spearman_residual_vs_gradient_rms" for c in report["comparisons"])
+
+
+@pytest.mark.slow
+def test_audit_sweep_logs_gate_checks_and_a_summary_to_mlflow(audit_run, store):
+    from mlflow.tracking import MlflowClient
+
+    work, env, _, _ = audit_run
+    artifact = work / "grad" / "gradient_artifact.json"
+    proc = run_main(["-m", "job=residual_audit", "estimator=iid,midpoint_antithetic", *AUDIT_SMALL, f"audit.gradient_artifact={artifact}",
+                     "audit.plot=false"], work, env={**env, "MLFLOW_TRACKING_URI": store})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Sweep summary" in proc.stdout and "midpoint_antithetic" in proc.stdout
+    client = MlflowClient(tracking_uri=store)
+    exp = client.get_experiment_by_name("vlaeval-residual_audit")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"][0]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert parent.info.status == "FINISHED" and len(children) == 2
+    for child in children:
+        gates = {k for k in child.data.metrics if k.startswith("gate.")}
+        assert "gate.score_repeatability_spearman_at_least_0_50" in gates and len(gates) == 7
+        assert child.data.tags["gate.pass"] in ("true", "false")
+        assert "proposal.information_to_baseline_ratio" in child.data.metrics
+        assert child.data.params["estimator.kind"] == child.data.tags["estimator.kind"]
+    biased = [c for c in children if c.data.tags["estimator.kind"] == "midpoint_antithetic"][0]
+    assert biased.data.tags["estimator.unbiased"] == "false"
+    summary = client.download_artifacts(parent.info.run_id, "sweep_summary.json", str(work))
+    rows = json.loads(open(summary).read())
+    assert {r["estimator"] for r in rows} == {"iid", "midpoint_antithetic"} and all("ratio" in r for r in rows)
