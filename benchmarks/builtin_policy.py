@@ -7,20 +7,15 @@ closed-loop success per task for the trained policy beside the scripted expert.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+from benchlib import REPO, compose_default
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import vlaeval.config  # noqa: E402,F401
-from vlaeval.artifacts import atomic_write_json  # noqa: E402
-from vlaeval.policy.builtin import obtain_policy, prepare_data  # noqa: E402
-from vlaeval.policy.rollout import evaluate_closed_loop  # noqa: E402
+from vlaeval.artifacts import atomic_write_json
+from vlaeval.policy.builtin import obtain_policy, prepare_data
+from vlaeval.policy.rollout import evaluate_closed_loop
 
 
 def main() -> None:
@@ -29,9 +24,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "builtin_policy.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache:
-        with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-            cfg = compose("config", overrides=[f"paths.cache_dir={cache}", "paths.output_dir=/tmp/unused",
-                                               f"evaluate.episodes_per_task={args.episodes}"])
+        cfg = compose_default([f"paths.cache_dir={cache}", f"evaluate.episodes_per_task={args.episodes}"])
         started = time.perf_counter()
         data = prepare_data(cfg)
         build_s = time.perf_counter() - started

@@ -14,32 +14,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict
 
 import numpy as np
-from hydra import compose, initialize_config_dir
+from benchlib import REPO, compose_default
 from omegaconf import OmegaConf
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import vlaeval.config  # noqa: E402,F401
-from vlaeval.artifacts import atomic_write_json, atomic_write_text, sha256_json  # noqa: E402
-from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet, validate_gauntlet  # noqa: E402
-from vlaeval.gauntlet.outcomes import synthetic_paired_outcomes  # noqa: E402
-from vlaeval.gauntlet.scheduler import priority_order  # noqa: E402
-from vlaeval.seqtest import DECISION_INSUFFICIENT, PairedSequentialTest  # noqa: E402
+from vlaeval.artifacts import atomic_write_json, atomic_write_text, sha256_json
+from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet, validate_gauntlet
+from vlaeval.gauntlet.outcomes import synthetic_paired_outcomes
+from vlaeval.gauntlet.scheduler import priority_order
+from vlaeval.seqtest import DECISION_INSUFFICIENT, PairedSequentialTest
 
 LINEAGE = {"valid": True, "problems": []}
 
 
 def load(overrides):
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-        cfg = compose("config", overrides=list(overrides))
+    cfg = compose_default(overrides)
     settings = OmegaConf.to_object(cfg.gauntlet)
     strata = {k: OmegaConf.to_object(v) for k, v in cfg.strata.items()}
     effects = {str(k): float(v) for k, v in cfg.effects.items()}

@@ -11,21 +11,15 @@ the number of seeds.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from hydra import compose, initialize_config_dir
+from benchlib import REPO, default_policy
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import vlaeval.config  # noqa: E402,F401
-from vlaeval.artifacts import atomic_write_json  # noqa: E402
-from vlaeval.data.anchors import draw  # noqa: E402
-from vlaeval.policy.builtin import obtain_policy, prepare_data  # noqa: E402
-from vlaeval.residual.gradients import gradient_measurements, split_half_reliability  # noqa: E402
+from vlaeval.artifacts import atomic_write_json
+from vlaeval.data.anchors import draw
+from vlaeval.residual.gradients import gradient_measurements, split_half_reliability
 
 
 def main() -> None:
@@ -34,10 +28,7 @@ def main() -> None:
     parser.add_argument("--loop-seeds", type=int, default=32)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "per_sample_gradients.json")
     args = parser.parse_args()
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-        cfg = compose("config", overrides=["paths.output_dir=/tmp/unused"])
-    data = prepare_data(cfg)
-    handle = obtain_policy(cfg, data)
+    cfg, data, handle = default_policy()
     index, _ = draw(data.anchors, args.anchors, 0)
     seeds = [int(s) for s in cfg.gradients.seeds]
     kwargs = dict(trainable="action_head", batch_size=int(cfg.gradients.batch_size))

@@ -24,21 +24,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
+from benchlib import REPO, default_policy
 from scipy.stats import spearmanr
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import vlaeval.config  # noqa: E402,F401
-from vlaeval.artifacts import atomic_write_json  # noqa: E402
-from vlaeval.audit.statistics import information_to_baseline_ratio, oracle_ratio, proposal_distribution  # noqa: E402
-from vlaeval.policy.builtin import obtain_policy, prepare_data  # noqa: E402
-from vlaeval.policy.flow import noisy_actions, per_sample_loss  # noqa: E402
-from vlaeval.policy.training import anchor_batch  # noqa: E402
-from vlaeval.residual.artifact import cached_gradient_artifact, load_gradient_artifact  # noqa: E402
-from vlaeval.residual.estimators import UNBIASED, draw_pairs, score_anchors  # noqa: E402
-from vlaeval.jobs.residual_audit import recover_anchors  # noqa: E402
+from vlaeval.artifacts import atomic_write_json
+from vlaeval.audit.statistics import information_to_baseline_ratio, oracle_ratio, proposal_distribution
+from vlaeval.policy.flow import noisy_actions, per_sample_loss
+from vlaeval.policy.training import anchor_batch
+from vlaeval.residual.artifact import cached_gradient_artifact, load_gradient_artifact
+from vlaeval.residual.estimators import UNBIASED, draw_pairs, score_anchors
+from vlaeval.jobs.residual_audit import recover_anchors
 
 
 def ratio_for(scores, r, gamma, alpha=0.2, eps=0.1):
@@ -85,10 +80,7 @@ def main() -> None:
     parser.add_argument("--skip-demo", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "residual_audit.json")
     args = parser.parse_args()
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-        cfg = compose("config", overrides=["paths.output_dir=/tmp/unused"])
-    data = prepare_data(cfg)
-    handle = obtain_policy(cfg, data)
+    cfg, data, handle = default_policy()
     path, _ = cached_gradient_artifact(cfg, data, handle)
     _, artifact = load_gradient_artifact(path)
     index, _ = recover_anchors(data, artifact)

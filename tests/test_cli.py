@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
 import pytest
 
 from conftest import compose_config, run_main, typed_gauntlet

@@ -104,9 +104,12 @@ def _spearman_kendall(label: str, scores: np.ndarray, gradient_rms: np.ndarray) 
 
 
 def permutation_control(scores: np.ndarray, gradient_rms: np.ndarray, *, alpha: float, percentile_epsilon: float,
-                        proposal_power: float, permutation_count: int, permutation_seed: int) -> Dict[str, Any]:
+                        proposal_power: float, permutation_count: int, permutation_seed: int,
+                        keep_null_distributions: bool = False) -> Dict[str, Any]:
     """Permute the scores (seeded), all permutations at once: one-sided p-values
-    (1 + #{rho_perm >= rho_obs}) / (P + 1) and (1 + #{ratio_perm <= ratio_obs}) / (P + 1)."""
+    (1 + #{rho_perm >= rho_obs}) / (P + 1) and (1 + #{ratio_perm <= ratio_obs}) / (P + 1).
+    With keep_null_distributions, the permuted statistics are returned too (for plots) under
+    "null_spearman" and "null_second_moment"."""
     scores = np.asarray(scores, dtype=np.float64)
     rng = np.random.default_rng(permutation_seed)
     perms = rng.permuted(np.tile(np.arange(scores.size), (permutation_count, 1)), axis=1)
@@ -120,7 +123,7 @@ def permutation_control(scores: np.ndarray, gradient_rms: np.ndarray, *, alpha: 
     ratio_obs = float(information_to_baseline_ratio(gradient_rms, q_obs))
     ratio_perm = information_to_baseline_ratio(gradient_rms, q_obs[perms])  # q is elementwise in the score
     rho_obs = float(spearmanr(scores, gradient_rms).statistic)
-    return {
+    out = {
         "permutation_count": int(permutation_count),
         "permutation_seed": int(permutation_seed),
         "observed_spearman": rho_obs,
@@ -129,15 +132,16 @@ def permutation_control(scores: np.ndarray, gradient_rms: np.ndarray, *, alpha: 
         "one_sided_pvalue_second_moment_at_most_observed": float((1 + np.sum(ratio_perm <= ratio_obs + 1e-12)) / (permutation_count + 1)),
         "null_spearman_quantiles": np.quantile(rho_perm, [0.01, 0.5, 0.99]).tolist(),
         "null_second_moment_quantiles": np.quantile(ratio_perm, [0.01, 0.5, 0.99]).tolist(),
-        "_null_spearman": rho_perm,  # kept for plots; dropped before the result is saved
-        "_null_second_moment": ratio_perm,
     }
+    if keep_null_distributions:
+        out.update(null_spearman=rho_perm, null_second_moment=ratio_perm)
+    return out
 
 
 def alignment_audit(scores: np.ndarray, gradient_rms: np.ndarray, mean_losses: np.ndarray, *, alpha: float,
                     percentile_epsilon: float, permutation_count: int, permutation_seed: int, score_label: str,
                     proposal_power: float = 1.0, score_reliability: Optional[float] = None,
-                    gradient_reliability: Optional[float] = None) -> Dict[str, Any]:
+                    gradient_reliability: Optional[float] = None, keep_null_distributions: bool = False) -> Dict[str, Any]:
     """How well the scores rank anchors by gradient RMS, and how good a proposal they make,
     beside the training loss scored the same way (the baseline any score must beat)."""
     scores = np.asarray(scores, dtype=np.float64)
@@ -154,7 +158,8 @@ def alignment_audit(scores: np.ndarray, gradient_rms: np.ndarray, mean_losses: n
         "raw_score_proposal": _proposal_summary(scores, gradient_rms, alpha=alpha,
                                                 percentile_epsilon=percentile_epsilon, proposal_power=1.0),
         "random_permutation_control": permutation_control(scores, gradient_rms, permutation_count=permutation_count,
-                                                          permutation_seed=permutation_seed, **kwargs),
+                                                          permutation_seed=permutation_seed,
+                                                          keep_null_distributions=keep_null_distributions, **kwargs),
     }
     rho = out[f"spearman_{score_label}_vs_gradient_rms"]
     out["reliability"] = {"score_reliability": score_reliability, "gradient_rms_reliability": gradient_reliability}

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from vlaeval import console
 from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
 from vlaeval.audit.plots import plot_audit
-from vlaeval.config import UserInputError, require, to_plain
+from vlaeval.config import UserInputError, require
 from vlaeval.data.anchors import TRACE_FIELDS, draw
 from vlaeval.jobs.common import load_data_and_policy, now_ms, output_dir, publish
 from vlaeval.provenance import code_version
@@ -121,13 +121,13 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                                 permutation_count=int(a.permutations), permutation_seed=int(a.permutation_seed),
                                 score_label=SCORE_LABEL, proposal_power=a.proposal_power,
                                 score_reliability=rep["spearman_brown_reliability"],
-                                gradient_reliability=gradient_reliability)
+                                gradient_reliability=gradient_reliability, keep_null_distributions=True)
     robustness = leave_one_out_robustness(score, gradient_rms, alpha=a.alpha, percentile_epsilon=a.percentile_epsilon,
                                           proposal_power=a.proposal_power)
     gate = gate_decision(sample_count=anchor_index.size, repeatability=rep, alignment=alignment,
                          robustness=robustness, score_label=SCORE_LABEL, gate=cfg.gate)
     null = alignment["random_permutation_control"]
-    null_spearman, null_ratio = null.pop("_null_spearman"), null.pop("_null_second_moment")
+    null_spearman, null_ratio = null.pop("null_spearman"), null.pop("null_second_moment")  # plotted, not saved
 
     plots = []
     if a.plot:

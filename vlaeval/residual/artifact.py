@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 from omegaconf import DictConfig
 
-from vlaeval.artifacts import atomic_write_json, read_json, sha256_file, sha256_json
+from vlaeval.artifacts import atomic_write_json, sha256_file, sha256_json
 from vlaeval.config import UserInputError, require, to_plain
 from vlaeval.data.anchors import TRACE_FIELDS, draw
 from vlaeval.residual.gradients import gradient_measurements, split_half_reliability
