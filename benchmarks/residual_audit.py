@@ -31,7 +31,7 @@ from vlaeval.artifacts import atomic_write_json
 from vlaeval.audit.statistics import information_to_baseline_ratio, oracle_ratio, proposal_distribution
 from vlaeval.policy.flow import noisy_actions, per_sample_loss
 from vlaeval.policy.training import anchor_batch
-from vlaeval.residual.artifact import cached_gradient_artifact, load_gradient_artifact
+from vlaeval.residual.artifact import cached_gradient_artifact
 from vlaeval.residual.estimators import UNBIASED, draw_pairs, score_anchors
 from vlaeval.jobs.residual_audit import recover_anchors
 
@@ -81,8 +81,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "residual_audit.json")
     args = parser.parse_args()
     cfg, data, handle = default_policy()
-    path, _ = cached_gradient_artifact(cfg, data, handle)
-    _, artifact = load_gradient_artifact(path)
+    _, artifact = cached_gradient_artifact(cfg, data, handle)
     index, _ = recover_anchors(data, artifact)
     r = np.array([a["gradient_rms"] for a in artifact])
     score = lambda kind, seeds, m, batch=64: score_anchors(  # noqa: E731

@@ -95,8 +95,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         check_seed_separation(estimator_seeds, list(cfg.gradients.seeds))
     data, handle = load_data_and_policy(cfg)
     if given is None:
-        path, _ = cached_gradient_artifact(cfg, data, handle)
-        metadata, artifact_anchors = load_gradient_artifact(path)
+        metadata, artifact_anchors = cached_gradient_artifact(cfg, data, handle)
     if metadata["checkpoint_sha256"] is not None and metadata["checkpoint_sha256"] != handle.sha256:
         raise UserInputError(f"checkpoint {handle.path} (sha256 {handle.sha256[:12]}...) differs from the gradient "
                              f"artifact's ({str(metadata['checkpoint_sha256'])[:12]}...); use the checkpoint it was made with")

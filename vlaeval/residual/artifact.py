@@ -55,20 +55,20 @@ def build_gradient_artifact(cfg: DictConfig, data: Any, handle: Any) -> Dict[str
     }
 
 
-def cached_gradient_artifact(cfg: DictConfig, data: Any, handle: Any) -> Tuple[Path, bool]:
-    """(path, built_now) of the artifact for this checkpoint and gradients config, cached."""
+def cached_gradient_artifact(cfg: DictConfig, data: Any, handle: Any) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """(metadata, anchors) of the artifact for this checkpoint and gradients config, as
+    load_gradient_artifact reads them; built and cached on first use."""
     plain = to_plain(cfg)
     key = sha256_json({"checkpoint": handle.sha256, "gradients": plain["gradients"], "flow": plain["flow"],
                        "schema": ARTIFACT_SCHEMA_VERSION})
     path = Path(cfg.paths.cache_dir) / "gradients" / f"{key}.json"
     if path.is_file():
         try:
-            load_gradient_artifact(path)
-            return path, False
+            return load_gradient_artifact(path)
         except UserInputError:
             pass  # a damaged cache entry is rebuilt, never trusted
     atomic_write_json(path, build_gradient_artifact(cfg, data, handle))
-    return path, True
+    return load_gradient_artifact(path)
 
 
 def load_gradient_artifact(path: Path) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
