@@ -17,7 +17,7 @@ from vlaeval.seqtest import (
     log_wealth_paths,
     plan_batches,
 )
-from vlaeval.seqtest.eprocess import LOWER, UPPER, MomentState, WealthFamily, predictable_bets, predictable_moments
+from vlaeval.seqtest.eprocess import LOWER, UPPER, MomentState, WealthFamily, plug_in_bets, predictable_moments
 
 
 def clopper_pearson_lower(k: int, n: int, level: float = 0.95) -> float:
@@ -52,8 +52,8 @@ def test_bets_are_predictable():
     y = x.copy()
     y[120] = -1.0
     margins = np.array([[-0.02], [0.0], [0.05]])
-    a = predictable_bets(x, MomentState(), margins, UPPER, rule="agrapa", cap_fraction=0.95, alpha=0.05)
-    b = predictable_bets(y, MomentState(), margins, UPPER, rule="agrapa", cap_fraction=0.95, alpha=0.05)
+    a = plug_in_bets(predictable_moments(x, MomentState()), margins, UPPER, rule="agrapa", cap_fraction=0.95, alpha=0.05)
+    b = plug_in_bets(predictable_moments(y, MomentState()), margins, UPPER, rule="agrapa", cap_fraction=0.95, alpha=0.05)
     np.testing.assert_array_equal(a[:, :121], b[:, :121])
     assert not np.array_equal(a[:, 121:], b[:, 121:])
     assert np.all(a >= 0) and np.all(a <= 0.95 / (1 + margins))

@@ -74,9 +74,20 @@ class GauntletConfig:
     nominal_base_allowance: int = 8000
     nominal_expand_factor: float = 2.0
     critical_stratum: str = "safety_critical"
-    bet_rule: str = "agrapa"  # see vlaeval.seqtest.BET_RULES
-    bet_cap: float = 0.95  # fraction c of the largest bet that keeps wealth non-negative on [-1, 1]
+    # The sequential test (README "What the e-process guarantees"; defaults chosen by
+    # benchmarks/seqtest_efficiency.py).
+    test_mode: str = "exact"  # exact betting e-processes; "asymptotic" is opt-in and labelled
+    bet_rule: str = "prpl"  # see vlaeval.seqtest.BET_RULES
+    # Fraction c of the largest bet that keeps wealth non-negative on [-1, 1]; null: the
+    # size-adaptive cap 1 - 0.2 / cluster size.
+    bet_cap: Optional[float] = None
+    estimand: str = "cluster"  # "cluster": mean of cluster means; "unit": scenario-weighted mean
+    alarm_fwer: str = "bonferroni"  # REGRESSION alarms at alpha / n_strata ("none": alpha each)
+    burn_in_clusters: int = 30  # asymptotic mode only: no decision before this many clusters
     cs_grid_step: float = 0.001  # resolution of the confidence sequence for the mean difference
+    preflight: str = "warn"  # the planner before any unit is spent: warn | error | off
+    assumed_effect: float = 0.0  # the planner's and pre-flight's assumed Delta
+    plan_replications: int = 200  # simulated runs per stratum in the plan
     use_cache: bool = True
     require_clean_code: bool = False  # lineage invalid when the git tree has uncommitted changes
     plot: bool = True

@@ -1,8 +1,11 @@
 """The launch recommendation: LAUNCH, DO_NOT_LAUNCH or NEEDS_REVIEW, with blockers and reasons.
 
 Launch is an intersection-union decision: every stratum must PASS on its own anytime-valid
-test, so no multiplicity correction is needed for it. Any certified REGRESSION, a catastrophic
-halt or invalid lineage blocks; an undecided or unevaluated stratum needs a human.
+test, so no multiplicity correction is needed for it (a wrong LAUNCH needs every test wrong,
+including the one on the stratum that is truly worse). REGRESSION alarms are the opposite, a union
+over strata, so the scheduler splits their level (vlaeval.gauntlet.planning.alarm_alpha). Any
+certified REGRESSION, a catastrophic halt or invalid lineage blocks; an undecided or unevaluated
+stratum, or a PASS from the opt-in asymptotic mode, needs a human.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ def launch_recommendation(
     *,
     halted: bool,
     lineage: Mapping[str, Any],
+    test_mode: str = "exact",
 ) -> Dict[str, Any]:
     blockers: List[str] = []
     review: List[str] = []
@@ -44,6 +48,10 @@ def launch_recommendation(
     if strata_results and "REPLAYED" not in evaluated_labels:
         review.append("no stratum with REPLAYED (real-world) data was evaluated")
     passed = [r["stratum"] for r in strata_results if r["decision"] == DECISION_PASS]
+    if passed and test_mode != "exact":
+        # An asymptotic PASS is a large-sample approximation, never an automatic launch.
+        review.append(f"PASS decisions are ASYMPTOTIC (gauntlet.test_mode={test_mode}), not exact: "
+                      "re-run with test_mode=exact before launching")
     recommendation = DO_NOT_LAUNCH if blockers else (NEEDS_REVIEW if review else LAUNCH)
     return {
         "recommendation": recommendation,

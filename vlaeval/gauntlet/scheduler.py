@@ -24,19 +24,25 @@ import numpy as np
 from vlaeval.config import GauntletConfig, StratumConfig, require
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.outcomes import OutcomeRequest
+from vlaeval.gauntlet.planning import alarm_alpha
 from vlaeval.gauntlet.recommendation import launch_recommendation
 from vlaeval.seqtest import (
     BET_RULES,
+    ESTIMANDS,
+    MODES,
     CATASTROPHIC,
     CATASTROPHIC_UNDECIDED,
     DECISION_INSUFFICIENT,
     DECISION_PASS,
     DECISION_REGRESSION,
-    PairedSequentialTest,
     cluster_means,
     cluster_offsets,
+    make_sequential_test,
     plan_batches,
 )
+
+ALARM_FWER = ("bonferroni", "none")
+PREFLIGHT = ("warn", "error", "off")
 
 
 @dataclass
@@ -65,8 +71,16 @@ def validate_gauntlet(settings: GauntletConfig, strata: Mapping[str, StratumConf
     require(s.budget_units >= 1, f"gauntlet.budget_units={s.budget_units} must be >= 1")
     require(s.nominal_base_allowance >= 0, f"gauntlet.nominal_base_allowance={s.nominal_base_allowance} must be >= 0")
     require(s.nominal_expand_factor >= 1.0, f"gauntlet.nominal_expand_factor={s.nominal_expand_factor} must be >= 1")
+    require(s.test_mode in MODES, f"gauntlet.test_mode={s.test_mode!r} is unknown; use one of {', '.join(MODES)}")
     require(s.bet_rule in BET_RULES, f"gauntlet.bet_rule={s.bet_rule!r} is unknown; use one of {', '.join(BET_RULES)}")
-    require(0.0 < s.bet_cap <= 1.0, f"gauntlet.bet_cap={s.bet_cap} must be in (0, 1]")
+    require(s.bet_cap is None or 0.0 < s.bet_cap <= 1.0,
+            f"gauntlet.bet_cap={s.bet_cap} must be in (0, 1], or null for the size-adaptive cap")
+    require(s.estimand in ESTIMANDS, f"gauntlet.estimand={s.estimand!r} is unknown; use one of {', '.join(ESTIMANDS)}")
+    require(s.alarm_fwer in ALARM_FWER, f"gauntlet.alarm_fwer={s.alarm_fwer!r} is unknown; use one of {', '.join(ALARM_FWER)}")
+    require(s.burn_in_clusters >= 2, f"gauntlet.burn_in_clusters={s.burn_in_clusters} must be >= 2")
+    require(s.preflight in PREFLIGHT, f"gauntlet.preflight={s.preflight!r} is unknown; use one of {', '.join(PREFLIGHT)}")
+    require(-1.0 < s.assumed_effect < 1.0, f"gauntlet.assumed_effect={s.assumed_effect} must be in (-1, 1)")
+    require(s.plan_replications >= 20, f"gauntlet.plan_replications={s.plan_replications} must be >= 20")
     require(0.0 < s.cs_grid_step <= 0.1, f"gauntlet.cs_grid_step={s.cs_grid_step} must be in (0, 0.1]")
     require(bool(strata), "no strata configured; pick a preset, e.g. strata=default")
     for name, spec in strata.items():
@@ -92,7 +106,7 @@ def validate_gauntlet(settings: GauntletConfig, strata: Mapping[str, StratumConf
                 f"gauntlet.{role}={name!r} is not a configured stratum; name one of {', '.join(strata)} or set ''")
 
 
-def _evaluate_stratum(test: PairedSequentialTest, outcomes, unit_limit: int, batch_units: int,
+def _evaluate_stratum(test: Any, outcomes, unit_limit: int, batch_units: int,
                       halting: bool, report: Callable[[int, int, str], None]) -> Dict[str, Any]:
     """Feed whole-cluster batches until the e-process decides (and, in a halting stratum with a
     regression, until the catastrophic question is decided too) or the unit limit is reached."""
@@ -141,6 +155,7 @@ def run_gauntlet(
     cache_before = cache.stats.as_dict()
     order = priority_order(strata)
     queue = list(order)
+    alarm = alarm_alpha(s, len(strata))  # family-wise error of the REGRESSION alarms
     nominal_allowance = int(s.nominal_base_allowance)
     budget_left = int(s.budget_units)
     units_evaluated = 0
@@ -160,10 +175,12 @@ def run_gauntlet(
         if name == s.nominal_stratum:
             unit_limit = min(unit_limit, nominal_allowance)
         margin = spec.margin_delta if spec.margin_delta is not None else s.margin_delta
-        test = PairedSequentialTest(
-            margin, s.alpha,
+        test = make_sequential_test(
+            s.test_mode, margin, s.alpha,
             catastrophic_delta=s.catastrophic_delta if spec.catastrophic_halt else None,
+            alarm_alpha=alarm, estimand=s.estimand, max_cluster_size=int(outcomes.cluster_sizes.max()),
             bet_rule=s.bet_rule, bet_cap=s.bet_cap, cs_grid_step=s.cs_grid_step,
+            burn_in_clusters=s.burn_in_clusters, tuning_clusters=max(unit_limit // int(spec.cluster_size), 1),
         )
 
         def report(batch: int, used: int, decision: str) -> None:
@@ -228,7 +245,8 @@ def run_gauntlet(
     cache_stats["hit_rate"] = cache_stats["hits"] / looked_up if looked_up else None
     cache_stats["corrupt_entries"] = cache_after["corrupt_entries"][len(cache_before["corrupt_entries"]):]
     total_units = int(sum(strata[n].units for n in strata))
-    recommendation = launch_recommendation(results, not_evaluated, halted=halted, lineage=lineage)
+    recommendation = launch_recommendation(results, not_evaluated, halted=halted, lineage=lineage,
+                                            test_mode=s.test_mode)
     return {
         "candidate_version": s.candidate_version,
         "baseline_version": s.baseline_version,
@@ -254,8 +272,18 @@ def run_gauntlet(
         "lineage_valid": bool(lineage.get("valid")),
         "valid_for_launch": bool(lineage.get("valid")) and not halted,
         "recommendation": recommendation,
+        "test_mode": s.test_mode,
+        "multiplicity": {
+            "launch": "intersection-union: LAUNCH needs every stratum to PASS its own level-alpha test",
+            "regression_alarms": (f"Bonferroni: each stratum's REGRESSION alarm at alpha / {len(strata)} = {alarm:.4g}, "
+                                  "family-wise false-alarm rate <= alpha") if s.alarm_fwer == "bonferroni"
+            else "none: each REGRESSION alarm at alpha (family-wise false-alarm rate up to n_strata * alpha)",
+            "alarm_alpha": alarm,
+        },
         "statistical_validity": (
             "every stopping decision is an anytime-valid betting e-process on cluster means "
-            "(Ville's inequality); decisions are sticky; the catastrophic halt is the one-sided "
-            "(1 - alpha) anytime-valid upper bound lying below -catastrophic_delta"),
+            "(Ville's inequality); decisions are sticky; the catastrophic halt is decided on the "
+            "confidence sequence: its upper bound below -catastrophic_delta") if s.test_mode == "exact" else (
+            "ASYMPTOTIC mode (opt-in): decisions from asymptotic confidence sequences (Waudby-Smith et al. "
+            "2024) after a burn-in; valid only as clusters grow, not at every sample size"),
     }

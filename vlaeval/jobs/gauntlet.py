@@ -19,6 +19,7 @@ from vlaeval.config import UserInputError, require, to_plain
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.lineage import build_lineage
 from vlaeval.provenance import code_version
+from vlaeval.gauntlet.planning import plan_gauntlet
 from vlaeval.gauntlet.plots import plot_trajectories
 from vlaeval.gauntlet.recommendation import LAUNCH
 from vlaeval.gauntlet.scheduler import BatchProgress, run_gauntlet, validate_gauntlet
@@ -50,6 +51,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     source = build_source(cfg)
     validate_gauntlet(settings, strata, effects)
     source.validate(strata, effects)
+    preflight = run_preflight(settings, strata)
 
     plain = to_plain(cfg)
     code = code_version()
@@ -65,6 +67,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
 
         result = run_gauntlet(settings, strata, effects, source, cache, lineage, on_batch=on_batch)
     result["gauntlet_id"] = f"gauntlet-{lineage['config_sha256'][:12]}"
+    result["preflight"] = preflight
     for path in result["cache"]["corrupt_entries"]:
         console.print_error(f"corrupt cache entry {path} was detected and recomputed")
 
@@ -74,6 +77,19 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                      metrics=metrics, checks=checks, tags=tags, history=history, plots=plots, code=code)
     print_summary(result)
     return result
+
+
+def run_preflight(settings: Any, strata: Dict[str, Any]) -> Dict[str, Any] | None:
+    """The planner before any unit is spent: warnings printed (or, with preflight=error, refused)."""
+    if settings.preflight == "off":
+        return None
+    plan = plan_gauntlet(settings, strata, assumed_effect=settings.assumed_effect,
+                         replications=settings.plan_replications)
+    if plan["warnings"] and settings.preflight == "error":
+        raise UserInputError(f"pre-flight: {plan['warnings'][0]} (or set gauntlet.preflight=warn)")
+    for line in plan["warnings"]:
+        console.print_error(f"pre-flight warning: {line}")
+    return plan
 
 
 def tracking_view(result: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, bool], Dict[str, Any], Dict[str, List]]:
@@ -97,7 +113,12 @@ def tracking_view(result: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, b
         "halted": str(result["halted"]).lower(),
         "gauntlet.processed_order": ",".join(result["processed_order"]),
         "gauntlet.id": result["gauntlet_id"],
+        "gauntlet.test_mode": result["test_mode"],
+        "gauntlet.alarm_alpha": f"{result['multiplicity']['alarm_alpha']:.6g}",
     }
+    if result.get("preflight") is not None:
+        metrics["preflight.ok"] = float(result["preflight"]["ok"])
+        metrics["preflight.expected_units"] = result["preflight"]["expected_units"]
     for s in result["strata"]:
         key = f"stratum.{s['stratum']}"
         cs = s["confidence_sequence"]
@@ -111,7 +132,9 @@ def tracking_view(result: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, b
         })
         tags[f"{key}.decision"] = s["decision"]
         for series in ("e_value_regression", "e_value_pass", "delta_estimate", "cs_lower", "cs_upper"):
-            history[f"{key}.{series}"] = [(p["batch"], p[series]) for p in s["trajectory"]]
+            points = [(p["batch"], p[series]) for p in s["trajectory"] if p[series] is not None]
+            if points:  # the asymptotic mode has no e-values
+                history[f"{key}.{series}"] = points
     evaluated = {s["stratum"] for s in result["strata"]}
     checks = {
         "no_catastrophic_halt": not result["halted"],
@@ -124,7 +147,14 @@ def tracking_view(result: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, b
     return metrics, checks, tags, history
 
 
+def evalue(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def print_summary(result: Dict[str, Any]) -> None:
+    cs_title = f"{1 - result['strata'][0]['alpha']:.0%} CS" if result["strata"] else "CS"
+    if result["test_mode"] != "exact":
+        cs_title += " (ASYMPTOTIC)"
     rows = []
     for s in result["strata"]:
         cs = s["confidence_sequence"]
@@ -132,12 +162,13 @@ def print_summary(result: Dict[str, Any]) -> None:
                      f"{s['units_evaluated']}/{s['unit_limit']}", s["units_saved_by_early_stop"],
                      f"{s['delta_estimate']:+.4f}" if s["delta_estimate"] is not None else "-",
                      f"[{cs['lower']:+.3f}, {cs['upper']:+.3f}]",
-                     f"{s['e_value_regression']:.3g}", f"{s['e_value_pass']:.3g}", s["cache"]))
+                     evalue(s["e_value_regression"]), evalue(s["e_value_pass"]), s["cache"]))
     for name in result["not_evaluated"]:
         rows.append(("", name, "", "", "not evaluated", "", "", "", "", "", "", ""))
     console.show(console.table(
-        f"Launch gauntlet {result['candidate_version']} vs {result['baseline_version']}",
-        ["#", "stratum", "data", "planted", "decision", "units", "saved", "delta", "95% CS", "e(reg)", "e(pass)", "cache"],
+        f"Launch gauntlet {result['candidate_version']} vs {result['baseline_version']}"
+        + ("" if result["test_mode"] == "exact" else "  [ASYMPTOTIC test mode: not exact]"),
+        ["#", "stratum", "data", "planted", "decision", "units", "saved", "delta", cs_title, "e(reg)", "e(pass)", "cache"],
         rows))
     for e in result["events"]:
         console.show(f"  {e['event']}: {e['detail']}")

@@ -1,117 +1,170 @@
 """Betting e-processes for the mean of bounded observations in [-1, 1] (pure array functions).
 
 For a margin m, two one-sided capital processes (Waudby-Smith & Ramdas 2024, "Estimating means
-of bounded random variables by betting"):
+of bounded random variables by betting") on the payoffs y_i = s * w_i * (x_i - m):
 
-    upper side, H0: mean <= m   K_t = prod_i (1 + lam_i * (x_i - m))   bets that mean > m
-    lower side, H0: mean >= m   K_t = prod_i (1 - lam_i * (x_i - m))   bets that mean < m
+    upper side (s = +1), H0: mean <= m   K_t = prod_i (1 + lam_i * y_i)   bets that mean > m
+    lower side (s = -1), H0: mean >= m   K_t = prod_i (1 + lam_i * y_i)   bets that mean < m
 
-Each bet lam_i >= 0 is predictable (a function of x_1..x_{i-1} only) and capped at
-c / (1 + m) (upper side) or c / (1 - m) (lower side), c in (0, 1], so every factor stays
-non-negative for any x in [-1, 1]. Under H0 the process is a non-negative supermartingale, so by
-Ville's inequality P(sup_t K_t >= 1/alpha) <= alpha: a decision may be taken at any stopping
-time, including after every observation.
+w_i in (0, 1] is a weight fixed before x_i is seen (1 for the cluster-mean estimand; the cluster's
+size over the largest cluster size for the unit-weighted estimand). Each bet lam_i >= 0 is
+predictable (a function of the past only) and capped at c / (1 + m) (upper side) or c / (1 - m)
+(lower side), c in (0, 1], so every factor stays >= 1 - c for any x in [-1, 1]. Under H0 the
+process is a non-negative supermartingale, so by Ville's inequality P(sup_t K_t >= 1/alpha) <=
+alpha: a decision may be taken at any stopping time, including after every observation.
 
-Everything here is vectorised over observations (prefix sums give every predictable bet at once)
-and over margins (leading axis), so a whole grid of margins -- a confidence sequence -- costs one
-array expression per batch.
+Bet rules (all predictable; validity never depends on which):
+  agrapa  approximate growth-rate-optimal plug-in  edge / (var + edge^2)
+  prpl    predictable plug-in empirical Bernstein  sqrt(2 log(1/alpha) / (var t log(1 + t)))
+  ons     online Newton step on the log-loss (Cutkosky & Orabona 2018), sequential per margin
+The plug-in rules are computed for every observation at once from prefix sums; ONS carries a
+(bet, curvature) state per margin and runs as a loop over observations, vectorised over margins
+or replications.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Tuple
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
 UPPER = "upper"  # bets that the mean exceeds the margin (PASS side at m = -delta)
 LOWER = "lower"  # bets that the mean falls below the margin (REGRESSION side at m = -delta)
 
-# Plug-in moments are shrunk towards a prior of one pseudo-observation with mean 0 (no
-# difference between the policies) and this variance, so the first bets are small.
+# Plug-in moments are shrunk towards a prior of one pseudo-observation x = 0 (no difference
+# between the policies, weight 1) with this variance, so the first bets are small.
 PRIOR_VARIANCE = 0.25
 
-BET_RULES = ("agrapa", "prpl")
+PLUG_IN_RULES = ("agrapa", "prpl")
+BET_RULES = ("agrapa", "prpl", "ons")
+
+ONS_STEP = 2.0 / (2.0 - np.log(3.0))  # Cutkosky & Orabona's exp-concavity constant
+
+# The size-adaptive cap: c(n) = 1 - CAP_SLACK / n for a cluster of n paired outcomes. A cluster
+# mean reaches the worst case -1 only if all n pairs go the adverse way, which for a single
+# scenario is common and for forty is all but impossible; so small clusters keep a wide safety
+# margin (c(1) = 0.8) and large ones may bet nearly all (c(40) = 0.995). Known before the
+# cluster is evaluated, so the bet stays predictable.
+CAP_SLACK = 0.2
+
+
+def size_adaptive_cap(cluster_sizes: np.ndarray | float) -> np.ndarray:
+    return 1.0 - CAP_SLACK / np.asarray(cluster_sizes, dtype=np.float64)
+
+
+def side_sign(side: str) -> float:
+    if side not in (UPPER, LOWER):
+        raise ValueError(f"side must be {UPPER!r} or {LOWER!r}, got {side!r}")
+    return 1.0 if side == UPPER else -1.0
 
 
 @dataclass
 class MomentState:
-    """Sufficient statistics of the observations seen so far (shared by every margin)."""
+    """Weighted sufficient statistics of the observations seen so far (shared by every margin):
+    count, sum w, sum w x, sum w^2, sum w^2 x, sum w^2 x^2."""
 
     count: float = 0.0
-    total: float = 0.0
-    total_sq: float = 0.0
+    sums: np.ndarray = field(default_factory=lambda: np.zeros(5))
 
-    def advanced(self, x: np.ndarray) -> "MomentState":
-        return MomentState(
-            self.count + x.size, self.total + float(x.sum()), self.total_sq + float(np.dot(x, x))
-        )
-
-
-Moments = Tuple[np.ndarray, np.ndarray, np.ndarray]
+    def advanced(self, x: np.ndarray, w: Optional[np.ndarray] = None) -> "MomentState":
+        w = np.ones_like(x) if w is None else w
+        w2 = w * w
+        add = np.array([w.sum(), np.dot(w, x), w2.sum(), np.dot(w2, x), np.dot(w2, x * x)])
+        return MomentState(self.count + x.size, self.sums + add)
 
 
-def predictable_moments(x: np.ndarray, state: MomentState) -> Moments:
-    """Shrunk mean, variance and count available *before* each element of x, along the last axis
-    (x may carry leading replication axes; `state` describes what came before x)."""
+class Moments(NamedTuple):
+    """Predictable (exclusive prefix) statistics along the last axis, as in MomentState."""
+
+    before: np.ndarray
+    sum_w: np.ndarray
+    sum_wx: np.ndarray
+    sum_w2: np.ndarray
+    sum_w2x: np.ndarray
+    sum_w2x2: np.ndarray
+
+
+def predictable_moments(x: np.ndarray, state: MomentState, w: Optional[np.ndarray] = None) -> Moments:
+    """Statistics available *before* each element of x, along the last axis (x may carry leading
+    replication axes; `state` describes what came before x; w defaults to 1)."""
+    w = np.ones_like(x) if w is None else np.broadcast_to(w, x.shape)
+    w2 = w * w
+
+    def exclusive(values: np.ndarray, start: float) -> np.ndarray:
+        return start + (np.cumsum(values, axis=-1) - values)
+
     before = np.arange(x.shape[-1], dtype=np.float64) + state.count
-    total = state.total + (np.cumsum(x, axis=-1) - x)  # exclusive prefix sums
-    squares = x * x
-    total_sq = state.total_sq + (np.cumsum(squares, axis=-1) - squares)
-    mean = total / (before + 1.0)
-    sum_sq_dev = np.maximum(total_sq - total**2 / np.maximum(before, 1.0), 0.0)
-    variance = (PRIOR_VARIANCE + sum_sq_dev) / (before + 1.0)
-    return mean, variance, before
+    s = state.sums
+    return Moments(before, exclusive(w, s[0]), exclusive(w * x, s[1]), exclusive(w2, s[2]),
+                   exclusive(w2 * x, s[3]), exclusive(w2 * x * x, s[4]))
 
 
-def bet_caps(margins: np.ndarray, side: str, cap_fraction: float) -> np.ndarray:
-    """Largest bet keeping every factor >= 1 - cap_fraction for x anywhere in [-1, 1]."""
+def payoff_moments(moments: Moments, margins: np.ndarray, side: str) -> Tuple[np.ndarray, np.ndarray]:
+    """Shrunk mean and variance of the payoffs s * w * (x - m) seen before each observation;
+    `margins` broadcasts against the moments ((G, 1) against (B,) gives one row per margin)."""
+    sign = side_sign(side)
+    m = np.asarray(margins, dtype=np.float64)
+    n = moments.before
+    total = moments.sum_wx - m * moments.sum_w  # sum of w (x - m)
+    total_sq = moments.sum_w2x2 - 2.0 * m * moments.sum_w2x + m * m * moments.sum_w2
+    edge = sign * (total - m) / (n + 1.0)  # the pseudo-observation x = 0, w = 1 pays -s m
+    sum_sq_dev = np.maximum(total_sq - total**2 / np.maximum(n, 1.0), 0.0)
+    variance = (PRIOR_VARIANCE + sum_sq_dev) / (n + 1.0)
+    return edge, variance
+
+
+def bet_caps(margins: np.ndarray, side: str, cap_fraction: float | np.ndarray) -> np.ndarray:
+    """Largest bet keeping every factor >= 1 - cap_fraction for x anywhere in [-1, 1];
+    cap_fraction may be one number or one per observation (broadcast like the margins)."""
     margins = np.asarray(margins, dtype=np.float64)
     return cap_fraction / (1.0 + margins) if side == UPPER else cap_fraction / (1.0 - margins)
 
 
-def bets_from_moments(
-    moments: Moments,
-    margins: np.ndarray,
-    side: str,
-    *,
-    rule: str,
-    cap_fraction: float,
-    alpha: float,
-) -> np.ndarray:
-    """Bets lam from the predictable moments; `margins` broadcasts against them (shape (G, 1)
-    against (B,) gives one row of bets per margin).
-
-    agrapa: the approximate growth-rate-optimal plug-in bet (mean - m) / (var + (mean - m)^2),
-            zero when the past points the other way.
-    prpl:   the predictable plug-in empirical-Bernstein bet sqrt(2 log(1/alpha) / (var t log(1+t))),
-            always placed on the alternative's side.
-    """
-    mean, variance, before = moments
-    margins = np.asarray(margins, dtype=np.float64)
+def plug_in_bets(moments: Moments, margins: np.ndarray, side: str, *, rule: str, cap_fraction: float | np.ndarray,
+                 alpha: float) -> np.ndarray:
+    """agrapa: (edge) / (var + edge^2), zero when the past points the other way.
+    prpl:   sqrt(2 log(1/alpha) / (var t log(1+t))), always placed on the alternative's side."""
+    edge, variance = payoff_moments(moments, margins, side)
     if rule == "agrapa":
-        edge = (mean - margins) if side == UPPER else (margins - mean)
         raw = edge / (variance + edge * edge)
     elif rule == "prpl":
-        t = before + 1.0
-        raw = np.sqrt(2.0 * np.log(1.0 / alpha) / (variance * t * np.log1p(t))) + 0.0 * margins
+        t = moments.before + 1.0
+        raw = np.sqrt(2.0 * np.log(1.0 / alpha) / (variance * t * np.log1p(t)))
     else:
-        raise ValueError(f"unknown bet rule {rule!r}; use one of {BET_RULES}")
+        raise ValueError(f"{rule!r} is not a plug-in bet rule; use one of {PLUG_IN_RULES}")
     return np.clip(raw, 0.0, bet_caps(margins, side, cap_fraction))
 
 
-def predictable_bets(x: np.ndarray, state: MomentState, margins: np.ndarray, side: str, **rule: Any) -> np.ndarray:
-    """Bets for observations x, each computed from the past only (see bets_from_moments)."""
-    return bets_from_moments(predictable_moments(x, state), margins, side, **rule)
+def payoffs(x: np.ndarray, margins: np.ndarray, side: str, w: Optional[np.ndarray] = None) -> np.ndarray:
+    y = side_sign(side) * (x - np.asarray(margins, dtype=np.float64))
+    return y if w is None else y * w
 
 
-def log_wealth_increments(x: np.ndarray, margins: np.ndarray, side: str, bets: np.ndarray) -> np.ndarray:
-    """log(1 +/- lam (x - m)); margins broadcast against x as in predictable_bets."""
-    sign = 1.0 if side == UPPER else -1.0
-    factor = 1.0 + sign * bets * (x - np.asarray(margins, dtype=np.float64))
-    # Caps keep factor >= 1 - c > 0 for c < 1; with c = 1 a factor can reach exactly 0 (wealth 0).
+def log_factors(bets: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # Caps keep a factor >= 1 - c > 0 for c < 1; with c = 1 it can reach exactly 0 (wealth 0).
     with np.errstate(divide="ignore"):
-        return np.log(np.maximum(factor, 0.0))
+        return np.log(np.maximum(1.0 + bets * y, 0.0))
+
+
+def ons_log_factors(y: np.ndarray, bet: np.ndarray, curvature: np.ndarray, cap: np.ndarray
+                    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ONS over the last axis of payoffs y (leading axes: margins or replications; cap broadcasts
+    against y). Returns the log-factors and the (bet, curvature) state after the last one."""
+    bet, curvature = bet.copy(), curvature.copy()
+    cap = np.broadcast_to(cap, y.shape)
+    out = np.empty(y.shape, dtype=np.float64)
+    for t in range(y.shape[-1]):
+        yt = y[..., t]
+        # The bet for observation t is clipped to t's cap (known before t).
+        bet = np.minimum(bet, cap[..., t])
+        factor = 1.0 + bet * yt
+        with np.errstate(divide="ignore"):
+            out[..., t] = np.log(np.maximum(factor, 0.0))
+        z = yt / np.maximum(factor, 1e-12)  # minus the log-loss gradient
+        curvature += z * z
+        bet = np.maximum(bet + ONS_STEP * z / curvature, 0.0)
+    return out, bet, curvature
 
 
 @dataclass
@@ -122,12 +175,14 @@ class WealthFamily:
     side: str
     log_wealth: np.ndarray
     log_max_wealth: np.ndarray
+    ons_bet: np.ndarray
+    ons_curvature: np.ndarray
 
     @classmethod
     def start(cls, margins: np.ndarray, side: str) -> "WealthFamily":
         margins = np.asarray(margins, dtype=np.float64)
         zeros = np.zeros(margins.shape, dtype=np.float64)
-        return cls(margins, side, zeros, zeros.copy())
+        return cls(margins, side, zeros, zeros.copy(), zeros.copy(), np.ones(margins.shape))
 
     def update(
         self,
@@ -135,23 +190,29 @@ class WealthFamily:
         moments: Moments,
         *,
         rule: str,
-        cap_fraction: float,
+        cap_fraction: float | np.ndarray,
         alpha: float,
         threshold_log: np.ndarray | float,
+        weights: Optional[np.ndarray] = None,
         active: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Advance by observations x (with their predictable moments); return, per margin, the
-        index into x of the first crossing of its threshold (-1 where none). Only `active`
-        margins are computed (the others keep their values): a margin already rejected stays
-        rejected, so it needs no further work."""
+        """Advance by observations x (with their predictable moments and weights); return, per
+        margin, the index into x of the first crossing of its threshold (-1 where none). Only
+        `active` margins are computed (the others keep their values): a margin already rejected
+        stays rejected, so it needs no further work."""
         first_cross = np.full(self.margins.shape, -1, dtype=np.int64)
         index = np.arange(self.margins.size) if active is None else np.flatnonzero(active)
         if index.size == 0 or x.size == 0:
             return first_cross
         margins = self.margins[index, None]
-        bets = bets_from_moments(moments, margins, self.side, rule=rule, cap_fraction=cap_fraction, alpha=alpha)
-        path = np.cumsum(log_wealth_increments(x, margins, self.side, bets), axis=1)
-        path += self.log_wealth[index, None]
+        y = payoffs(x, margins, self.side, weights)
+        if rule == "ons":
+            logs, self.ons_bet[index], self.ons_curvature[index] = ons_log_factors(
+                y, self.ons_bet[index], self.ons_curvature[index], bet_caps(margins, self.side, cap_fraction))
+        else:
+            bets = plug_in_bets(moments, margins, self.side, rule=rule, cap_fraction=cap_fraction, alpha=alpha)
+            logs = log_factors(bets, y)
+        path = np.cumsum(logs, axis=1) + self.log_wealth[index, None]
         threshold = np.broadcast_to(np.asarray(threshold_log, dtype=np.float64), self.margins.shape)[index, None]
         crossed = path >= threshold
         any_cross = crossed.any(axis=1)
@@ -167,15 +228,25 @@ def log_wealth_paths(
     side: str,
     *,
     rule: str = "agrapa",
-    cap_fraction: float = 0.95,
+    cap_fraction: float | np.ndarray = 0.95,
     alpha: float = 0.05,
+    weights: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """Log-wealth after each observation for many independent sequences at once.
 
-    x has shape (R, T) (R replications of T observations); returns shape (R, T). The same bets
-    as WealthFamily, vectorised over replications, for the validity simulations.
+    x (and weights, if given) have shape (R, T): R replications of T observations; returns (R, T).
+    The same bets as WealthFamily, vectorised over replications, for the validity simulations.
     """
+    if rule not in BET_RULES:
+        raise ValueError(f"unknown bet rule {rule!r}; use one of {BET_RULES}")
     x = np.atleast_2d(np.asarray(x, dtype=np.float64))
-    bets = predictable_bets(x, MomentState(), np.float64(margin), side, rule=rule,
+    w = None if weights is None else np.broadcast_to(np.asarray(weights, dtype=np.float64), x.shape)
+    y = payoffs(x, margin, side, w)
+    if rule == "ons":
+        start = np.zeros(x.shape[:-1])
+        logs, _, _ = ons_log_factors(y, start, np.ones_like(start), bet_caps(margin, side, cap_fraction))
+    else:
+        bets = plug_in_bets(predictable_moments(x, MomentState(), w), np.float64(margin), side, rule=rule,
                             cap_fraction=cap_fraction, alpha=alpha)
-    return np.cumsum(log_wealth_increments(x, margin, side, bets), axis=-1)
+        logs = log_factors(bets, y)
+    return np.cumsum(logs, axis=-1)

@@ -1,0 +1,63 @@
+"""job=plan: how many clusters and units will each stratum need, before any is spent?
+
+Validate the gauntlet settings and strata; simulate the configured sequential test on each
+stratum at gauntlet.assumed_effect; print expected clusters and units to a decision per stratum
+with warnings where a stratum's units or the budget cannot reach one; save and log the plan.
+The gauntlet runs the same plan as its pre-flight.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict
+
+from omegaconf import DictConfig
+
+from vlaeval import console
+from vlaeval.gauntlet.planning import plan_gauntlet
+from vlaeval.gauntlet.scheduler import validate_gauntlet
+from vlaeval.jobs.common import now_ms, publish, typed
+from vlaeval.provenance import code_version
+
+JOB = "plan"
+
+
+def run(cfg: DictConfig) -> Dict[str, Any]:
+    started_ms = now_ms()
+    settings = typed(cfg.gauntlet)
+    strata = {name: typed(node) for name, node in cfg.strata.items()}
+    validate_gauntlet(settings, strata, {})
+    plan = plan_gauntlet(settings, strata, assumed_effect=settings.assumed_effect,
+                         replications=settings.plan_replications)
+    metrics: Dict[str, Any] = {"plan.expected_units": plan["expected_units"], "plan.ok": float(plan["ok"])}
+    for row in plan["strata"]:
+        key = f"stratum.{row['stratum']}"
+        metrics[f"{key}.median_units"] = row["median_units"] if math.isfinite(row["median_units"]) else None
+        metrics[f"{key}.decision_probability_within_limit"] = row["decision_probability_within_limit"]
+    result = publish(cfg, JOB, {"plan": plan}, started_ms=started_ms, run_name=f"plan-{settings.candidate_version}",
+                     metrics=metrics, checks={"plan_ok": plan["ok"]},
+                     tags={"plan.test_mode": plan["test_mode"]}, code=code_version())
+    print_plan(plan)
+    return result
+
+
+def units(value: float) -> str:
+    return "never" if not math.isfinite(value) else f"{value:,.0f}"
+
+
+def print_plan(plan: Dict[str, Any]) -> None:
+    rows = [(r["stratum"], f"{r['margin_delta']:g}", r["cluster_size"], r["expected_decision"],
+             units(r["median_clusters"]), units(r["median_units"]), units(r["p90_units"]), f"{r['unit_limit']:,}",
+             f"{r['decision_probability_within_limit']:.0%}", units(r["floor_clusters"]), units(r["fixed_n_z_clusters"]))
+            for r in plan["strata"]]
+    console.show(console.table(
+        f"Plan at assumed effect {plan['assumed_effect']:+g} ({plan['test_mode']} test, alpha {plan['alpha']:g}, "
+        f"regression alarms at {plan['alarm_alpha']:.3g})",
+        ["stratum", "margin", "cluster", "decision", "clusters (median)", "units (median)", "units (p90)", "limit",
+         "P(decide)", "floor clusters", "fixed-n z clusters"], rows))
+    console.show(f"expected units to decide every stratum: {units(plan['expected_units'])} of budget "
+                 f"{plan['budget_units']:,}")
+    for line in plan["warnings"]:
+        console.show(f"  warning: {line}")
+    if plan["ok"]:
+        console.show("  every stratum can reach a decision within its units and the budget")
