@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/gauntlet_throughput.py
 	$(PY) benchmarks/per_sample_gradients.py
 	$(PY) benchmarks/builtin_policy.py
+	$(PY) benchmarks/seqtest_efficiency.py
 
 clean:
 	rm -rf .cache outputs/2* multirun_sweeps/2*

@@ -167,3 +167,16 @@ def test_job_that_raises_is_recorded_as_failed_child(workdir, store):
     assert all("NotADirectoryError" in c.data.tags["vlaeval.error"] for c in children)
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
     assert parent.info.status == "FAILED"
+
+
+def test_asymptotic_mode_is_labelled_in_mlflow(workdir, store):
+    proc = run_main(["strata=small", "gauntlet.test_mode=asymptotic"], workdir, env={"MLFLOW_TRACKING_URI": store})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ASYMPTOTIC" in proc.stdout and "NEEDS_REVIEW" in proc.stdout
+    client, runs = _runs(store)
+    run = runs[0]
+    assert run.data.tags["gauntlet.test_mode"] == "asymptotic"
+    assert run.data.tags["recommendation"] == "NEEDS_REVIEW"
+    assert "stratum.safety_critical.e_value_pass" not in run.data.metrics  # no e-values to misread
+    assert len(client.get_metric_history(run.info.run_id, "stratum.safety_critical.cs_upper")) >= 1
+    assert run.data.metrics["preflight.ok"] == 1.0

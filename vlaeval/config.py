@@ -77,7 +77,7 @@ class GauntletConfig:
     # The sequential test (README "What the e-process guarantees"; defaults chosen by
     # benchmarks/seqtest_efficiency.py).
     test_mode: str = "exact"  # exact betting e-processes; "asymptotic" is opt-in and labelled
-    bet_rule: str = "prpl"  # see vlaeval.seqtest.BET_RULES
+    bet_rule: str = "blend"  # see vlaeval.seqtest.BET_RULES
     # Fraction c of the largest bet that keeps wealth non-negative on [-1, 1]; null: the
     # size-adaptive cap 1 - 0.2 / cluster size.
     bet_cap: Optional[float] = None

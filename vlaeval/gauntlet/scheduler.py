@@ -213,9 +213,11 @@ def run_gauntlet(
             events.append({
                 "event": "CATASTROPHIC_HALT", "stratum": name, "delta_estimate": estimate,
                 "cs_upper": snapshot["confidence_sequence"]["upper"],
-                "detail": f"{name}: Delta < -{s.catastrophic_delta} certified at level {s.alpha} "
-                          f"(e-value {snapshot['e_value_catastrophic']:.3g} >= {1 / s.alpha:g}); "
-                          f"candidate halted, remaining strata not evaluated",
+                "detail": f"{name}: Delta < -{s.catastrophic_delta} certified at level {snapshot['catastrophic_alpha']:.3g} "
+                          f"(confidence sequence upper bound {snapshot['confidence_sequence']['upper']:+.3f}"
+                          + (f", e-value {snapshot['e_value_catastrophic']:.3g} >= {1 / snapshot['catastrophic_alpha']:.3g}"
+                             if snapshot.get("e_value_catastrophic") is not None else "")
+                          + "); candidate halted, remaining strata not evaluated",
             })
         elif snapshot["decision"] == DECISION_REGRESSION:
             promoted = [r for r in spec.related if r in queue]

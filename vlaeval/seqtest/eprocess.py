@@ -16,6 +16,8 @@ alpha: a decision may be taken at any stopping time, including after every obser
 Bet rules (all predictable; validity never depends on which):
   agrapa  approximate growth-rate-optimal plug-in  edge / (var + edge^2)
   prpl    predictable plug-in empirical Bernstein  sqrt(2 log(1/alpha) / (var t log(1 + t)))
+  blend   the mean of the agrapa and prpl bets: prpl's fast start where the cap binds (large
+          clusters, small variance), agrapa's Kelly-like sizing where the variance limits
   ons     online Newton step on the log-loss (Cutkosky & Orabona 2018), sequential per margin
 The plug-in rules are computed for every observation at once from prefix sums; ONS carries a
 (bet, curvature) state per margin and runs as a loop over observations, vectorised over margins
@@ -36,8 +38,8 @@ LOWER = "lower"  # bets that the mean falls below the margin (REGRESSION side at
 # between the policies, weight 1) with this variance, so the first bets are small.
 PRIOR_VARIANCE = 0.25
 
-PLUG_IN_RULES = ("agrapa", "prpl")
-BET_RULES = ("agrapa", "prpl", "ons")
+PLUG_IN_RULES = ("agrapa", "prpl", "blend")
+BET_RULES = ("agrapa", "prpl", "blend", "ons")
 
 ONS_STEP = 2.0 / (2.0 - np.log(3.0))  # Cutkosky & Orabona's exp-concavity constant
 
@@ -124,16 +126,18 @@ def bet_caps(margins: np.ndarray, side: str, cap_fraction: float | np.ndarray) -
 def plug_in_bets(moments: Moments, margins: np.ndarray, side: str, *, rule: str, cap_fraction: float | np.ndarray,
                  alpha: float) -> np.ndarray:
     """agrapa: (edge) / (var + edge^2), zero when the past points the other way.
-    prpl:   sqrt(2 log(1/alpha) / (var t log(1+t))), always placed on the alternative's side."""
-    edge, variance = payoff_moments(moments, margins, side)
-    if rule == "agrapa":
-        raw = edge / (variance + edge * edge)
-    elif rule == "prpl":
-        t = moments.before + 1.0
-        raw = np.sqrt(2.0 * np.log(1.0 / alpha) / (variance * t * np.log1p(t)))
-    else:
+    prpl:   sqrt(2 log(1/alpha) / (var t log(1+t))), always placed on the alternative's side.
+    blend:  their mean (each clipped to the cap first, so the mean is within it too)."""
+    if rule not in PLUG_IN_RULES:
         raise ValueError(f"{rule!r} is not a plug-in bet rule; use one of {PLUG_IN_RULES}")
-    return np.clip(raw, 0.0, bet_caps(margins, side, cap_fraction))
+    edge, variance = payoff_moments(moments, margins, side)
+    caps = bet_caps(margins, side, cap_fraction)
+    t = moments.before + 1.0
+    agrapa = np.clip(edge / (variance + edge * edge), 0.0, caps)
+    prpl = np.clip(np.sqrt(2.0 * np.log(1.0 / alpha) / (variance * t * np.log1p(t))), 0.0, caps)
+    if rule == "agrapa":
+        return agrapa
+    return prpl if rule == "prpl" else 0.5 * (agrapa + prpl)
 
 
 def payoffs(x: np.ndarray, margins: np.ndarray, side: str, w: Optional[np.ndarray] = None) -> np.ndarray:

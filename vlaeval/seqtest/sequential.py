@@ -60,7 +60,7 @@ ESTIMANDS = ("cluster", "unit")
 
 # Chosen by benchmarks/seqtest_efficiency.py (the README's table): the rule and cap with the
 # smallest worst-case ratio of median clusters-to-decision over the information floor.
-DEFAULT_BET_RULE = "prpl"
+DEFAULT_BET_RULE = "blend"
 DEFAULT_BET_CAP: Optional[float] = None  # the size-adaptive cap 1 - 0.2 / n
 
 CS_FIRST_CHUNK = 8  # clusters in the first confidence-sequence sub-chunk of a batch (then doubling)
