@@ -76,3 +76,17 @@ def workdir(tmp_path) -> Path:
     path = tmp_path / "work"
     path.mkdir()
     return path
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A full run that passed with nothing skipped regenerates docs/reliability.md."""
+    import reliability
+    from vlaeval.artifacts import atomic_write_text
+
+    options = session.config.option
+    full_run = not options.keyword and not options.markexpr and not getattr(options, "deselect", None) \
+        and all(Path(a).resolve() == REPO / "tests" for a in session.config.args)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = bool(reporter and reporter.stats.get("skipped"))
+    if exitstatus == 0 and full_run and not skipped and reliability.records():
+        atomic_write_text(reliability.DOC, reliability.render(reliability.records()))

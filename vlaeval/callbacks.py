@@ -53,6 +53,7 @@ class SweepTrackingCallback(Callback):
         from vlaeval import tracking
 
         uri = tracking.resolve_uri(config.tracking)
+        tracking.configure_http(config.tracking)
         tracking.ensure_store(uri)
         client = MlflowClient(tracking_uri=uri)
         job_name = str(config.job.name)

@@ -45,6 +45,9 @@ class TrackingConfig:
     uri: Optional[str] = None
     experiment_prefix: str = "vlaeval"
     log_artifacts: bool = True
+    # An unreachable server fails after this many retries / seconds a request (then job=sync).
+    http_max_retries: int = 2
+    http_timeout_s: int = 30
 
 
 @dataclass
@@ -218,6 +221,12 @@ class HistoryConfig:
 
 
 @dataclass
+class SyncConfig:
+    # Folders searched (recursively) for runs spooled while the tracking store was unreachable.
+    paths: List[str] = field(default_factory=lambda: ["outputs", "multirun_sweeps"])
+
+
+@dataclass
 class VlaevalConfig:
     job: JobConfig = field(default_factory=JobConfig)
     device: str = "cpu"
@@ -239,6 +248,7 @@ class VlaevalConfig:
     gate: GateConfig = field(default_factory=GateConfig)
     reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)
     history: HistoryConfig = field(default_factory=HistoryConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
 
 
 def register_configs() -> None:

@@ -7,6 +7,7 @@ import sys
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -61,7 +62,8 @@ def show(renderable: Any) -> None:
 
 
 def print_error(message: str) -> None:
-    error_console.print(f"[bold red]error:[/bold red] {message}", markup=True, soft_wrap=True)
+    # The message is literal text: paths and overrides hold brackets rich would read as markup.
+    error_console.print(f"[bold red]error:[/bold red] {escape(message)}", markup=True, soft_wrap=True)
 
 
 def print_checks(title: str, checks: Mapping[str, bool]) -> None:

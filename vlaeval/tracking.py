@@ -13,12 +13,16 @@ import json
 import os
 import re
 import time
+import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from vlaeval.artifacts import sha256_json
+from vlaeval.artifacts import atomic_write_json, sha256_json
 
 PARENT_RUN_FILE = ".vlaeval_parent_run.json"
+# A run that could not reach the tracking store waits here, beside its result, for job=sync.
+PENDING_FILE = "mlflow_pending.json"
+RECORD_SCHEMA_VERSION = 1
 MAX_PARAM_CHARS = 6000
 MAX_TAG_CHARS = 8000
 SECRET_KEY = re.compile(r"(password|passwd|secret|token|credential|(^|_)key$|api_?key|access_?key)", re.I)
@@ -171,58 +175,128 @@ def _finite(value: float) -> bool:
     return value == value and value not in (float("inf"), float("-inf"))
 
 
-@contextlib.contextmanager
-def open_run(
+def configure_http(tracking_cfg: Any) -> None:
+    """Bound how long a dead server can stall a job: MLflow's defaults (7 retries, exponential
+    backoff, 120 s timeouts) wait minutes before failing. Values the user exported win."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(int(tracking_cfg.http_max_retries)))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(tracking_cfg.http_timeout_s)))
+
+
+def build_record(
     tracking_cfg: Any,
     job_name: str,
     *,
     run_name: str,
     start_time_ms: int,
+    plain_cfg: Mapping[str, Any],
+    metrics: Mapping[str, Optional[float]],
+    checks: Mapping[str, bool],
     tags: Mapping[str, Any],
-    result_path: Path,
-) -> Iterator[Optional[RunLogger]]:
-    """An MLflow run that ends FINISHED, or FAILED if the body raises; None when disabled.
+    history: Mapping[str, Sequence[Tuple[int, Optional[float]]]],
+    artifacts: Sequence[Tuple[Path, Optional[str]]],
+    base_dir: Path,
+) -> Dict[str, Any]:
+    """Everything one MLflow run holds, as JSON: what is uploaded now, or spooled and synced later.
 
-    Any MLflow failure becomes a TrackingError naming the store and where the result is saved.
+    `record_id` is tagged on the run, so an upload that is retried never makes a second run.
+    Artifact paths inside `base_dir` are stored relative to it (the folder may be moved).
     """
-    if not tracking_cfg.enabled:
-        yield None
-        return
-    uri = resolve_uri(tracking_cfg)
-    runtime = hydra_runtime()
-    parent = read_parent_run(runtime.get("sweep_dir"))
-    logger: Optional[RunLogger] = None
-    try:
-        from mlflow.tracking import MlflowClient
+    parent = read_parent_run(hydra_runtime().get("sweep_dir"))
+    all_tags = {"mlflow.runName": run_name, "vlaeval.job": job_name, **tags}
+    if parent is not None:
+        all_tags["mlflow.parentRunId"] = parent["run_id"]
+    base = base_dir.resolve()
 
-        ensure_store(uri)
-        client = MlflowClient(tracking_uri=uri)
-        experiment_id = get_or_create_experiment(client, experiment_name(tracking_cfg, job_name))
-        all_tags = {"mlflow.runName": run_name, "vlaeval.job": job_name, **tags}
-        if parent is not None:
-            all_tags["mlflow.parentRunId"] = parent["run_id"]
-        run = client.create_run(experiment_id, start_time=start_time_ms,
-                                tags={k: _clip(str(v), MAX_TAG_CHARS) for k, v in all_tags.items() if v is not None})
-        logger = RunLogger(client, run.info.run_id)
-    except Exception as error:
-        raise TrackingError(f"MLflow tracking at {uri} failed to open a run ({type(error).__name__}: "
-                            f"{_first_line(error)}); the result is saved at {result_path}") from error
+    def stored(path: Path) -> str:
+        path = Path(path).resolve()
+        return str(path.relative_to(base)) if path.is_relative_to(base) else str(path)
+
+    return {
+        "schema_version": RECORD_SCHEMA_VERSION,
+        "record_id": uuid.uuid4().hex,
+        "experiment": experiment_name(tracking_cfg, job_name),
+        "start_time_ms": int(start_time_ms),
+        "params": mask_secrets(flatten(plain_cfg)),
+        "metrics": dict(metrics),
+        "history": {k: [[int(s), v] for s, v in points] for k, points in dict(history).items()},
+        "checks": {k: bool(v) for k, v in checks.items()},
+        "tags": {k: str(v) for k, v in all_tags.items() if v is not None},
+        "artifacts": [[stored(path), artifact_path] for path, artifact_path in artifacts] if tracking_cfg.log_artifacts else [],
+        "partial_run_id": None,
+    }
+
+
+def find_uploaded(client: Any, record: Mapping[str, Any]) -> Optional[str]:
+    """The id of a FINISHED run already holding this record (an earlier upload or sync), if any."""
+    experiment = client.get_experiment_by_name(record["experiment"])
+    if experiment is None:
+        return None
+    runs = client.search_runs([experiment.experiment_id],
+                              filter_string=f"tags.`vlaeval.record_id` = '{record['record_id']}'", max_results=10)
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    return finished[0].info.run_id if finished else None
+
+
+def upload_record(uri: str, record: Dict[str, Any], base_dir: Path,
+                  on_created: Optional[Callable[[str], None]] = None) -> str:
+    """Log one record as a FINISHED run (FAILED if logging breaks off); returns its run id.
+    A partial run an earlier attempt left behind is deleted, so each record is one run."""
+    from mlflow.tracking import MlflowClient
+
+    ensure_store(uri)
+    client = MlflowClient(tracking_uri=uri)
+    done = find_uploaded(client, record)
+    if done is not None:
+        return done
+    if record.get("partial_run_id"):
+        with contextlib.suppress(Exception):  # already gone, or never reached the server
+            client.delete_run(record["partial_run_id"])
+    experiment_id = get_or_create_experiment(client, record["experiment"])
+    tags = {**record["tags"], "vlaeval.record_id": record["record_id"]}
+    run = client.create_run(experiment_id, start_time=record["start_time_ms"],
+                            tags={k: _clip(v, MAX_TAG_CHARS) for k, v in tags.items()})
+    run_id = run.info.run_id
+    if on_created is not None:
+        on_created(run_id)
+    logger = RunLogger(client, run_id)
     try:
-        yield logger
+        logger.log_params(record["params"])
+        logger.log_metrics(record["metrics"])
+        if record["history"]:
+            logger.log_history({k: [(s, v) for s, v in points] for k, points in record["history"].items()})
+        if record["checks"]:
+            logger.log_checks(record["checks"])
+        for path, artifact_path in record["artifacts"]:
+            logger.log_artifact(base_dir / path, artifact_path)
+        client.set_terminated(run_id, status="FINISHED")
     except BaseException as error:
         with contextlib.suppress(Exception):
             logger.set_tags({"vlaeval.error": f"{type(error).__name__}: {_first_line(error)}"})
-            logger.client.set_terminated(logger.run_id, status="FAILED")
-        if isinstance(error, Exception) and not isinstance(error, TrackingError):
-            raise TrackingError(f"MLflow tracking at {uri} failed while logging run {logger.run_id} "
-                                f"({type(error).__name__}: {_first_line(error)}); the result is saved at "
-                                f"{result_path}") from error
+            client.set_terminated(run_id, status="FAILED")
         raise
+    return run_id
+
+
+def record_run(tracking_cfg: Any, record: Dict[str, Any], base_dir: Path, result_path: Path) -> str:
+    """Spool the record beside the result, upload it, and drop the spool once the run is
+    FINISHED. If the store is unreachable or dies mid-run, the spool stays and the TrackingError
+    says how to upload it later (job=sync): nothing is lost."""
+    uri = resolve_uri(tracking_cfg)
+    configure_http(tracking_cfg)
+    pending = atomic_write_json(base_dir / PENDING_FILE, record)
+
+    def remember(run_id: str) -> None:  # sync deletes this partial run before re-uploading
+        atomic_write_json(pending, {**record, "partial_run_id": run_id})
+
     try:
-        logger.client.set_terminated(logger.run_id, status="FINISHED")
+        run_id = upload_record(uri, record, base_dir, on_created=remember)
     except Exception as error:
-        raise TrackingError(f"MLflow tracking at {uri} failed to close run {logger.run_id} "
-                            f"({_first_line(error)}); the result is saved at {result_path}") from error
+        raise TrackingError(f"MLflow tracking at {uri} failed ({type(error).__name__}: {_first_line(error)[:200]}); "
+                            f"the result is saved at {result_path} and the run is queued in {pending}: upload it "
+                            f"with `python main.py job=sync sync.paths=[{base_dir}]` once the store is back") from error
+    pending.unlink(missing_ok=True)
+    return run_id
 
 
 def artifact_root(uri: str) -> Optional[str]:
@@ -268,30 +342,6 @@ def standard_tags(plain_cfg: Mapping[str, Any], code: Mapping[str, Any], extra: 
     }
     tags.update(dict(extra))
     return tags
-
-
-def log_standard_run(
-    logger: RunLogger,
-    plain_cfg: Mapping[str, Any],
-    *,
-    metrics: Mapping[str, Optional[float]],
-    checks: Mapping[str, bool],
-    tags: Mapping[str, Any],
-    history: Mapping[str, Sequence[Tuple[int, Optional[float]]]] = (),
-    artifacts: Sequence[Tuple[Path, Optional[str]]] = (),
-    log_artifacts: bool = True,
-) -> None:
-    """What every job logs: flattened masked params, metrics, history, checks, tags, artifacts."""
-    logger.log_params(mask_secrets(flatten(plain_cfg)))
-    logger.log_metrics(metrics)
-    if history:
-        logger.log_history(history)
-    if checks:
-        logger.log_checks(checks)
-    logger.set_tags(tags)
-    if log_artifacts:
-        for path, artifact_path in artifacts:
-            logger.log_artifact(path, artifact_path)
 
 
 def search_job_runs(tracking_cfg: Any, job_name: str, limit: int) -> Tuple[Any, List[Any]]:

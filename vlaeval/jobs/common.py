@@ -69,8 +69,9 @@ def publish(
     extra_artifacts: Sequence[Tuple[Path, Optional[str]]] = (),
     artifact_file: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Write the result locally (atomic) first, then log the run to MLflow. With `artifact_file`,
-    result["artifact"] is also written on its own under that name (e.g. the gradient artifact)."""
+    """Write the result locally (atomic) first, then log the run to MLflow (spooled for job=sync
+    if the store cannot be reached). With `artifact_file`, result["artifact"] is also written on
+    its own under that name (e.g. the gradient artifact)."""
     plain = to_plain(cfg)
     out = output_dir(cfg)
     all_tags = tracking.standard_tags(plain, code, tags)
@@ -84,12 +85,10 @@ def publish(
         artifacts.append((artifact_path, None))
     result_path = atomic_write_json(out / RESULT_FILE, result)
     artifacts.insert(0, (result_path, None))
-    with tracking.open_run(cfg.tracking, job_name, run_name=run_name, start_time_ms=started_ms,
-                           tags=all_tags, result_path=result_path) as logger:
-        if logger is not None:
-            tracking.log_standard_run(logger, plain, metrics=metrics, checks=checks, tags=all_tags,
-                                      history=history, artifacts=artifacts,
-                                      log_artifacts=cfg.tracking.log_artifacts)
-            result["mlflow_run_id"] = logger.run_id
+    if cfg.tracking.enabled:
+        record = tracking.build_record(cfg.tracking, job_name, run_name=run_name, start_time_ms=started_ms,
+                                       plain_cfg=plain, metrics=metrics, checks=checks, tags=all_tags,
+                                       history=history, artifacts=artifacts, base_dir=out)
+        result["mlflow_run_id"] = tracking.record_run(cfg.tracking, record, out, result_path)
     result["result_path"] = str(result_path)
     return result

@@ -1,0 +1,151 @@
+"""tracking=server against a real `mlflow server`: PostgreSQL backend with proxied artifacts and
+joblib sweeps; the server down before a run and killed mid-run, then job=sync -- nothing lost."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+from conftest import run_main
+from reliability import record_outcome
+from servers import KillingProxy, MlflowServer, postgres_server
+from test_audit import AUDIT_SMALL
+
+GAUNTLET_SMALL = ["strata=small", "gauntlet.plot=false"]
+
+
+def _experiment_runs(client: MlflowClient, name: str, view=ViewType.ACTIVE_ONLY):
+    experiment = client.get_experiment_by_name(name)
+    return [] if experiment is None else client.search_runs([experiment.experiment_id], run_view_type=view,
+                                                            max_results=1000)
+
+
+def _assert_run_matches_its_result(client: MlflowClient, run, workdir: Path) -> dict:
+    """Every metric and gate check in the local result.json arrived, and so did the artifacts."""
+    result = json.loads(Path(client.download_artifacts(run.info.run_id, "result.json", str(workdir))).read_text())
+    for key, value in result["metrics"].items():
+        if value is not None:
+            assert run.data.metrics[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+    for name, ok in result["checks"].items():
+        assert run.data.metrics[f"gate.{name}"] == float(ok)
+    assert run.data.tags["gate.pass"] == str(all(result["checks"].values())).lower()
+    assert run.data.params["job.name"] == result["job"]
+    assert run.data.tags["config.sha256"] == result["config_sha256"]
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "hydra")} >= {"hydra/config.yaml", "hydra/overrides.yaml"}
+    return result
+
+
+def _check_sweep(client: MlflowClient, experiment: str, workdir: Path, expected_children: int):
+    runs = _experiment_runs(client, experiment)
+    parents = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"]
+    children = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "job"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == expected_children
+    assert sorted(int(c.data.tags["hydra.job_num"]) for c in children) == list(range(expected_children))
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert child.info.artifact_uri.startswith("mlflow-artifacts:/")  # proxied through the server
+        assert len(child.data.params) > 100  # the whole flattened config
+        _assert_run_matches_its_result(client, child, workdir)
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"sweep_summary.json", "sweep_summary.md"}
+    return children
+
+
+@pytest.mark.slow
+def test_joblib_sweeps_against_a_postgres_backed_tracking_server(tmp_path, workdir):
+    artifacts = tmp_path / "artifact-store"
+    with postgres_server() as backend, MlflowServer(backend, artifacts, tmp_path / "mlflow-server.log") as server:
+        env = {"MLFLOW_TRACKING_URI": server.uri, "VLAEVAL_CACHE_DIR": str(workdir / "cache")}
+        launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "tracking=server"]
+        audit = run_main(["-m", "job=residual_audit", "estimator=iid,sobol", *AUDIT_SMALL, "audit.plot=false", *launcher],
+                         workdir, env=env)
+        assert audit.returncode == 0, audit.stderr[-4000:]
+        gauntlet = run_main(["-m", "effects=none,catastrophic_safety", *GAUNTLET_SMALL, *launcher], workdir, env=env)
+        assert gauntlet.returncode == 0, gauntlet.stderr[-4000:]
+
+        client = MlflowClient(tracking_uri=server.uri)
+        audits = _check_sweep(client, "vlaeval-residual_audit", workdir, 2)
+        assert {c.data.params["estimator.kind"] for c in audits} == {"iid", "sobol"}
+        assert all(len([k for k in c.data.metrics if k.startswith("gate.")]) == 7 for c in audits)
+        gauntlets = _check_sweep(client, "vlaeval-gauntlet", workdir, 2)
+        assert sorted(c.data.tags["halted"] for c in gauntlets) == ["false", "true"]
+        assert all(len(client.get_metric_history(c.info.run_id, "stratum.safety_critical.cs_lower")) > 1 for c in gauntlets)
+        assert not any(workdir.rglob("mlflow_pending.json"))  # nothing queued: every run arrived
+        # The artifacts really went through the server into its artifact store.
+        assert any(artifacts.rglob("result.json")) and any(artifacts.rglob("sweep_summary.md"))
+    record_outcome("tracking", "joblib sweeps (2 audits, 2 gauntlets) against mlflow server + PostgreSQL",
+                   "every child FINISHED under its parent, params, gate metrics and artifacts arrived; 0 runs lost")
+
+
+def _sqlite_server(tmp_path: Path, migrated_store: Path, port=None) -> MlflowServer:
+    db = tmp_path / "server.db"
+    if not db.exists():
+        shutil.copy(migrated_store, db)
+    return MlflowServer(f"sqlite:///{db}", tmp_path / "server-artifacts", tmp_path / "mlflow-server.log", port=port)
+
+
+def _sync(workdir: Path, uri: str):
+    return run_main(["job=sync", "tracking=server"], workdir, env={"MLFLOW_TRACKING_URI": uri})
+
+
+def test_server_down_before_the_run_saves_locally_and_sync_uploads_it(tmp_path, workdir, migrated_store):
+    server = _sqlite_server(tmp_path, migrated_store)  # not started yet: the port is closed
+    proc = run_main(GAUNTLET_SMALL + ["tracking=server"], workdir, env={"MLFLOW_TRACKING_URI": server.uri})
+    assert proc.returncode == 3
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and f"MLflow tracking at {server.uri} failed" in error[0]
+    run_dir = next(workdir.glob("outputs/*_gauntlet"))
+    assert f"the result is saved at {run_dir / 'result.json'}" in error[0] and "job=sync" in error[0]
+    assert (run_dir / "mlflow_pending.json").is_file()
+    local = json.loads((run_dir / "result.json").read_text())
+
+    with server:
+        synced = _sync(workdir, server.uri)
+        assert synced.returncode == 0, synced.stderr[-3000:]
+        assert "1 uploaded, 0 failed" in synced.stdout
+        again = _sync(workdir, server.uri)  # nothing left to do, nothing duplicated
+        assert again.returncode == 0 and "0 uploaded, 0 failed, of 0 queued" in again.stdout
+        client = MlflowClient(tracking_uri=server.uri)
+        runs = _experiment_runs(client, "vlaeval-gauntlet")
+        assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+        result = _assert_run_matches_its_result(client, runs[0], tmp_path)
+        assert result["gauntlet_id"] == local["gauntlet_id"]
+    assert not (run_dir / "mlflow_pending.json").exists()
+    assert json.loads((run_dir / "mlflow_synced.json").read_text())["run_id"] == runs[0].info.run_id
+    record_outcome("tracking", "tracking server down before the run",
+                   "exit 3, one-line error naming the saved result and job=sync; sync uploaded it once; 0 lost")
+
+
+def test_server_killed_mid_run_then_sync_replaces_the_partial_run(tmp_path, workdir, migrated_store):
+    server = _sqlite_server(tmp_path, migrated_store).start()
+    try:
+        with KillingProxy(server) as proxy:
+            proc = run_main(GAUNTLET_SMALL + ["tracking=server"], workdir, env={"MLFLOW_TRACKING_URI": proxy.uri})
+            assert proxy.killed.is_set(), "the server was never killed: the run did not reach log-batch"
+    finally:
+        server.stop()
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "failed" in proc.stderr and "job=sync" in proc.stderr
+    run_dir = next(workdir.glob("outputs/*_gauntlet"))
+    pending = json.loads((run_dir / "mlflow_pending.json").read_text())
+    assert pending["partial_run_id"]  # the run had been created when the server died
+
+    with _sqlite_server(tmp_path, migrated_store) as restarted:  # same store, back up
+        client = MlflowClient(tracking_uri=restarted.uri)
+        half = client.get_run(pending["partial_run_id"])
+        assert half.info.status == "RUNNING" and "gate.pass" not in half.data.tags
+        synced = _sync(workdir, restarted.uri)
+        assert synced.returncode == 0, synced.stderr[-3000:]
+        active = _experiment_runs(client, "vlaeval-gauntlet")
+        assert len(active) == 1 and active[0].info.run_id != pending["partial_run_id"]
+        _assert_run_matches_its_result(client, active[0], tmp_path)
+        deleted = _experiment_runs(client, "vlaeval-gauntlet", ViewType.DELETED_ONLY)
+        assert [r.info.run_id for r in deleted] == [pending["partial_run_id"]]
+    record_outcome("tracking", "tracking server SIGKILLed mid-run (after the run was created)",
+                   "exit 3, result saved locally; sync deleted the partial run and uploaded the whole one; 0 lost")

@@ -1,0 +1,54 @@
+"""job=sync: upload the runs that were saved locally while the tracking store was unreachable.
+
+Find every queued run (mlflow_pending.json beside a result) under sync.paths; upload each to the
+configured store -- once: a run already there under the same record id is not uploaded again, and
+a partial run a killed upload left behind is deleted first; replace the queue file by a receipt
+(mlflow_synced.json) naming the run; report what was uploaded and what still failed (exit 3).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List
+
+from omegaconf import DictConfig
+
+from vlaeval import console, tracking
+from vlaeval.artifacts import atomic_write_json, read_json
+from vlaeval.config import require
+from vlaeval.jobs.common import output_dir
+
+SYNCED_FILE = "mlflow_synced.json"
+
+
+def run(cfg: DictConfig) -> Dict[str, Any]:
+    require(cfg.tracking.enabled, "job=sync uploads to a tracking store: drop tracking=disabled "
+                                  "(use tracking=server or tracking.uri=<store>)")
+    roots = [Path(str(p)) for p in cfg.sync.paths]
+    uri = tracking.resolve_uri(cfg.tracking)
+    tracking.configure_http(cfg.tracking)
+    queued = sorted(q for root in roots if root.is_dir() for q in root.rglob(tracking.PENDING_FILE))
+    rows: List[Dict[str, Any]] = []
+    for pending in queued:
+        record = read_json(pending)
+        row = {"run_dir": str(pending.parent), "experiment": record["experiment"], "record_id": record["record_id"]}
+        try:
+            row["run_id"] = tracking.upload_record(uri, record, pending.parent)
+            row["status"] = "uploaded"
+            atomic_write_json(pending.parent / SYNCED_FILE, {"tracking_uri": uri, **row})
+            pending.unlink()
+        except Exception as error:
+            row["status"] = f"failed: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        rows.append(row)
+    report = {"tracking_uri": uri, "searched": [str(r) for r in roots], "runs": rows,
+              "uploaded": sum(r["status"] == "uploaded" for r in rows),
+              "failed": sum(r["status"] != "uploaded" for r in rows)}
+    atomic_write_json(output_dir(cfg) / "sync.json", report)
+    console.show(console.table(f"Queued runs synced to {uri}", ["run dir", "experiment", "run id", "status"],
+                               [(r["run_dir"], r["experiment"], r.get("run_id", "-"), r["status"]) for r in rows]))
+    console.show(f"{report['uploaded']} uploaded, {report['failed']} failed, of {len(rows)} queued under "
+                 f"{', '.join(report['searched'])}")
+    if report["failed"]:
+        raise tracking.TrackingError(f"{report['failed']} queued run(s) could not be uploaded to {uri}; they stay "
+                                     "queued: run job=sync again once the store is reachable")
+    return report
