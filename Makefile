@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast ui bench clean
+.PHONY: demo test test-fast ui bench clean system-packages
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) main.py job=residual_audit
 
-test: $(STAMP)
+# PostgreSQL for the tracking-server tests (apt-get, when root and missing).
+system-packages:
+	@scripts/system_packages.sh
+
+test: $(STAMP) system-packages
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

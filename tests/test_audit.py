@@ -11,6 +11,7 @@ import pytest
 from scipy.stats import kendalltau, spearmanr
 
 from conftest import compose_config, run_main
+from reliability import record_outcome
 from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
 from vlaeval.audit.statistics import information_to_baseline_ratio, oracle_ratio, permutation_control, proposal_distribution
 from vlaeval.data.anchors import draw
@@ -190,7 +191,8 @@ def test_audit_job_end_to_end(audit_run):
 
 def _bad_artifact(audit_run, mutate, name):
     work, _, artifact, _ = audit_run
-    bad = mutate(copy.deepcopy(artifact))
+    # A hand-edited artifact without vlaeval's own digest: the checks below must catch each edit.
+    bad = mutate({k: v for k, v in copy.deepcopy(artifact).items() if k != "content_sha256"})
     path = work / f"{name}.json"
     path.write_text(bad if isinstance(bad, str) else json.dumps(bad))
     return path
@@ -229,6 +231,8 @@ def test_bad_audit_input_is_one_line_and_writes_nothing(audit_run, case):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert set(work.rglob("*")) == before
+    area = "gradient artifacts" if not extra else "configs"
+    record_outcome(area, case, f"exit 2, nothing written: `{lines[0][:220]}`", kind="bad input")
 
 
 @pytest.mark.slow

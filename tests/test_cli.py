@@ -8,6 +8,7 @@ import json
 import pytest
 
 from conftest import compose_config, run_main, typed_gauntlet
+from reliability import record_outcome
 from test_outcome_files import outcome_table
 
 
@@ -50,6 +51,8 @@ def test_bad_input_is_one_line_and_writes_nothing(workdir, case):
     assert "Traceback" not in proc.stdout + proc.stderr
     after = {p for p in workdir.rglob("*")}
     assert after == before, f"files written: {sorted(map(str, after - before))}"
+    area = "outcome files" if "outcomes" in " ".join(args) else "configs"
+    record_outcome(area, case, f"exit 2, nothing written: `{lines[0]}`", kind="bad input")
 
 
 def _comparable(result):
@@ -80,3 +83,4 @@ def test_tracking_failure_keeps_the_result_and_says_where(workdir):
     assert str(run_dir / "result.json") in proc.stderr.replace("\n", "")
     saved = json.loads((run_dir / "result.json").read_text())
     assert saved["recommendation"]["recommendation"] == "LAUNCH"
+    record_outcome("tracking", "tracking URI with nothing listening", "exit 3; result.json saved and named in the error")

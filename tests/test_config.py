@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from conftest import CONF, MAIN, REPO, compose_config, typed_gauntlet
+from reliability import record_outcome
 from vlaeval.config import DataLabel, StratumConfig
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "sweep")
@@ -61,6 +62,7 @@ def test_typo_fails_at_compose_time(override):
     with pytest.raises(ConfigCompositionException) as info:
         compose_config([override])
     assert isinstance(info.value.__cause__, (ConfigKeyError, ValidationError)) or "not in" in str(info.value.__cause__)
+    record_outcome("configs", f"typo {override}", "fails at compose time against the structured-config schema", kind="bad input")
 
 
 @pytest.mark.parametrize("override", [
@@ -72,6 +74,8 @@ def test_typo_fails_at_compose_time(override):
 def test_wrong_type_fails_at_compose_time(override):
     with pytest.raises(ConfigCompositionException):
         compose_config([override])
+    record_outcome("configs", f"wrong type {override}", "fails at compose time against the structured-config schema",
+                   kind="bad input")
 
 
 def test_typo_on_the_command_line_is_a_clear_hydra_error(tmp_path):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import compose_config, typed_gauntlet
+from reliability import record_outcome
 from vlaeval.config import UserInputError
 from vlaeval.gauntlet import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW, ArrayCache, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet import outcomes as outcomes_module
@@ -152,6 +153,8 @@ def test_corrupt_cache_entry_is_recomputed(tmp_path, damage):
     assert strata_view(recovered) == strata_view(clean)
     again, _ = gauntlet(cache_dir=tmp_path)  # the rewritten entry is sound
     assert again["cache"]["hits"] == 6 and again["cache"]["corrupt_recomputed"] == 0
+    record_outcome("caches", f"gauntlet outcome cache entry: {damage}",
+                   "detected by its digest, reported in result cache.corrupt_entries, recomputed; identical results")
 
 
 def test_generator_version_bump_is_a_miss(tmp_path, monkeypatch):
@@ -202,3 +205,4 @@ def test_bad_gauntlet_config_is_one_line(override, needle):
         validate_gauntlet(settings, strata, effects)
     assert needle in str(info.value)
     assert "\n" not in str(info.value)
+    record_outcome("configs", override, f"one-line error before any work: `{info.value}`", kind="bad input")

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from conftest import compose_config, typed_gauntlet
+from reliability import record_outcome
 from vlaeval.config import UserInputError
 from vlaeval.gauntlet import ArrayCache, FileOutcomes, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.outcomes import OutcomeRequest, synthetic_paired_outcomes
@@ -86,6 +87,7 @@ def test_bad_outcome_files_are_one_line_errors(tmp_path, small, mutate, needle):
     with pytest.raises(UserInputError) as info:
         FileOutcomes(path).validate(strata, {})
     assert needle in str(info.value) and "\n" not in str(info.value)
+    record_outcome("outcome files", needle, f"refused before any unit is read: `{info.value}`", kind="bad input")
 
 
 def test_file_source_refuses_planted_effects_and_missing_paths(tmp_path, small):

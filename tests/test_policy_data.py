@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO, compose_config, run_main
+from reliability import record_outcome
 from vlaeval.config import UserInputError
 from vlaeval.data.anchors import TRACE_FIELDS, build_anchors, draw
 from vlaeval.policy import FlowMatchingPolicy
@@ -126,6 +127,8 @@ def test_pickled_code_checkpoint_is_refused(workdir, tmp_path):
     assert not any((workdir / "outputs").glob("*")) if (workdir / "outputs").exists() else True
     with pytest.raises(UserInputError, match="pickled code"):
         load_state_dict(evil)
+    record_outcome("checkpoints", "checkpoint holding pickled code (os.system)",
+                   "exit 2: refused by weights-only loading, nothing written", kind="bad input")
 
 
 def test_modified_checkpoint_is_refused_and_builtin_retrains(small, tmp_path):
@@ -138,6 +141,8 @@ def test_modified_checkpoint_is_refused_and_builtin_retrains(small, tmp_path):
         load_state_dict(handle.path)
     again = obtain_policy(cfg, data)  # the builtin slot is recomputed, never trusted
     assert again.trained_now and again.sha256 == handle.sha256
+    record_outcome("checkpoints", "one bit flipped in a checkpoint",
+                   "refused: does not match the sha256 in its sidecar; the cached builtin one is retrained, same digest")
 
 
 @pytest.mark.parametrize("trainable", ["action_head", "all"])
@@ -211,6 +216,7 @@ def test_bad_data_and_gradient_input_is_one_line_and_writes_nothing(workdir, ove
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert set(workdir.rglob("*")) == before
+    record_outcome("configs", override, f"exit 2, nothing written: `{lines[0]}`", kind="bad input")
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from conftest import run_main, sqlite_uri
+from reliability import record_outcome
 from vlaeval.tracking import flatten, mask_secrets
 
 
@@ -102,6 +103,8 @@ def test_reproduce_refuses_targets_outside_vlaeval(workdir):
     assert proc.returncode == 2
     assert "outcomes._target_='os.system', outside the 'vlaeval.' namespace: refused" in proc.stderr
     assert not any(workdir.glob("outputs/*"))
+    record_outcome("configs", "saved config with _target_: os.system, reproduced",
+                   "exit 2: refused before anything is instantiated, nothing written", kind="bad input")
 
 
 def _check_sweep(uri, sweep_root, expected_children):

@@ -79,6 +79,16 @@ def test_joblib_sweeps_against_a_postgres_backed_tracking_server(tmp_path, workd
         assert not any(workdir.rglob("mlflow_pending.json"))  # nothing queued: every run arrived
         # The artifacts really went through the server into its artifact store.
         assert any(artifacts.rglob("result.json")) and any(artifacts.rglob("sweep_summary.md"))
+        # The same database used directly, with a password in the URI: logged masked, never in clear.
+        secret_uri = backend.replace("vlaeval@", "vlaeval:hunter2@")
+        direct = run_main(["job=plan", "gauntlet.plan_replications=50", f"tracking.uri={secret_uri}"], workdir)
+        assert direct.returncode == 0, direct.stderr[-3000:]
+        assert "hunter2" not in direct.stdout + direct.stderr
+        [plan] = _experiment_runs(client, "vlaeval-plan")
+        assert plan.data.params["tracking.uri"] == backend.replace("vlaeval@", "vlaeval:*****@")
+        assert "hunter2" not in json.dumps({"params": plan.data.params, "tags": plan.data.tags})
+    record_outcome("tracking", "password in a postgresql:// tracking URI, on a real run",
+                   "params hold vlaeval:*****@; the password appears in no param, tag or console line", kind="bad input")
     record_outcome("tracking", "joblib sweeps (2 audits, 2 gauntlets) against mlflow server + PostgreSQL",
                    "every child FINISHED under its parent, params, gate metrics and artifacts arrived; 0 runs lost")
 

@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -66,11 +67,37 @@ def stable_seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(canonical_json(list(parts)).encode()).digest()[:8], "big") >> 1
 
 
+TEMP_SUFFIX = ".tmp"
+# Temporary names carry host and pid, so a later job can tell a dead writer's leftovers (SIGKILL
+# skips the clean-up below) from a live writer's file in a shared cache.
+_WRITER = f"{socket.gethostname()}-{os.getpid()}"
+
+
+def remove_stale_temporaries(root: str | os.PathLike) -> list[Path]:
+    """Delete temporary files under `root` left by writers on this host that no longer run."""
+    removed = []
+    host = socket.gethostname()
+    for tmp in Path(root).rglob(f".*{TEMP_SUFFIX}") if Path(root).is_dir() else ():
+        writer = tmp.name[:-len(TEMP_SUFFIX)].rsplit(".", 2)
+        if len(writer) != 3 or not writer[1].startswith(f"{host}-"):
+            continue
+        try:
+            os.kill(int(writer[1][len(host) + 1:]), 0)
+            continue  # its writer is alive
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
 def atomic_write_bytes(path: str | os.PathLike, write: Callable[[io.BufferedWriter], None]) -> Path:
     """Call write(file) on a temporary file beside `path`, fsync, then rename it over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_WRITER}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)

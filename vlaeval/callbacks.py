@@ -65,7 +65,7 @@ class SweepTrackingCallback(Callback):
             "vlaeval.run_kind": "sweep_parent",
             "vlaeval.job": job_name,
             "hydra.sweep_dir": str(sweep_dir),
-            "hydra.overrides": overrides or "(none)",
+            "hydra.overrides": tracking.redact_uri(overrides) or "(none)",
             "hydra.launcher": str(config.hydra.launcher.get("_target_", "")),
         })
         self._parent = {"run_id": run.info.run_id, "experiment_id": experiment_id, "tracking_uri": uri,

@@ -32,6 +32,7 @@ def run_job(cfg: DictConfig) -> float | None:
     from vlaeval.tracking import TrackingError
 
     try:
+        _clean_cache(cfg)
         result = dispatch(cfg)
     except UserInputError as error:
         console.print_error(str(error))
@@ -43,6 +44,17 @@ def run_job(cfg: DictConfig) -> float | None:
     # A number Hydra sweepers can optimise: 1.0 when every gate check passed.
     checks = result.get("checks") if isinstance(result, dict) else None
     return float(all(checks.values())) if checks else None
+
+
+def _clean_cache(cfg: DictConfig) -> None:
+    """A job killed mid-write (SIGKILL) leaves a temporary file, never a partial cache entry: the
+    next job removes such leftovers."""
+    import logging
+
+    from vlaeval.artifacts import remove_stale_temporaries
+
+    for leftover in remove_stale_temporaries(str(cfg.paths.cache_dir)):
+        logging.getLogger(__name__).warning("removed %s, left by a job that was killed while writing it", leftover)
 
 
 def _hydra_output_dir() -> str | None:

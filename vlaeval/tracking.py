@@ -27,6 +27,7 @@ MAX_PARAM_CHARS = 6000
 MAX_TAG_CHARS = 8000
 SECRET_KEY = re.compile(r"(password|passwd|secret|token|credential|(^|_)key$|api_?key|access_?key)", re.I)
 MASK = "*****"
+URI_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]+:)[^@\s]+(@)", re.I)
 # Config sections that do not change a run's numbers: left out of the config digest.
 VOLATILE_SECTIONS = ("paths", "tracking")
 
@@ -86,9 +87,19 @@ def flatten(value: Any, prefix: str = "") -> Dict[str, Any]:
     return out
 
 
+def redact_uri(uri: str) -> str:
+    return URI_PASSWORD.sub(rf"\g<1>{MASK}\g<2>", uri)
+
+
 def mask_secrets(flat: Mapping[str, Any]) -> Dict[str, Any]:
-    return {k: (MASK if SECRET_KEY.search(k.rsplit(".", 1)[-1]) and v not in (None, "") else v)
-            for k, v in flat.items()}
+    """Values under secret-looking keys become *****, and so do passwords inside URIs
+    (postgresql://user:pw@host -> postgresql://user:*****@host) under any key."""
+    def masked(key: str, value: Any) -> Any:
+        if SECRET_KEY.search(key.rsplit(".", 1)[-1]) and value not in (None, ""):
+            return MASK
+        return URI_PASSWORD.sub(rf"\g<1>{MASK}\g<2>", value) if isinstance(value, str) else value
+
+    return {k: masked(k, v) for k, v in flat.items()}
 
 
 def _clip(text: str, limit: int) -> str:
@@ -196,22 +207,18 @@ def build_record(
     history: Mapping[str, Sequence[Tuple[int, Optional[float]]]],
     artifacts: Sequence[Tuple[Path, Optional[str]]],
     base_dir: Path,
+    cache_dir: str | Path,
 ) -> Dict[str, Any]:
     """Everything one MLflow run holds, as JSON: what is uploaded now, or spooled and synced later.
 
     `record_id` is tagged on the run, so an upload that is retried never makes a second run.
-    Artifact paths inside `base_dir` are stored relative to it (the folder may be moved).
+    Artifacts are stored relative to the run folder (which may be moved) or the cache.
     """
     parent = read_parent_run(hydra_runtime().get("sweep_dir"))
     all_tags = {"mlflow.runName": run_name, "vlaeval.job": job_name, **tags}
     if parent is not None:
         all_tags["mlflow.parentRunId"] = parent["run_id"]
-    base = base_dir.resolve()
-
-    def stored(path: Path) -> str:
-        path = Path(path).resolve()
-        return str(path.relative_to(base)) if path.is_relative_to(base) else str(path)
-
+    roots = {"run": str(base_dir.resolve()), "cache": str(Path(cache_dir).resolve())}
     return {
         "schema_version": RECORD_SCHEMA_VERSION,
         "record_id": uuid.uuid4().hex,
@@ -221,10 +228,33 @@ def build_record(
         "metrics": dict(metrics),
         "history": {k: [[int(s), v] for s, v in points] for k, points in dict(history).items()},
         "checks": {k: bool(v) for k, v in checks.items()},
-        "tags": {k: str(v) for k, v in all_tags.items() if v is not None},
-        "artifacts": [[stored(path), artifact_path] for path, artifact_path in artifacts] if tracking_cfg.log_artifacts else [],
+        "tags": {k: redact_uri(str(v)) for k, v in all_tags.items() if v is not None},  # overrides may hold a URI
+        "cache_dir": roots["cache"],
+        "artifacts": [stored_artifact(path, artifact_path, roots) for path, artifact_path in artifacts]
+                     if tracking_cfg.log_artifacts else [],
         "partial_run_id": None,
     }
+
+
+def stored_artifact(path: Path, artifact_path: Optional[str], roots: Mapping[str, str]) -> Dict[str, Any]:
+    """An artifact as {root, path, artifact_path}: a path relative to the run folder or the cache."""
+    resolved = Path(path).resolve()
+    for root, folder in roots.items():
+        if resolved.is_relative_to(folder):
+            return {"root": root, "path": str(resolved.relative_to(folder)), "artifact_path": artifact_path}
+    raise ValueError(f"artifact {path} lies outside the run folder and the cache; refusing to log it")
+
+
+def artifact_source(entry: Mapping[str, Any], roots: Mapping[str, Path]) -> Path:
+    """The file behind a stored artifact; a (tampered) entry that escapes its root is refused."""
+    destination = entry.get("artifact_path") or ""
+    if destination.startswith("/") or ".." in Path(destination).parts:
+        raise TrackingError(f"queued artifact destination {destination!r} escapes the run's artifact root; refused")
+    root = roots.get(entry.get("root"))
+    source = (root / entry["path"]).resolve() if root is not None else None
+    if source is None or not source.is_relative_to(root.resolve()):
+        raise TrackingError(f"queued artifact {entry.get('path')!r} escapes its folder ({entry.get('root')}); refused")
+    return source
 
 
 def find_uploaded(client: Any, record: Mapping[str, Any]) -> Optional[str]:
@@ -252,6 +282,8 @@ def upload_record(uri: str, record: Dict[str, Any], base_dir: Path,
     if record.get("partial_run_id"):
         with contextlib.suppress(Exception):  # already gone, or never reached the server
             client.delete_run(record["partial_run_id"])
+    roots = {"run": Path(base_dir), "cache": Path(record["cache_dir"])}
+    sources = [(artifact_source(entry, roots), entry["artifact_path"]) for entry in record["artifacts"]]
     experiment_id = get_or_create_experiment(client, record["experiment"])
     tags = {**record["tags"], "vlaeval.record_id": record["record_id"]}
     run = client.create_run(experiment_id, start_time=record["start_time_ms"],
@@ -267,8 +299,8 @@ def upload_record(uri: str, record: Dict[str, Any], base_dir: Path,
             logger.log_history({k: [(s, v) for s, v in points] for k, points in record["history"].items()})
         if record["checks"]:
             logger.log_checks(record["checks"])
-        for path, artifact_path in record["artifacts"]:
-            logger.log_artifact(base_dir / path, artifact_path)
+        for path, artifact_path in sources:
+            logger.log_artifact(path, artifact_path)
         client.set_terminated(run_id, status="FINISHED")
     except BaseException as error:
         with contextlib.suppress(Exception):
@@ -292,7 +324,7 @@ def record_run(tracking_cfg: Any, record: Dict[str, Any], base_dir: Path, result
     try:
         run_id = upload_record(uri, record, base_dir, on_created=remember)
     except Exception as error:
-        raise TrackingError(f"MLflow tracking at {uri} failed ({type(error).__name__}: {_first_line(error)[:200]}); "
+        raise TrackingError(f"MLflow tracking at {redact_uri(uri)} failed ({type(error).__name__}: {_first_line(error)[:200]}); "
                             f"the result is saved at {result_path} and the run is queued in {pending}: upload it "
                             f"with `python main.py job=sync sync.paths=[{base_dir}]` once the store is back") from error
     pending.unlink(missing_ok=True)

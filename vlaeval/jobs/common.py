@@ -88,7 +88,8 @@ def publish(
     if cfg.tracking.enabled:
         record = tracking.build_record(cfg.tracking, job_name, run_name=run_name, start_time_ms=started_ms,
                                        plain_cfg=plain, metrics=metrics, checks=checks, tags=all_tags,
-                                       history=history, artifacts=artifacts, base_dir=out)
+                                       history=history, artifacts=artifacts, base_dir=out,
+                                       cache_dir=str(cfg.paths.cache_dir))
         result["mlflow_run_id"] = tracking.record_run(cfg.tracking, record, out, result_path)
     result["result_path"] = str(result_path)
     return result

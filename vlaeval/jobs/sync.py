@@ -26,6 +26,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                                   "(use tracking=server or tracking.uri=<store>)")
     roots = [Path(str(p)) for p in cfg.sync.paths]
     uri = tracking.resolve_uri(cfg.tracking)
+    shown_uri = tracking.redact_uri(uri)
     tracking.configure_http(cfg.tracking)
     queued = sorted(q for root in roots if root.is_dir() for q in root.rglob(tracking.PENDING_FILE))
     rows: List[Dict[str, Any]] = []
@@ -35,20 +36,20 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         try:
             row["run_id"] = tracking.upload_record(uri, record, pending.parent)
             row["status"] = "uploaded"
-            atomic_write_json(pending.parent / SYNCED_FILE, {"tracking_uri": uri, **row})
+            atomic_write_json(pending.parent / SYNCED_FILE, {"tracking_uri": shown_uri, **row})
             pending.unlink()
         except Exception as error:
             row["status"] = f"failed: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         rows.append(row)
-    report = {"tracking_uri": uri, "searched": [str(r) for r in roots], "runs": rows,
+    report = {"tracking_uri": shown_uri, "searched": [str(r) for r in roots], "runs": rows,
               "uploaded": sum(r["status"] == "uploaded" for r in rows),
               "failed": sum(r["status"] != "uploaded" for r in rows)}
     atomic_write_json(output_dir(cfg) / "sync.json", report)
-    console.show(console.table(f"Queued runs synced to {uri}", ["run dir", "experiment", "run id", "status"],
+    console.show(console.table(f"Queued runs synced to {shown_uri}", ["run dir", "experiment", "run id", "status"],
                                [(r["run_dir"], r["experiment"], r.get("run_id", "-"), r["status"]) for r in rows]))
     console.show(f"{report['uploaded']} uploaded, {report['failed']} failed, of {len(rows)} queued under "
                  f"{', '.join(report['searched'])}")
     if report["failed"]:
-        raise tracking.TrackingError(f"{report['failed']} queued run(s) could not be uploaded to {uri}; they stay "
+        raise tracking.TrackingError(f"{report['failed']} queued run(s) could not be uploaded to {shown_uri}; they stay "
                                      "queued: run job=sync again once the store is reachable")
     return report

@@ -4,6 +4,7 @@ config hash, or loaded from a given checkpoint (`checkpoint=path checkpoint.path
 from __future__ import annotations
 
 import fcntl
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
@@ -21,6 +22,8 @@ from vlaeval.policy.tiny_vla import bag_of_words, vocabulary
 from vlaeval.policy.training import train_policy
 
 # Training settings that do not change the trained weights (left out of the cache key).
+log = logging.getLogger(__name__)
+
 NON_WEIGHT_TRAIN_KEYS = ("log_every", "evaluate_after")
 
 
@@ -108,6 +111,6 @@ def obtain_policy(cfg: DictConfig, data: PolicyData,
         if path.is_file():
             try:
                 return load_policy(cfg, data, path)
-            except UserInputError:
-                pass  # a corrupt cached checkpoint is retrained, never trusted
+            except UserInputError as error:  # a corrupt cached checkpoint is reported and retrained
+                log.warning("cached checkpoint rejected, retraining it: %s", error)
         return train_and_save(cfg, data, path, progress)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -15,6 +16,8 @@ from vlaeval.artifacts import atomic_write_json, sha256_file, sha256_json
 from vlaeval.config import UserInputError, require, to_plain
 from vlaeval.data.anchors import TRACE_FIELDS, draw
 from vlaeval.residual.gradients import gradient_measurements, split_half_reliability
+
+log = logging.getLogger(__name__)
 
 ARTIFACT_SCHEMA_VERSION = 1
 REQUIRED_ANCHOR_FIELDS = ("gradient_rms", "mean_gradient_loss", "sampling_trace")
@@ -34,7 +37,7 @@ def build_gradient_artifact(cfg: DictConfig, data: Any, handle: Any) -> Dict[str
     per_seed_rms = np.sqrt(measured["sq_norms"] / p)
     gradient_rms = np.sqrt(measured["sq_norms"].mean(axis=0) / p)
     mean_loss = measured["losses"].mean(axis=0)
-    return {
+    artifact = {
         "schema_version": ARTIFACT_SCHEMA_VERSION,
         "checkpoint_sha256": handle.sha256,
         "manifest_sha256": data.demonstrations.manifest_sha256,
@@ -53,6 +56,12 @@ def build_gradient_artifact(cfg: DictConfig, data: Any, handle: Any) -> Dict[str
              "per_seed": {"gradient_rms": per_seed_rms[:, i].tolist(), "loss": measured["losses"][:, i].tolist()}}
             for i in range(anchor_index.size)],
     }
+    return {**artifact, "content_sha256": content_digest(artifact)}
+
+
+def content_digest(artifact: Dict[str, Any]) -> str:
+    """sha256 of the artifact's canonical JSON without its own digest field."""
+    return sha256_json({k: v for k, v in artifact.items() if k != "content_sha256"})
 
 
 def cached_gradient_artifact(cfg: DictConfig, data: Any, handle: Any) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
@@ -65,8 +74,8 @@ def cached_gradient_artifact(cfg: DictConfig, data: Any, handle: Any) -> Tuple[D
     if path.is_file():
         try:
             return load_gradient_artifact(path)
-        except UserInputError:
-            pass  # a damaged cache entry is rebuilt, never trusted
+        except UserInputError as error:  # a damaged cache entry is reported and rebuilt, never trusted
+            log.warning("cached gradient artifact rejected, rebuilding it: %s", error)
     atomic_write_json(path, build_gradient_artifact(cfg, data, handle))
     return load_gradient_artifact(path)
 
@@ -80,6 +89,10 @@ def load_gradient_artifact(path: Path) -> Tuple[Dict[str, Any], List[Dict[str, A
         raise UserInputError(f"gradient artifact {path} is not valid JSON ({error.__class__.__name__}: {error}); "
                              "it is truncated or corrupt: rebuild it with job=gradients") from None
     require(isinstance(payload, dict), f"gradient artifact {path} is not a JSON object")
+    # Written by vlaeval, an artifact carries its own digest: any edit or bit flip is refused.
+    require("content_sha256" not in payload or payload["content_sha256"] == content_digest(payload),
+            f"gradient artifact {path} does not match its content_sha256 (modified or corrupted after it was "
+            "written); rebuild it with job=gradients")
     anchors = payload.get("anchors")
     require(isinstance(anchors, list) and len(anchors) >= 4,
             f"gradient artifact {path} must contain at least four anchors (found "

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# System packages the test suite uses: PostgreSQL (Debian's package) for the tracking-server
+# tests. Installed with apt-get when missing and running as root; otherwise those tests skip with
+# a message (VLAEVAL_REQUIRE_SYSTEM_PACKAGES=1 turns the skip into a failure).
+set -uo pipefail
+missing=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing+=(postgresql)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    echo "note: ${missing[*]} not installed and not root: the tests that need it will skip" >&2
+    exit 0
+fi
+echo "installing ${missing[*]} with apt-get" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || echo "warning: apt-get could not install ${missing[*]}" >&2
