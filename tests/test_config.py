@@ -14,7 +14,13 @@ from conftest import CONF, MAIN, REPO, compose_config, typed_gauntlet
 from reliability import record_outcome
 from vlaeval.config import DataLabel, StratumConfig
 
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "sweep")
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("sweep", "hydra"))
+LAUNCHER_TARGETS = {
+    "local_processes": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
+    "local_submitit": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+    "slurm": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
+    "slurm_gpu": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
+}
 
 
 def _options(group):
@@ -31,6 +37,21 @@ def test_every_group_option_composes(group, option):
     assert all(isinstance(s, StratumConfig) for s in strata.values())
     assert all(isinstance(s.data_label, DataLabel) for s in strata.values())
     assert set(effects) <= set(strata)
+
+
+@pytest.mark.parametrize("preset", _options("hydra/launcher"))
+def test_launcher_presets_compose_onto_their_plugins(preset):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        cfg = compose("config", overrides=[f"hydra/launcher={preset}"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == LAUNCHER_TARGETS[preset]
+    if preset.startswith("slurm"):
+        assert launcher.gpus_per_node == (1 if preset == "slurm_gpu" else 0)
+        assert launcher.timeout_min == 120 and launcher.partition is None  # the cluster's to set
+    if "submitit" in launcher._target_:
+        assert str(launcher.submitit_folder).endswith("/.submitit/%j")
 
 
 @pytest.mark.parametrize("sweep", _options("sweep"))

@@ -126,12 +126,16 @@ def _check_sweep(uri, sweep_root, expected_children):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+@pytest.mark.parametrize("launcher", ["basic", "joblib", "local_processes", "local_submitit"])
 def test_multirun_sweep_into_a_brand_new_store(workdir, launcher):
+    """The basic launcher, the joblib plugin as shipped, and our presets (conf/hydra/launcher/):
+    local_submitit goes through submitit's submit/pickle/result path, as the slurm preset does."""
     uri = sqlite_uri(workdir / "fresh" / "mlflow.db")  # does not exist yet: the callback creates it once
     args = ["-m", "effects=none,catastrophic_safety,safety_regression_mild", "strata=small", "gauntlet.plot=false"]
     if launcher == "joblib":
         args += ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    elif launcher != "basic":
+        args += [f"hydra/launcher={launcher}"]
     proc = run_main(args, workdir, env={"MLFLOW_TRACKING_URI": uri})
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Sweep summary" in proc.stdout
@@ -140,6 +144,9 @@ def test_multirun_sweep_into_a_brand_new_store(workdir, launcher):
                  for c in children}
     assert by_effect["-0.1"].data.tags["halted"] == "true"
     assert by_effect["none"].data.tags["recommendation"] in ("LAUNCH", "NEEDS_REVIEW")
+    if launcher == "local_submitit":  # one submitit job per sweep point, each with its own log
+        [sweep_dir] = (workdir / "multirun_sweeps").glob("*")
+        assert len(list((sweep_dir / ".submitit").glob("*/*_log.out"))) == 3
 
 
 @pytest.mark.slow
