@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) main.py job=residual_audit
 
-# PostgreSQL for the tracking-server tests (apt-get, when root and missing).
+# Debian's PostgreSQL, Chromium and ChromeDriver for the server and UI tests (apt-get, when root and missing).
 system-packages:
 	@scripts/system_packages.sh
 

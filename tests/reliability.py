@@ -16,7 +16,7 @@ _records: List[Dict[str, str]] = []
 
 def record_outcome(area: str, case: str, observed: str, *, kind: str = "fault", runs_lost: int = 0) -> None:
     assert kind in KINDS, kind
-    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+    test = os.environ.get("PYTEST_CURRENT_TEST", "? ").rsplit(" ", 1)[0]  # "<node id> (call)"
     _records.append({"kind": kind, "area": area, "case": case, "observed": " ".join(observed.split()),
                      "test": test, "runs_lost": str(runs_lost)})
 

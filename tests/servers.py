@@ -1,5 +1,6 @@
-"""Real servers for the tests, on 127.0.0.1: PostgreSQL (Debian's package), `mlflow server`, and a
-proxy that kills the server it fronts mid-run. Each is a context manager that stops what it started.
+"""Real servers for the tests, on 127.0.0.1: PostgreSQL (Debian's package), moto's S3-compatible
+object store, `mlflow server` (directly or through scripts/tracking_server.sh), and a proxy that
+kills the server it fronts mid-run. Each is a context manager that stops what it started.
 
 PostgreSQL refuses to run as root, so as root the cluster is created and run as the `postgres`
 user in a folder outside pytest's root-only tmp tree.
@@ -96,11 +97,53 @@ def postgres_server() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-class MlflowServer:
-    """`mlflow server` with proxied artifacts on 127.0.0.1; .uri is its tracking URI."""
+class S3Server:
+    """moto's S3-compatible server with one bucket; .env is what a client of it needs."""
 
-    def __init__(self, backend_uri: str, artifacts: Path, log_path: Path, port: Optional[int] = None) -> None:
+    def __init__(self, bucket: str, log_path: Path) -> None:
+        self.bucket, self.log_path, self.port = bucket, log_path, free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = {"MLFLOW_S3_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "vlaeval-test",
+                    "AWS_SECRET_ACCESS_KEY": "vlaeval-test-secret", "AWS_DEFAULT_REGION": "us-east-1"}
+        self.process: Optional[subprocess.Popen] = None
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"])
+
+    def keys(self) -> List[str]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket)
+        return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+    def __enter__(self) -> "S3Server":
+        self._log = open(self.log_path, "ab")
+        self.process = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1",
+                                         "-p", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        wait_until(lambda: urllib.request.urlopen(self.endpoint, timeout=2).status == 200, 60,
+                   f"moto S3 server on {self.endpoint}", self.process)
+        self.client().create_bucket(Bucket=self.bucket)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=20)
+        self._log.close()
+
+
+class MlflowServer:
+    """`mlflow server` with proxied artifacts on 127.0.0.1; .uri is its tracking URI. With
+    script=True it is started through the shipped scripts/tracking_server.sh; `env` is added to
+    the server's environment only (S3 credentials stay with the server, as in production)."""
+
+    def __init__(self, backend_uri: str, artifacts, log_path: Path, port: Optional[int] = None, *,
+                 script: bool = False, env: Optional[dict] = None) -> None:
         self.backend_uri, self.artifacts, self.log_path = backend_uri, artifacts, log_path
+        self.script, self.extra_env = script, dict(env or {})
         self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.process: Optional[subprocess.Popen] = None
@@ -108,12 +151,19 @@ class MlflowServer:
     def start(self, timeout: float = 120) -> "MlflowServer":
         mlflow = Path(sys.executable).with_name("mlflow")
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        env.update(self.extra_env)
+        if self.script:
+            env.update({"MLFLOW": str(mlflow), "VLAEVAL_BACKEND_STORE_URI": self.backend_uri,
+                        "VLAEVAL_ARTIFACTS_DESTINATION": str(self.artifacts), "VLAEVAL_SERVER_HOST": "127.0.0.1",
+                        "VLAEVAL_SERVER_PORT": str(self.port), "VLAEVAL_SERVER_WORKERS": "1"})
+            command = [str(Path(__file__).resolve().parents[1] / "scripts" / "tracking_server.sh")]
+        else:
+            command = [str(mlflow), "server", "--backend-store-uri", self.backend_uri, "--serve-artifacts",
+                       "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port",
+                       str(self.port), "--workers", "1"]
         self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [str(mlflow), "server", "--backend-store-uri", self.backend_uri, "--serve-artifacts",
-             "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port", str(self.port),
-             "--workers", "1"],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
         wait_until(lambda: urllib.request.urlopen(f"{self.uri}/health", timeout=2).status == 200, timeout,
                    f"mlflow server on {self.uri} (log: {self.log_path})", self.process)
         return self

@@ -4,6 +4,7 @@ joblib sweeps; the server down before a run and killed mid-run, then job=sync --
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import run_main
 from reliability import record_outcome
-from servers import KillingProxy, MlflowServer, postgres_server
+from servers import KillingProxy, MlflowServer, S3Server, postgres_server
 from test_audit import AUDIT_SMALL
 
 GAUNTLET_SMALL = ["strata=small", "gauntlet.plot=false"]
@@ -91,6 +92,27 @@ def test_joblib_sweeps_against_a_postgres_backed_tracking_server(tmp_path, workd
                    "params hold vlaeval:*****@; the password appears in no param, tag or console line", kind="bad input")
     record_outcome("tracking", "joblib sweeps (2 audits, 2 gauntlets) against mlflow server + PostgreSQL",
                    "every child FINISHED under its parent, params, gate metrics and artifacts arrived; 0 runs lost")
+
+
+@pytest.mark.slow
+def test_shipped_server_script_with_postgres_and_an_s3_compatible_artifact_store(tmp_path, workdir):
+    """scripts/tracking_server.sh as documented: PostgreSQL backend, artifacts proxied into an S3
+    bucket (moto's server); the jobs have no S3 credentials, only the tracking URI."""
+    with postgres_server() as backend, S3Server("vlaeval-artifacts", tmp_path / "s3.log") as s3, \
+            MlflowServer(backend, "s3://vlaeval-artifacts/mlflow", tmp_path / "mlflow-server.log", script=True,
+                         env=s3.env) as server:
+        assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(os.environ)  # the jobs have no S3 access
+        proc = run_main(["-m", "effects=none,catastrophic_safety", *GAUNTLET_SMALL, "tracking=server"], workdir,
+                        env={"MLFLOW_TRACKING_URI": server.uri})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        client = MlflowClient(tracking_uri=server.uri)
+        children = _check_sweep(client, "vlaeval-gauntlet", workdir, 2)
+        keys = s3.keys()
+        for child in children:
+            prefix = f"mlflow/{child.info.experiment_id}/{child.info.run_id}/artifacts/"
+            assert {prefix + "result.json", prefix + "hydra/config.yaml"} <= set(keys)
+    record_outcome("tracking", "sweep against scripts/tracking_server.sh (PostgreSQL + S3-compatible store)",
+                   "every child FINISHED with its metrics; its artifacts are objects in the S3 bucket; 0 runs lost")
 
 
 def _sqlite_server(tmp_path: Path, migrated_store: Path, port=None) -> MlflowServer:
