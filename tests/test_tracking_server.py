@@ -91,7 +91,8 @@ def test_joblib_sweeps_against_a_postgres_backed_tracking_server(tmp_path, workd
     record_outcome("tracking", "password in a postgresql:// tracking URI, on a real run",
                    "params hold vlaeval:*****@; the password appears in no param, tag or console line", kind="bad input")
     record_outcome("tracking", "joblib sweeps (2 audits, 2 gauntlets) against mlflow server + PostgreSQL",
-                   "every child FINISHED under its parent, params, gate metrics and artifacts arrived; 0 runs lost")
+                   "every child FINISHED under its parent, params, gate metrics and artifacts arrived; 0 runs lost",
+                   kind="set-up")
 
 
 @pytest.mark.slow
@@ -112,7 +113,8 @@ def test_shipped_server_script_with_postgres_and_an_s3_compatible_artifact_store
             prefix = f"mlflow/{child.info.experiment_id}/{child.info.run_id}/artifacts/"
             assert {prefix + "result.json", prefix + "hydra/config.yaml"} <= set(keys)
     record_outcome("tracking", "sweep against scripts/tracking_server.sh (PostgreSQL + S3-compatible store)",
-                   "every child FINISHED with its metrics; its artifacts are objects in the S3 bucket; 0 runs lost")
+                   "every child FINISHED with its metrics; its artifacts are objects in the S3 bucket; 0 runs lost",
+                   kind="set-up")
 
 
 def _sqlite_server(tmp_path: Path, migrated_store: Path, port=None) -> MlflowServer:
