@@ -126,15 +126,14 @@ def _check_sweep(uri, sweep_root, expected_children):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["basic", "joblib", "local_processes", "local_submitit"])
+@pytest.mark.parametrize("launcher", ["basic", "local_processes", "local_submitit"])
 def test_multirun_sweep_into_a_brand_new_store(workdir, launcher):
-    """The basic launcher, the joblib plugin as shipped, and our presets (conf/hydra/launcher/):
-    local_submitit goes through submitit's submit/pickle/result path, as the slurm preset does."""
+    """The basic launcher and our presets (conf/hydra/launcher/): local_processes is the joblib
+    plugin (used as shipped, hydra/launcher=joblib, by the tracking-server tests); local_submitit
+    goes through submitit's submit/pickle/result path, as the slurm preset does."""
     uri = sqlite_uri(workdir / "fresh" / "mlflow.db")  # does not exist yet: the callback creates it once
     args = ["-m", "effects=none,catastrophic_safety,safety_regression_mild", "strata=small", "gauntlet.plot=false"]
-    if launcher == "joblib":
-        args += ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-    elif launcher != "basic":
+    if launcher != "basic":
         args += [f"hydra/launcher={launcher}"]
     proc = run_main(args, workdir, env={"MLFLOW_TRACKING_URI": uri})
     assert proc.returncode == 0, proc.stderr[-4000:]
