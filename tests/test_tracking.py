@@ -29,6 +29,17 @@ def test_flatten_and_mask():
     assert masked["db.password"] == "*****" and masked["db.api_key"] == "*****" and masked["a.b.0"] == 1
 
 
+def test_long_scalar_lists_are_one_param():
+    flat = flatten({"seeds": list(range(5000, 5512)), "evens": list(range(0, 20, 2)), "few": [3, 1, 2],
+                    "names": [f"t{i}" for i in range(9)], "mixed": [1, {"a": 2}] * 5, "huge": [0.5, 1] * 2000})
+    assert flat["seeds"] == "range(5000, 5512)" and flat["evens"] == "range(0, 20, 2)"
+    assert flat["few.0"] == 3 and "few" not in flat  # short lists stay one param per element
+    assert flat["names"] == json.dumps([f"t{i}" for i in range(9)])
+    assert flat["mixed.1.a"] == 2  # lists holding structures are still flattened
+    assert len(flat["huge"]) == 6000 and flat["huge"].endswith("... (4000 values)")
+    assert not any(key.startswith("seeds.") for key in flat)
+
+
 @pytest.mark.slow
 def test_single_run_logs_everything(workdir, store):
     proc = run_main(["effects=safety_regression_mild"], workdir, env={"MLFLOW_TRACKING_URI": store})

@@ -69,8 +69,31 @@ def config_sha256(plain_cfg: Mapping[str, Any]) -> str:
     return sha256_json({k: v for k, v in plain_cfg.items() if k not in VOLATILE_SECTIONS})
 
 
+LONG_LIST = 8  # a list of more scalars than this is one param, not one per element
+PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value's length
+
+
+def compact_list(values: Sequence[Any]) -> str:
+    """A long list of scalars as one readable param value: an integer progression as the range it
+    is (gradient seeds: 'range(5000, 5512)'), anything else as JSON, cut to MLflow's limit."""
+    if len(values) > 1 and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        step = values[1] - values[0]
+        if step != 0 and all(b - a == step for a, b in zip(values, values[1:])):
+            stop = values[-1] + step
+            return f"range({values[0]}, {stop})" if step == 1 else f"range({values[0]}, {stop}, {step})"
+    text = json.dumps(list(values))
+    if len(text) <= PARAM_VALUE_LIMIT:
+        return text
+    suffix = f" ... ({len(values)} values)"
+    return text[:PARAM_VALUE_LIMIT - len(suffix)] + suffix
+
+
 def flatten(value: Any, prefix: str = "") -> Dict[str, Any]:
-    """{'a': {'b': [1, 2]}} -> {'a.b.0': 1, 'a.b.1': 2}; MLflow rejects 'a[0]'-style keys."""
+    """{'a': {'b': [1, 2]}} -> {'a.b.0': 1, 'a.b.1': 2}; MLflow rejects 'a[0]'-style keys. A list
+    of more than LONG_LIST scalars stays one param (see compact_list): 512 seeds are one row."""
+    if isinstance(value, (list, tuple)) and prefix and len(value) > LONG_LIST \
+            and not any(isinstance(v, (Mapping, list, tuple)) for v in value):
+        return {prefix: compact_list(value)}
     if isinstance(value, Mapping):
         items: Iterable[Tuple[str, Any]] = ((str(k), v) for k, v in value.items())
     elif isinstance(value, (list, tuple)):
