@@ -16,3 +16,10 @@ def test_headline_counts_and_table_cells():
     assert text.index("## configs") < text.index("## tracking")
     lost = render([{**rows[1], "runs_lost": "2"}])
     assert "2 runs lost" in lost
+
+
+def test_pytest_temporary_folders_are_normalised_so_the_table_is_stable():
+    from reliability import PYTEST_TMP
+
+    text = "error: artifact /tmp/pytest-of-root/pytest-30/audit0/x.json is bad; see /var/t/pytest-of-ci/pytest-7/y"
+    assert PYTEST_TMP.sub("<tmp>/", text) == "error: artifact <tmp>/audit0/x.json is bad; see <tmp>/y"
