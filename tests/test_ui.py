@@ -153,8 +153,9 @@ def _add_columns(driver, names: List[str]) -> None:
 
 def _compare_view_metrics(driver) -> Dict[str, List[str]]:
     """The compare view's Metrics table, scrolled through as a user would: {metric name: [text
-    shown per run column]}. It is two react-virtualized grids (names, values) kept in step by the
-    values grid's scrolling, each rendering only the rows in view; cells are matched by row offset."""
+    shown per run column]}. It is two react-virtualized grids (names, values), each rendering only
+    the rows in view; scrolling the values grid moves the names grid along; cells are matched by
+    their row offset, which does not depend on the scroll position."""
     from selenium.webdriver.common.by import By
 
     section = driver.find_element(
