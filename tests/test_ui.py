@@ -164,17 +164,25 @@ def _compare_view_metrics(driver) -> Dict[str, List[str]]:
     read = """
         const [names, values, offset] = arguments;
         values.scrollTop = offset;
-        const cells = g => Array.from(g.firstElementChild.children).map(
-            c => [parseFloat(c.style.top), parseFloat(c.style.left), c.innerText.trim()]);
+        const cells = g => Array.from(g.firstElementChild.children).map(c => [parseFloat(c.style.top),
+            parseFloat(c.style.left), parseFloat(c.style.height), c.innerText.trim()]);
         return [values.firstElementChild.scrollHeight, cells(names), cells(values)];
     """
+
+    def covers(cells, offset: float) -> bool:  # react has rendered the row at this offset
+        return any(top <= offset < top + height for top, _, height, _ in cells)
+
+    def rendered_at(offset: float):
+        height, name_cells, value_cells = driver.execute_script(read, names_grid, values_grid, offset)
+        done = offset >= height or (covers(name_cells, offset) and covers(value_cells, offset))
+        return (height, name_cells, value_cells) if done else None
+
     names, values, offset = {}, {}, 0
     while True:
-        driver.execute_script(read, names_grid, values_grid, offset)
-        time.sleep(0.15)  # let react render the rows at the new offset
-        height, name_cells, value_cells = driver.execute_script(read, names_grid, values_grid, offset)
-        names.update({top: text for top, _, text in name_cells})
-        values.update({(top, left): text for top, left, text in value_cells})
+        height, name_cells, value_cells = _wait(driver, f"the Metrics rows at offset {offset}",
+                                                lambda _: rendered_at(offset), timeout=20)
+        names.update({top: text for top, _, _, text in name_cells})
+        values.update({(top, left): text for top, left, _, text in value_cells})
         if offset >= height:
             break
         offset += 150
