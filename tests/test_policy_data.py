@@ -201,7 +201,7 @@ def test_gradients_job_writes_the_artifact_the_audit_reads(workdir):
 
 
 @pytest.mark.parametrize("override,needle", [
-    ("data.tasks=[reech-v3]", "unknown Meta-World task 'reech-v3'; did you mean reach-v3"),
+    ("data.tasks=[reech-v3]", "unknown Meta-World task 'reech-v3'; did you mean reach-v3, push-v3, sweep-v3?"),
     ("data.tasks=[]", "data.tasks is empty"),
     ("data.episodes_per_task=0", "data.episodes_per_task=0 must be >= 1"),
     ("data.horizon=0", "data.horizon=0 must be >= 1"),

@@ -113,7 +113,7 @@ def validate_data_config(data: Any) -> None:
     known = set(known_tasks())
     for task in data.tasks:
         if task not in known:
-            close = sorted(known, key=lambda k: _distance(k, task))[:3]
+            close = sorted(known, key=lambda k: (_distance(k, task), k))[:3]  # ties by name: same text in every process
             raise UserInputError(f"data.tasks: unknown Meta-World task {task!r}; did you mean {', '.join(close)}?")
     require(data.episodes_per_task >= 1, f"data.episodes_per_task={data.episodes_per_task} must be >= 1")
     require(data.max_steps >= 2, f"data.max_steps={data.max_steps} must be >= 2")
