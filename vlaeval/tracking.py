@@ -70,7 +70,6 @@ def config_sha256(plain_cfg: Mapping[str, Any]) -> str:
 
 
 LONG_LIST = 8  # a list of more scalars than this is one param, not one per element
-PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value's length
 
 
 def compact_list(values: Sequence[Any]) -> str:
@@ -82,10 +81,10 @@ def compact_list(values: Sequence[Any]) -> str:
             stop = values[-1] + step
             return f"range({values[0]}, {stop})" if step == 1 else f"range({values[0]}, {stop}, {step})"
     text = json.dumps(list(values))
-    if len(text) <= PARAM_VALUE_LIMIT:
+    if len(text) <= MAX_PARAM_CHARS:
         return text
-    suffix = f" ... ({len(values)} values)"
-    return text[:PARAM_VALUE_LIMIT - len(suffix)] + suffix
+    suffix = f" ... ({len(values)} values)"  # says how much was cut, which _clip's marker does not
+    return text[:MAX_PARAM_CHARS - len(suffix)] + suffix
 
 
 def flatten(value: Any, prefix: str = "") -> Dict[str, Any]:
