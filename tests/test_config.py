@@ -90,6 +90,7 @@ def test_typo_fails_at_compose_time(override):
     "gauntlet.alpha=abc",
     "gauntlet.budget_units=lots",
     "strata.nominal.data_label=GUESSED",
+    "gauntlet.cluster_order=sorted",
     "tracking.enabled=maybe",
 ])
 def test_wrong_type_fails_at_compose_time(override):

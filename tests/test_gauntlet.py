@@ -105,9 +105,11 @@ def test_batches_end_on_cluster_boundaries():
     _, strata, _ = typed_gauntlet(compose_config(["strata=small"]))
     for s in result["strata"]:
         size = strata[s["stratum"]].cluster_size
-        for point in s["trajectory"]:
-            assert point["units"] % size == 0  # never a partial cluster
-            assert point["clusters"] * size == point["units"]
+        tr = s["trajectory"]
+        assert tr["clusters"] == list(range(1, s["clusters_evaluated"] + 1))  # one record per cluster
+        assert all(c * size == u for c, u in zip(tr["clusters"], tr["units"]))  # never a partial cluster
+        assert all(tr["units"][c - 1] >= 333 * (i + 1) for i, c in enumerate(tr["looks"][:-1]))
+        assert tr["looks"][-1] == s["clusters_evaluated"] and len(tr["looks"]) == s["batches"]
 
 
 def test_undecided_stratum_needs_review():

@@ -85,7 +85,7 @@ def test_bad_outcome_files_are_one_line_errors(tmp_path, small, mutate, needle):
     _, strata, _ = small
     path = _write(tmp_path, mutate(outcome_table(strata)))
     with pytest.raises(UserInputError) as info:
-        FileOutcomes(path).validate(strata, {})
+        FileOutcomes(path, strata="config").validate(strata, {})
     assert needle in str(info.value) and "\n" not in str(info.value)
     record_outcome("outcome files", needle, f"refused before any unit is read: `{info.value}`", kind="bad input")
 
@@ -99,3 +99,197 @@ def test_file_source_refuses_planted_effects_and_missing_paths(tmp_path, small):
         FileOutcomes(str(tmp_path / "missing.csv")).validate(strata, {})
     with pytest.raises(UserInputError, match="outcomes.path"):
         FileOutcomes(None)
+
+
+# ----------------------------------------------------------------------------- the file's strata
+def _run_file(workdir, table, *extra):
+    from conftest import run_main
+
+    path = workdir / "outcomes.csv"
+    table.to_csv(path, index=False)
+    proc = run_main(["outcomes=file", f"outcomes.path={path}", "tracking=disabled", "gauntlet.plot=false", *extra],
+                    workdir)
+    result = None
+    if proc.returncode == 0:
+        import json
+
+        result = json.loads(next((workdir / "outputs").glob("*_gauntlet/result.json")).read_text())
+    return proc, result
+
+
+def test_a_file_with_four_strata_runs_with_no_overrides(workdir, small):
+    """The file holds four strata (one the config does not know); the default config holds six. No
+    traceback and no overrides: absent strata are reported one line each, the unknown one is
+    evaluated with documented defaults, scale counts the file's units."""
+    _, strata, _ = small
+    table = outcome_table(strata)
+    table = table[table["stratum"].isin(["historical_regressions", "new_odd", "nominal"])]
+    extra = table[table["stratum"] == "new_odd"].assign(
+        stratum="night_driving", scenario_id=lambda t: "night-" + t["scenario_id"])
+    proc, result = _run_file(workdir, pd.concat([table, extra]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("safety_critical", "distribution_shift", "rare_events"):
+        assert f"notice: stratum '{name}' is configured but absent" in proc.stdout
+    assert "notice: stratum 'night_driving' is in outcome file" in proc.stdout
+    assert "gauntlet.critical_stratum='safety_critical' is absent" in proc.stdout
+    assert sorted(result["absent_strata"]) == ["distribution_shift", "rare_events", "safety_critical"]
+    night = next(s for s in result["strata"] if s["stratum"] == "night_driving")
+    assert night["priority"] == 4 and result["processed_order"][-1] == "night_driving"  # after every configured one
+    assert result["scale"]["total_units_defined"] == len(table) + len(extra)
+    assert result["scale"]["units_saved"] == len(table) + len(extra) - result["scale"]["units_evaluated"]
+    # Per-cluster records in the NPZ beside result.json, their batch-end values in the JSON.
+    arrays = np.load(next((workdir / "outputs").glob("*_gauntlet/trajectories.npz")))
+    for s in result["strata"]:
+        record = s["trajectory"]
+        assert record["per_cluster_file"] == "trajectories.npz" and record["clusters"] == s["clusters_evaluated"]
+        clusters = arrays[f"{s['stratum']}/clusters"]
+        assert clusters.tolist() == list(range(1, s["clusters_evaluated"] + 1))
+        ends = np.array(record["at_batch_ends"]["looks"]) - 1
+        np.testing.assert_allclose(arrays[f"{s['stratum']}/cs_upper"][ends], record["at_batch_ends"]["cs_upper"])
+    rec = result["recommendation"]
+    # safety_critical is required by the default strata: its absence needs review; the others do not.
+    assert rec["recommendation"] == "NEEDS_REVIEW"
+    assert [r for r in rec["review_reasons"] if "absent" in r] == [
+        "safety_critical: required (strata.safety_critical.required) but absent from the outcome source"]
+
+
+def _file_inputs(tmp_path, table, *extra):
+    """What job=gauntlet builds before any work, in-process, for this table as an outcome file."""
+    from vlaeval.gauntlet.inputs import gauntlet_inputs
+
+    path = tmp_path / "outcomes.csv"
+    table.to_csv(path, index=False)
+    return gauntlet_inputs(compose_config(["outcomes=file", f"outcomes.path={path}", *extra]))
+
+
+def test_absent_strata_that_are_not_required_do_not_block_launch(tmp_path, small):
+    _, strata, _ = small
+    table = outcome_table(strata)
+    inputs = _file_inputs(tmp_path, table[table["stratum"].isin(["safety_critical", "historical_regressions", "nominal"])])
+    assert sorted(inputs.resolved.absent) == ["distribution_shift", "new_odd", "rare_events"]
+    assert inputs.required_absent == []
+    result = run_gauntlet(inputs.settings, inputs.strata, {}, inputs.source, ArrayCache(tmp_path, enabled=False),
+                          {"valid": True, "problems": []}, absent=inputs.resolved.absent,
+                          required_absent=inputs.required_absent)
+    assert result["recommendation"]["recommendation"] == "LAUNCH", result["recommendation"]
+    assert result["absent_strata"] == inputs.resolved.absent
+
+
+def test_strata_from_config_refuses_a_stratum_the_config_lacks(tmp_path, small):
+    _, strata, _ = small
+    table = outcome_table(strata).assign(stratum="moon_base")
+    with pytest.raises(UserInputError, match="unknown stratum 'moon_base'.*outcomes.strata=file"):
+        _file_inputs(tmp_path, table, "outcomes.strata=config")
+    inputs = _file_inputs(tmp_path, table)  # strata from the file: none of them configured
+    assert list(inputs.strata) == ["moon_base"] and inputs.resolved.added == ["moon_base"]
+    assert inputs.strata["moon_base"].priority == 7 and inputs.strata["moon_base"].related == []
+    assert inputs.required_absent == ["safety_critical"]
+
+
+def test_the_planner_reads_the_files_clusters_and_says_what_a_stratum_would_need(workdir, small):
+    """job=plan outcomes=file plans the file's own clusters; a stratum too small to decide gets the
+    clusters it would need at its observed effect."""
+    from conftest import run_main
+
+    _, strata, _ = small
+    table = outcome_table(strata)
+    few = table[table["stratum"] == "rare_events"]
+    few = few[few["cluster_id"].isin(few["cluster_id"].unique()[:30])]  # 30 clusters: too few to decide
+    table = pd.concat([table[table["stratum"] == "nominal"], few])
+    path = workdir / "outcomes.csv"
+    table.to_csv(path, index=False)
+    proc = run_main(["job=plan", "outcomes=file", f"outcomes.path={path}", "tracking=disabled"], workdir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+
+    plan = json.loads(next((workdir / "outputs").glob("*_plan/result.json")).read_text())["plan"]
+    rows = {r["stratum"]: r for r in plan["strata"]}
+    assert rows["rare_events"]["clusters_available"] == 30 and rows["rare_events"]["unit_limit"] == 300
+    assert rows["nominal"]["clusters_available"] == 200
+    assert rows["rare_events"]["decision_probability_within_limit"] < 0.1
+    needed = rows["rare_events"]["clusters_needed_at_observed_effect"]
+    assert 60 < needed < 20_000
+    assert any(w.startswith("rare_events:") and "at its observed effect" in w for w in plan["warnings"])
+    assert "+0.0" in proc.stdout and "observed" in proc.stdout  # the extra columns are shown
+
+
+def test_a_stratum_read_in_one_batch_is_recorded_cluster_by_cluster(tmp_path):
+    """384 units (48 scenes of 8) in one 2000-unit batch: the record, the confidence sequence and
+    the decision point are per cluster, not one point per batch."""
+    from vlaeval.config import StratumConfig
+
+    spec = StratumConfig(units=384, base_rate=0.9, cluster_size=8, catastrophic_halt=False)
+    o = synthetic_paired_outcomes("distribution_shift", spec, -0.30, 5)
+    cluster = np.repeat(np.arange(48), 8)
+    table = pd.DataFrame({"stratum": "distribution_shift", "scenario_id": [f"s{i}" for i in range(384)],
+                          "cluster_id": [f"scene-{c}" for c in cluster],
+                          "baseline": o.baseline.astype(int), "candidate": o.candidate.astype(int)})
+    path = tmp_path / "one_batch.csv"
+    table.to_csv(path, index=False)
+    settings, strata, _ = typed_gauntlet(compose_config(["gauntlet.preflight=off"]))
+    source = FileOutcomes(str(path))
+    source.validate(strata, {})
+    result = run_gauntlet(settings, {"distribution_shift": strata["distribution_shift"]}, {}, source,
+                          ArrayCache(tmp_path, enabled=False), {"valid": True, "problems": []})
+    s = result["strata"][0]
+    tr = s["trajectory"]
+    assert s["batches"] == 1 and len(tr["clusters"]) == 48 and tr["looks"] == [48]
+    assert s["decision"] == "REGRESSION" and 1 <= s["decided_at_cluster"] < 48
+    assert s["decided_at_unit"] == 8 * s["decided_at_cluster"]
+    assert tr["e_value_regression"][s["decided_at_cluster"] - 1] >= 1 / s["alarm_alpha"]
+    assert tr["e_value_regression"][s["decided_at_cluster"] - 2] < 1 / s["alarm_alpha"]
+    assert s["decision_wealth"] == pytest.approx(tr["e_value_regression"][s["decided_at_cluster"] - 1])
+    lower, upper = np.array(tr["cs_lower"]), np.array(tr["cs_upper"])
+    assert np.all(np.diff(lower) >= 0) and np.all(np.diff(upper) <= 0)  # running intersection, per cluster
+    assert len(set(upper.tolist())) > 5  # the interval moves cluster by cluster
+    from vlaeval.gauntlet.plots import plot_trajectories
+
+    assert plot_trajectories(result, tmp_path / "one_batch.png").stat().st_size > 10_000
+
+
+# ----------------------------------------------------------------------------- success rates
+def test_success_rate_interval_is_wilson_without_clustering_and_wider_with_it():
+    from scipy.stats import binomtest
+
+    from vlaeval.seqtest.units import success_rate_interval
+
+    # Independent units (clusters of 1): the plain Wilson interval, up to the C / (C - 1) small-sample
+    # factor of the cluster-robust variance.
+    wins = np.r_[np.ones(83), np.zeros(17)]
+    plain = success_rate_interval(wins, np.ones(100))
+    wilson = binomtest(83, 100).proportion_ci(0.95, method="wilson")
+    assert plain["design_effect"] == pytest.approx(100 / 99)
+    assert plain["lower"] == pytest.approx(wilson.low, rel=2e-3) and plain["upper"] == pytest.approx(wilson.high, rel=2e-3)
+    many = success_rate_interval(np.r_[np.ones(8300), np.zeros(1700)], np.ones(10_000))
+    big = binomtest(8300, 10_000).proportion_ci(0.95, method="wilson")
+    assert many["lower"] == pytest.approx(big.low, abs=1e-6) and many["upper"] == pytest.approx(big.high, abs=1e-6)
+    # Whole scenes succeed or fail together: the interval widens by the design effect.
+    scenes = success_rate_interval(np.r_[np.full(8, 10.0), np.full(2, 0.0)], np.full(10, 10))
+    assert scenes["rate"] == pytest.approx(0.8) and scenes["design_effect"] > 5
+    assert scenes["upper"] - scenes["lower"] > 2 * (plain["upper"] - plain["lower"]) * 0.9
+    empty = success_rate_interval(np.zeros(0), np.zeros(0))
+    assert empty["rate"] is None
+
+
+def test_success_rate_interval_covers_with_correlated_scenes():
+    """Coverage over 2000 simulated strata of 40 scenes x 8 scenarios with a scene effect (ICC about
+    0.1): the cluster-robust interval covers about 95%; the unit-level Wilson interval undercovers."""
+    from scipy.stats import beta as beta_dist
+
+    from vlaeval.seqtest.units import success_rate_interval
+
+    rng = np.random.default_rng(12)
+    reps, scenes, size, truth = 2000, 40, 8, 0.8
+    a = truth * 9.0
+    p_scene = rng.beta(a, 9.0 - a, size=(reps, scenes))  # mean 0.8, scene-to-scene spread
+    wins = rng.binomial(size, p_scene).astype(float)
+    robust = plain = 0
+    for r in range(reps):
+        ci = success_rate_interval(wins[r], np.full(scenes, size))
+        robust += ci["lower"] <= truth <= ci["upper"]
+        unit = success_rate_interval(np.repeat([1.0, 0.0], [int(wins[r].sum()), scenes * size - int(wins[r].sum())]),
+                                     np.ones(scenes * size))
+        plain += unit["lower"] <= truth <= unit["upper"]
+    assert robust / reps > 0.93, robust / reps
+    assert plain / reps < 0.90, plain / reps
+    del beta_dist

@@ -26,6 +26,13 @@ class DataLabel(str, Enum):
     COUNTERFACTUAL = "COUNTERFACTUAL"
 
 
+class ClusterOrder(str, Enum):
+    # The e-processes control the conditional mean given the past: clusters must come in random
+    # order for the result to be about the stratum's mean (README "What Delta is").
+    shuffled = "shuffled"  # a seeded random permutation of the source's clusters (the default)
+    as_given = "as_given"  # the source's order, declared random by the user (recorded in lineage)
+
+
 @dataclass
 class JobConfig:
     name: str = "gauntlet"  # module under vlaeval/jobs/ that main.py dispatches to
@@ -61,6 +68,7 @@ class StratumConfig:
     kind: str = "global"  # "safety" strata get the stricter review margin in the recommendation
     catastrophic_halt: bool = False  # a certified catastrophic regression here halts the gauntlet
     margin_delta: Optional[float] = None  # null: gauntlet.margin_delta
+    required: bool = False  # absent from the outcome source: NEEDS_REVIEW (else only reported)
 
 
 @dataclass
@@ -77,17 +85,21 @@ class GauntletConfig:
     nominal_base_allowance: int = 8000
     nominal_expand_factor: float = 2.0
     critical_stratum: str = "safety_critical"
+    # Clusters are evaluated in a seeded random order (order_seed, null: seed) unless the user
+    # declares the source's order random (as_given); both are recorded in the lineage.
+    cluster_order: ClusterOrder = ClusterOrder.shuffled
+    order_seed: Optional[int] = None
     # The sequential test (README "What the e-process guarantees"; defaults chosen by
     # benchmarks/seqtest_efficiency.py).
-    test_mode: str = "exact"  # exact betting e-processes; "asymptotic" is opt-in and labelled
+    test_mode: str = "exact"  # exact betting e-processes; "asymptotic" and "group_sequential" are opt-in, labelled
     bet_rule: str = "blend"  # see vlaeval.seqtest.BET_RULES
     # Fraction c of the largest bet that keeps wealth non-negative on [-1, 1]; null: the
-    # size-adaptive cap 1 - 0.2 / cluster size.
+    # size-adaptive cap 1 - 0.2 / (the stratum's smallest planned cluster size), one per stratum.
     bet_cap: Optional[float] = None
     estimand: str = "cluster"  # "cluster": mean of cluster means; "unit": scenario-weighted mean
     alarm_fwer: str = "bonferroni"  # REGRESSION alarms at alpha / n_strata ("none": alpha each)
     burn_in_clusters: int = 30  # asymptotic mode only: no decision before this many clusters
-    cs_grid_step: float = 0.001  # resolution of the confidence sequence for the mean difference
+    cs_grid_step: float = 0.001  # resolution of the confidence sequence; must divide every margin
     preflight: str = "warn"  # the planner before any unit is spent: warn | error | off
     assumed_effect: float = 0.0  # the planner's and pre-flight's assumed Delta
     plan_replications: int = 200  # simulated runs per stratum in the plan
@@ -100,6 +112,9 @@ class GauntletConfig:
 class OutcomesConfig:
     _target_: str = "vlaeval.gauntlet.outcomes.SyntheticOutcomes"
     path: Optional[str] = None  # outcomes=file: CSV or Parquet of paired scenario outcomes
+    # outcomes=file: "file" evaluates the strata the file holds (configured ones absent from it are
+    # reported); "config" refuses a stratum the config lacks.
+    strata: Optional[str] = None
 
 
 DEFAULT_TASKS = ["reach-v3", "push-v3", "pick-place-v3", "peg-insert-side-v3", "disassemble-v3", "stick-pull-v3"]
@@ -207,6 +222,9 @@ class GateConfig:
     second_moment_ratio: float = 0.98
     second_moment_permutation_p: float = 0.01
     leave_one_out: bool = True
+    # The score must beat the training loss (higher Spearman and lower second-moment ratio, both on
+    # draws independent of the gradient RMS): required in gate=strict, informational otherwise.
+    require_beating_training_loss: bool = False
 
 
 @dataclass

@@ -16,8 +16,9 @@ def build_lineage(
     candidate_version: str,
     baseline_version: str,
     data_source: Mapping[str, Any],
-    seeds: Mapping[str, int],
+    seeds: Mapping[str, Any],
     config_sha256: str,
+    cluster_order: str = "",
     require_clean_code: bool = False,
 ) -> Dict[str, Any]:
     code = code_version()
@@ -39,6 +40,7 @@ def build_lineage(
         "baseline_version": baseline_version,
         "data_source": dict(data_source),
         "seeds": dict(seeds),
+        "cluster_order": cluster_order,
         "code": code,
         "config_sha256": config_sha256,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

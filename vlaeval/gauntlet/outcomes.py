@@ -5,20 +5,27 @@ plug in its own (a simulator farm, a replay service) through `_target_`. The pro
 
     describe() -> dict                     the data source, for lineage
     validate(strata, effects) -> None      raise UserInputError before any work starts
+    available_strata() -> list | None      the strata the source holds (None: any configured one)
+    cluster_sizes(request) -> array        the stratum's scenario plan, known before any outcome
     load(request, cache) -> (StratumOutcomes, cache_status)
+
+Sources return clusters in their own order; the scheduler evaluates them in a seeded random order
+(`cluster_permutation`) unless the user declares that order random.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from vlaeval.artifacts import sha256_file, stable_seed
 from vlaeval.config import StratumConfig, UserInputError, require
 from vlaeval.gauntlet.cache import ArrayCache
+from vlaeval.seqtest.simulation import FRESH_FRACTION, RATE_RANGE, SCENE_SD
+from vlaeval.seqtest.units import cluster_offsets
 
 # Bump when the synthetic generator changes what it produces: old cache entries become misses.
 SYNTHETIC_GENERATOR_VERSION = 1
@@ -45,6 +52,21 @@ class StratumOutcomes:
             "cluster_sizes": self.cluster_sizes.astype(np.int64),
         }
 
+    def reordered(self, order: np.ndarray) -> "StratumOutcomes":
+        """The same outcomes with whole clusters in `order` (a permutation of cluster indices)."""
+        sizes = self.cluster_sizes[order]
+        moved = cluster_offsets(self.cluster_sizes)[:-1][order] - cluster_offsets(sizes)[:-1]  # per cluster
+        units = np.repeat(moved, sizes) + np.arange(int(sizes.sum()))
+        return StratumOutcomes(self.baseline[units], self.candidate[units], sizes)
+
+    def cluster_successes(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(baseline, candidate) successes per cluster."""
+        starts = cluster_offsets(self.cluster_sizes)[:-1]
+        if starts.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return (np.add.reduceat(self.baseline.astype(np.int64), starts),
+                np.add.reduceat(self.candidate.astype(np.int64), starts))
+
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "StratumOutcomes":
         n = int(arrays["units"][0])
@@ -65,6 +87,21 @@ class OutcomeRequest:
     candidate_version: str
 
 
+def cluster_permutation(n_clusters: int, order_seed: int, stratum: str) -> np.ndarray:
+    """The seeded random order in which a stratum's clusters are evaluated (a stable digest of the
+    stratum name, never Python's salted hash, so every process draws the same order)."""
+    return np.random.default_rng([int(order_seed), stable_seed("cluster-order", stratum)]).permutation(int(n_clusters))
+
+
+def planned_cluster_sizes(spec: StratumConfig) -> np.ndarray:
+    """The synthetic stratum's clusters: `cluster_size` units each, the last one taking the rest."""
+    n, size = int(spec.units), int(spec.cluster_size)
+    n_clusters = -(-n // size)
+    sizes = np.full(n_clusters, size, dtype=np.int64)
+    sizes[-1] = n - size * (n_clusters - 1)
+    return sizes
+
+
 def synthetic_paired_outcomes(stratum: str, spec: StratumConfig, effect: float, seed: int) -> StratumOutcomes:
     """The seed's paired generator, vectorised: a shared uniform per scenario decides both
     policies' outcomes (paired), a per-cluster scene offset moves the success rate, and 4% of
@@ -75,21 +112,27 @@ def synthetic_paired_outcomes(stratum: str, spec: StratumConfig, effect: float, 
     u = rng.random(n)
     size = int(spec.cluster_size)
     n_clusters = -(-n // size)
-    scene = rng.normal(0.0, 0.02, size=n_clusters)
-    p_base = np.clip(float(spec.base_rate) + np.repeat(scene, size)[:n], 0.02, 0.995)
-    p_cand = np.clip(p_base + float(effect), 0.02, 0.995)
-    flip = rng.random(n) < 0.04
+    scene = rng.normal(0.0, SCENE_SD, size=n_clusters)
+    p_base = np.clip(float(spec.base_rate) + np.repeat(scene, size)[:n], *RATE_RANGE)
+    p_cand = np.clip(p_base + float(effect), *RATE_RANGE)
+    flip = rng.random(n) < FRESH_FRACTION
     fresh = rng.random(n)
-    sizes = np.full(n_clusters, size, dtype=np.int64)
-    sizes[-1] = n - size * (n_clusters - 1)
-    return StratumOutcomes(u < p_base, np.where(flip, fresh, u) < p_cand, sizes)
+    return StratumOutcomes(u < p_base, np.where(flip, fresh, u) < p_cand, planned_cluster_sizes(spec))
 
 
 class SyntheticOutcomes:
     """The seed's synthetic paired generator with planted per-stratum effects, cached."""
 
-    def __init__(self, path: Optional[str] = None) -> None:
-        self.path = path  # unused: the schema is shared with FileOutcomes
+    holds_outcomes = False  # produced on request: the planner simulates instead
+
+    def __init__(self, path: Optional[str] = None, strata: Optional[str] = None) -> None:
+        self.path = path  # unused, like strata: the schema is shared with FileOutcomes
+
+    def available_strata(self) -> Optional[List[str]]:
+        return None  # it generates any configured stratum
+
+    def cluster_sizes(self, request: OutcomeRequest) -> np.ndarray:
+        return planned_cluster_sizes(request.spec)
 
     def describe(self) -> Dict[str, Any]:
         return {"kind": "synthetic", "generator_version": SYNTHETIC_GENERATOR_VERSION,
@@ -124,19 +167,29 @@ class SyntheticOutcomes:
         return StratumOutcomes.from_arrays(arrays), status
 
 
+STRATA_FROM = ("file", "config")
+
+
 class FileOutcomes:
     """Paired outcomes from a CSV or Parquet file with columns
     stratum, scenario_id, cluster_id, baseline, candidate (outcomes 0/1).
 
-    Rows of one cluster are evaluated together (in the order their cluster first appears), so
-    a batch never splits a cluster. The file's rows are the stratum's units: `strata.*.units`
-    and `cluster_size` describe the synthetic source only.
+    Rows of one cluster are kept together (clusters in the order they first appear), so a batch
+    never splits a cluster; the scheduler then evaluates the clusters in a seeded random order.
+    The file's rows are the stratum's units and its clusters the stratum's plan: `strata.*.units`
+    and `cluster_size` describe the synthetic source only. The strata evaluated are the file's
+    (strata="file") or must all be configured (strata="config").
     """
 
-    def __init__(self, path: Optional[str] = None) -> None:
+    holds_outcomes = True  # its outcomes exist before the gauntlet: the planner may read them
+
+    def __init__(self, path: Optional[str] = None, strata: Optional[str] = "file") -> None:
         require(path is not None and str(path) not in ("", "???"),
                 "outcomes=file needs a file: add outcomes.path=<file.csv|file.parquet>")
+        strata = "file" if strata is None else str(strata)
+        require(strata in STRATA_FROM, f"outcomes.strata={strata!r} is unknown; use one of {', '.join(STRATA_FROM)}")
         self.path = Path(str(path))
+        self.strata_from = strata
         self._by_stratum: Dict[str, StratumOutcomes] | None = None
         self._sha256: str | None = None
 
@@ -189,9 +242,9 @@ class FileOutcomes:
             raise UserInputError(f"outcome file {self.path}: scenario_id {dup!r} appears more than once; "
                                  "each scenario must have one paired row")
         unknown = sorted(set(table["stratum"]) - set(strata))
-        if unknown:
+        if unknown and self.strata_from == "config":
             raise UserInputError(f"outcome file {self.path}: unknown stratum {unknown[0]!r}; known strata: "
-                                 f"{', '.join(strata)} (add it to the strata config or fix the file)")
+                                 f"{', '.join(strata)} (add it to the strata config, fix the file, or use outcomes.strata=file)")
         self._by_stratum = {}
         for name, rows in table.groupby("stratum", sort=False):
             # Stable regrouping: clusters in order of first appearance, rows in file order.
@@ -202,8 +255,20 @@ class FileOutcomes:
                 rows["baseline"].to_numpy(dtype=bool), rows["candidate"].to_numpy(dtype=bool), sizes)
         self._sha256 = sha256_file(self.path)
 
-    def load(self, request: OutcomeRequest, cache: ArrayCache) -> tuple[StratumOutcomes, str]:
+    def _stratum(self, name: str) -> StratumOutcomes:
         if self._by_stratum is None:
-            raise RuntimeError("FileOutcomes.validate() must run before load()")
-        empty = StratumOutcomes(np.zeros(0, bool), np.zeros(0, bool), np.zeros(0, np.int64))
-        return self._by_stratum.get(request.stratum, empty), "file"
+            raise RuntimeError("FileOutcomes.validate() must run before the file is read")
+        if name not in self._by_stratum:
+            raise KeyError(f"stratum {name!r} is not in {self.path}")
+        return self._by_stratum[name]
+
+    def available_strata(self) -> List[str]:
+        if self._by_stratum is None:
+            raise RuntimeError("FileOutcomes.validate() must run before the file is read")
+        return list(self._by_stratum)
+
+    def cluster_sizes(self, request: OutcomeRequest) -> np.ndarray:
+        return self._stratum(request.stratum).cluster_sizes
+
+    def load(self, request: OutcomeRequest, cache: ArrayCache) -> tuple[StratumOutcomes, str]:
+        return self._stratum(request.stratum), "file"

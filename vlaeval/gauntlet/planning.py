@@ -1,30 +1,37 @@
 """The planner: how many clusters and units each stratum needs to decide, before any is spent.
 
 For every stratum, in priority order, the configured test (mode, bet rule, cap, margin, alpha,
-alarm level, cluster size) is simulated on the gauntlet's generator at the stratum's base rate
-and an assumed effect (0: the candidate as good as the baseline); the plan reports the median
-and 90th-percentile clusters and units to a decision, the chance of deciding within the units
-the stratum is allowed, the information floor, and warnings where the stratum's units or the
-budget cannot reach a decision. `job=plan` prints it; the gauntlet runs it as a pre-flight.
-Pure apart from its seeded generator.
+alarm level, estimand) is simulated on the gauntlet's generator at the stratum's base rate and an
+assumed effect (0: the candidate as good as the baseline), with the cluster sizes of the stratum's
+real scenario plan (the configured sizes for synthetic outcomes, the file's clusters for an
+outcome file); the plan reports the median and 90th-percentile clusters and units to a decision,
+the chance of deciding within the units the stratum is allowed, the information floor, and
+warnings where the stratum's units or the budget cannot reach a decision. For a source that holds
+its outcomes already (a file), a stratum that cannot decide also gets the clusters it would need
+at its observed effect (the file's own cluster means, resampled). `job=plan` prints it; the
+gauntlet runs it as a pre-flight. Pure apart from its seeded generator.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Mapping
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.config import GauntletConfig, StratumConfig
-from vlaeval.seqtest import MODE_ASYMPTOTIC, size_adaptive_cap
+from vlaeval.gauntlet.outcomes import OutcomeRequest, planned_cluster_sizes
+from vlaeval.gauntlet.strata import alarm_alpha, priority_order
+from vlaeval.seqtest import MODE_ASYMPTOTIC, MODE_GROUP_SEQUENTIAL, cluster_means, plan_batches, size_adaptive_cap
 from vlaeval.seqtest.simulation import (
     NEVER,
     asymptotic_decision_times,
     decision_time,
     exact_decision_times,
     fixed_n_clusters,
+    group_sequential_decision_times,
     information_floor,
     realistic_cluster_means,
 )
@@ -35,47 +42,101 @@ HORIZON_CAP_CLUSTERS = 20_000
 SIMULATED_UNITS_PER_CHUNK = 2_000_000
 
 
-def alarm_alpha(settings: GauntletConfig, n_strata: int) -> float:
-    """Level of each stratum's REGRESSION alarm: alpha / K with the Bonferroni split, so the
-    chance of any false alarm across the K strata stays <= alpha (family-wise error)."""
-    return settings.alpha / n_strata if settings.alarm_fwer == "bonferroni" else settings.alpha
+@dataclass
+class StratumPlan:
+    """What is known about a stratum before its test starts."""
+
+    cluster_sizes: np.ndarray  # the scenario plan, in the source's order
+    base_rate: float  # the baseline's success rate the simulation assumes
+    observed_cluster_means: Optional[np.ndarray] = None  # a file's paired differences (planner only)
 
 
-def stratum_unit_limits(settings: GauntletConfig, strata: Mapping[str, StratumConfig]) -> Dict[str, int]:
+def stratum_plans(source: Any, settings: GauntletConfig, strata: Mapping[str, StratumConfig],
+                  effects: Mapping[str, float]) -> Dict[str, StratumPlan]:
+    """Each stratum's plan from its outcome source: the source's cluster sizes; for a source that
+    already holds its outcomes, the baseline's observed success rate and the observed cluster means."""
+    plans = {}
+    for name, spec in strata.items():
+        request = OutcomeRequest(name, spec, float(effects.get(name, 0.0)), settings.seed,
+                                 settings.baseline_version, settings.candidate_version)
+        sizes = np.asarray(source.cluster_sizes(request), dtype=np.int64)
+        if getattr(source, "holds_outcomes", False):
+            outcomes, _ = source.load(request, None)
+            differences = outcomes.candidate.astype(np.int8) - outcomes.baseline.astype(np.int8)
+            plans[name] = StratumPlan(sizes, float(outcomes.baseline.mean()), cluster_means(differences, sizes))
+        else:
+            plans[name] = StratumPlan(sizes, float(spec.base_rate))
+    return plans
+
+
+def configured_plans(strata: Mapping[str, StratumConfig]) -> Dict[str, StratumPlan]:
+    """Plans from the configuration alone (the synthetic source's scenario plan)."""
+    return {name: StratumPlan(planned_cluster_sizes(spec), float(spec.base_rate)) for name, spec in strata.items()}
+
+
+def stratum_unit_limits(settings: GauntletConfig, strata: Mapping[str, StratumConfig],
+                        plans: Mapping[str, StratumPlan]) -> Dict[str, int]:
     """Units each stratum may use if every stratum before it PASSes (the plan's expected path):
     its own units, the nominal allowance (expanded once the critical stratum has passed)."""
     limits = {}
     allowance = settings.nominal_base_allowance
     if settings.critical_stratum in strata:
         allowance = int(allowance * settings.nominal_expand_factor)
-    for name, spec in strata.items():
-        limits[name] = min(int(spec.units), allowance) if name == settings.nominal_stratum else int(spec.units)
+    for name in strata:
+        units = int(plans[name].cluster_sizes.sum())
+        limits[name] = min(units, allowance) if name == settings.nominal_stratum else units
     return limits
 
 
-def plan_stratum(settings: GauntletConfig, name: str, spec: StratumConfig, unit_limit: int, alarm: float,
-                 effect: float, replications: int) -> Dict[str, Any]:
+def _decision_times(settings: GauntletConfig, x: np.ndarray, sizes: np.ndarray, delta: float, alarm: float, cap: float,
+                    weights: Optional[np.ndarray], looks: np.ndarray, limit_clusters: int) -> Dict[str, np.ndarray]:
+    if settings.test_mode == MODE_ASYMPTOTIC:
+        return asymptotic_decision_times(x, delta, settings.alpha, burn_in_clusters=settings.burn_in_clusters,
+                                         tuning_clusters=max(limit_clusters, 1), weights=weights)
+    if settings.test_mode == MODE_GROUP_SEQUENTIAL:
+        usable = looks[looks <= x.shape[-1]]
+        return group_sequential_decision_times(x, delta, settings.alpha, looks=usable, cluster_sizes=sizes, alarm_alpha=alarm,
+                                               weights=weights, burn_in_clusters=settings.burn_in_clusters)
+    return exact_decision_times(x, delta, settings.alpha, rule=settings.bet_rule, cap=cap, alarm_alpha=alarm,
+                                weights=weights)
+
+
+def plan_stratum(settings: GauntletConfig, name: str, spec: StratumConfig, plan: StratumPlan, unit_limit: int,
+                 alarm: float, effect: float, replications: int) -> Dict[str, Any]:
     delta = spec.margin_delta if spec.margin_delta is not None else settings.margin_delta
-    size = int(spec.cluster_size)
+    sizes = plan.cluster_sizes
+    equal = bool(np.all(sizes == sizes[0]))
+    mean_size = float(sizes.mean())
     rng = np.random.default_rng([int(settings.seed), stable_seed("plan", name)])
-    reference = realistic_cluster_means(rng, 1, max(200_000 // size, 2000), size, effect, base_rate=spec.base_rate)[0]
-    floor = information_floor(reference, delta, settings.alpha)
-    limit_clusters = unit_limit // size
+
+    def draw_sizes(reps: int, clusters: int) -> int | np.ndarray:
+        # Clusters come in random order: each simulated cluster takes a size drawn from the plan.
+        return int(sizes[0]) if equal else rng.choice(sizes, size=(reps, clusters))
+
+    reference_clusters = max(int(200_000 // mean_size), 2000)
+    reference = realistic_cluster_means(rng, 1, reference_clusters, draw_sizes(1, reference_clusters), effect,
+                                        base_rate=plan.base_rate)[0]
+    expected = "PASS" if effect > -delta else "REGRESSION"
+    side_alpha = settings.alpha if expected == "PASS" else alarm
+    floor = information_floor(reference, delta, side_alpha)
+    batches = plan_batches(sizes, settings.batch_units, unit_limit)
+    limit_clusters = batches[-1][1] if batches else 0
+    looks = np.array([end for _, end in batches] or [1], dtype=np.int64)
     horizon = int(min(max(limit_clusters, 3 * floor if math.isfinite(floor) else 0, 50), HORIZON_CAP_CLUSTERS))
-    cap = float(size_adaptive_cap(size)) if settings.bet_cap is None else settings.bet_cap
-    firsts, passes = [], []
-    chunk = max(1, SIMULATED_UNITS_PER_CHUNK // (horizon * size))  # bounded memory for big strata
+    cap = float(size_adaptive_cap(int(sizes.min()))) if settings.bet_cap is None else settings.bet_cap
+    firsts, passes, within = [], [], []
+    chunk = max(1, SIMULATED_UNITS_PER_CHUNK // int(horizon * sizes.max()))  # bounded memory for big strata
     for start in range(0, replications, chunk):
-        x = realistic_cluster_means(rng, min(chunk, replications - start), horizon, size, effect,
-                                    base_rate=spec.base_rate)
-        if settings.test_mode == MODE_ASYMPTOTIC:
-            times = asymptotic_decision_times(x, delta, settings.alpha, burn_in_clusters=settings.burn_in_clusters,
-                                              tuning_clusters=max(limit_clusters, 1))
-        else:
-            times = exact_decision_times(x, delta, settings.alpha, rule=settings.bet_rule, cap=cap, alarm_alpha=alarm)
-        first, passed = decision_time(times)
+        reps = min(chunk, replications - start)
+        drawn = draw_sizes(reps, horizon)
+        x = realistic_cluster_means(rng, reps, horizon, drawn, effect, base_rate=plan.base_rate)
+        full = np.broadcast_to(np.asarray(drawn), x.shape)
+        weights = full / sizes.max() if settings.estimand == "unit" else None
+        first, passed = decision_time(_decision_times(settings, x, full, delta, alarm, cap, weights, looks, limit_clusters))
+        fits = np.minimum(np.sum(np.cumsum(full, axis=-1) <= unit_limit, axis=-1), sizes.size)
         firsts.append(first)
         passes.append(passed)
+        within.append(first <= fits)
     first, passed = np.concatenate(firsts), np.concatenate(passes)
 
     def quantile(q: float) -> float:
@@ -83,43 +144,72 @@ def plan_stratum(settings: GauntletConfig, name: str, spec: StratumConfig, unit_
         return math.inf if value >= NEVER else value
 
     median, p90 = quantile(0.5), quantile(0.9)
-    within = float(np.mean(first <= limit_clusters))
-    return {
+    row = {
         "stratum": name,
         "margin_delta": delta,
         "assumed_effect": effect,
-        "expected_decision": "PASS" if effect > -delta else "REGRESSION",
-        "cluster_size": size,
+        "expected_decision": expected,
+        "cluster_size": int(sizes[0]) if equal else f"{int(sizes.min())}-{int(sizes.max())}",
+        "clusters_available": int(sizes.size),
         "unit_limit": unit_limit,
         "median_clusters": median,
-        "median_units": median * size,
-        "p90_units": p90 * size,
-        "decision_probability_within_limit": within,
+        "median_units": median * mean_size,
+        "p90_units": p90 * mean_size,
+        "decision_probability_within_limit": float(np.mean(np.concatenate(within))),
         "pass_share": float(np.mean(passed & (first < NEVER))),
         "floor_clusters": floor,
-        "fixed_n_z_clusters": fixed_n_clusters(reference, delta, settings.alpha),
+        "fixed_n_z_clusters": fixed_n_clusters(reference, delta, side_alpha),
         "replications": replications,
     }
+    if plan.observed_cluster_means is not None and plan.observed_cluster_means.size:
+        row.update(observed_needs(settings, plan, delta, alarm, cap, replications, rng, looks))
+    return row
 
 
-def plan_gauntlet(settings: GauntletConfig, strata: Mapping[str, StratumConfig], *,
-                  assumed_effect: float, replications: int) -> Dict[str, Any]:
-    """The plan of every stratum in priority order, plus the budget check and warnings."""
-    from vlaeval.gauntlet.scheduler import priority_order
+def observed_needs(settings: GauntletConfig, plan: StratumPlan, delta: float, alarm: float, cap: float,
+                   replications: int, rng: np.random.Generator, looks: np.ndarray) -> Dict[str, Any]:
+    """Clusters to a decision at the observed effect: the stratum's own cluster means, resampled
+    (an estimate for planning only -- the test itself never looks at this)."""
+    observed = plan.observed_cluster_means
+    sizes = plan.cluster_sizes
+    effect = float(np.dot(observed, sizes) / sizes.sum()) if settings.estimand == "unit" else float(observed.mean())
+    floor = information_floor(observed, delta, settings.alpha if effect > -delta else alarm)
+    horizon = int(min(max(3 * floor if math.isfinite(floor) else 0, 4 * sizes.size, 50), HORIZON_CAP_CLUSTERS))
+    reps = min(replications, max(20, SIMULATED_UNITS_PER_CHUNK // horizon))
+    pick = rng.integers(0, observed.size, size=(reps, horizon))
+    weights = sizes[pick] / sizes.max() if settings.estimand == "unit" else None
+    step = int(looks[0])  # group-sequential: the plan's batches continued, a look every `step` clusters
+    extended = np.arange(step, horizon + 1, step)
+    first, _ = decision_time(_decision_times(settings, observed[pick], sizes[pick], delta, alarm, cap, weights, extended,
+                                             horizon))
+    median = float(np.median(first))
+    median = math.inf if median >= NEVER else median
+    return {"observed_effect": effect, "clusters_needed_at_observed_effect": median,
+            "units_needed_at_observed_effect": median * float(sizes.mean())}
 
-    alarm = alarm_alpha(settings, len(strata))
-    limits = stratum_unit_limits(settings, strata)
+
+def plan_gauntlet(settings: GauntletConfig, strata: Mapping[str, StratumConfig], *, assumed_effect: float,
+                  replications: int, plans: Optional[Mapping[str, StratumPlan]] = None) -> Dict[str, Any]:
+    """The plan of every stratum in priority order, plus the budget check and warnings. `plans`:
+    each stratum's scenario plan (default: the configured, synthetic one)."""
+    plans = configured_plans(strata) if plans is None else plans
+    alarm = alarm_alpha(settings, strata)
+    limits = stratum_unit_limits(settings, strata, plans)
     rows: List[Dict[str, Any]] = []
     warnings: List[str] = []
     for name in priority_order(strata):
-        row = plan_stratum(settings, name, strata[name], limits[name], alarm, assumed_effect, replications)
+        row = plan_stratum(settings, name, strata[name], plans[name], limits[name], alarm, assumed_effect, replications)
         rows.append(row)
         if row["decision_probability_within_limit"] < MIN_DECISION_PROBABILITY:
             median = "never" if not math.isfinite(row["median_units"]) else f"{row['median_units']:,.0f}"
-            warnings.append(
-                f"{name}: only {row['decision_probability_within_limit']:.0%} of simulated runs decide within its "
-                f"{row['unit_limit']:,}-unit limit (median {median} units at effect {assumed_effect:+g}); "
-                f"add units (strata.{name}.units) or widen its margin")
+            line = (f"{name}: only {row['decision_probability_within_limit']:.0%} of simulated runs decide within its "
+                    f"{row['unit_limit']:,}-unit limit ({row['clusters_available']:,} clusters; median {median} units "
+                    f"at effect {assumed_effect:+g})")
+            if "clusters_needed_at_observed_effect" in row:
+                needed = row["clusters_needed_at_observed_effect"]
+                line += (f"; at its observed effect {row['observed_effect']:+.3f} it would need about "
+                         f"{'more clusters than can be simulated' if not math.isfinite(needed) else f'{needed:,.0f} clusters'}")
+            warnings.append(line + f"; add clusters (strata.{name}) or widen its margin")
     expected_units = sum(min(r["median_units"], r["unit_limit"]) for r in rows)
     if expected_units > settings.budget_units:
         warnings.append(f"the strata need about {expected_units:,.0f} units to decide (medians) but "

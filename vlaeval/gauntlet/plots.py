@@ -1,4 +1,4 @@
-"""Plots of the gauntlet's e-process trajectories and confidence sequences."""
+"""Plots of the gauntlet's e-process trajectories and confidence sequences, cluster by cluster."""
 
 from __future__ import annotations
 
@@ -6,33 +6,56 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 from vlaeval.artifacts import atomic_write_bytes
 
 
+def _log10(values: Any) -> np.ndarray:
+    return np.log10(np.maximum(np.asarray(values, dtype=np.float64), 1e-300))
+
+
 def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
+    """Top: each stratum's two decision e-processes after every cluster (log10 wealth), with a star
+    where the deciding one crossed its threshold (and an X where a halt was certified). Bottom: the
+    point estimate and the confidence sequence after every cluster; dots mark batch ends; a
+    halting stratum also shows the one-sided upper bound the halt is decided on."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    strata = [s for s in result["strata"] if s["trajectory"]]
+    strata = [s for s in result["strata"] if s["trajectory"].get("clusters")]
     fig, axes = plt.subplots(2, 1, figsize=(10, 8), sharex=False)
     e_axis, cs_axis = axes
     exact = result.get("test_mode", "exact") == "exact"
     for s in strata:
-        units = [p["units"] for p in s["trajectory"]]
+        tr = s["trajectory"]
+        units = np.asarray(tr["units"], dtype=np.float64)
+        ends = np.asarray(tr["looks"], dtype=np.int64) - 1
         color = None
         if exact:
             # Every e-process starts at 1 (log10 = 0) before the first unit.
-            line, = e_axis.plot([0] + units, [0.0] + [math.log10(max(p["e_value_regression"], 1e-300)) for p in s["trajectory"]],
-                                label=f"{s['stratum']} regression", linestyle="--", marker=".")
+            line, = e_axis.plot(np.r_[0, units], np.r_[0.0, _log10(tr["e_value_regression"])],
+                                label=f"{s['stratum']} regression", linestyle="--", linewidth=1)
             color = line.get_color()
-            e_axis.plot([0] + units, [0.0] + [math.log10(max(p["e_value_pass"], 1e-300)) for p in s["trajectory"]],
-                        color=color, label=f"{s['stratum']} pass", marker="o", markersize=3)
-        line, = cs_axis.plot(units, [p["delta_estimate"] for p in s["trajectory"]], color=color, label=s["stratum"],
-                             marker="o", markersize=3)
-        cs_axis.fill_between(units, [p["cs_lower"] for p in s["trajectory"]], [p["cs_upper"] for p in s["trajectory"]],
-                             color=line.get_color(), alpha=0.2)
+            e_axis.plot(np.r_[0, units], np.r_[0.0, _log10(tr["e_value_pass"])], color=color,
+                        label=f"{s['stratum']} pass", linewidth=1.3)
+            if s.get("decided_at_unit") is not None and s.get("decision_wealth") is not None:
+                e_axis.plot([s["decided_at_unit"]], [math.log10(max(s["decision_wealth"], 1e-300))], marker="*",
+                            markersize=12, color=color, markeredgecolor="black", linestyle="none")
+        line, = cs_axis.plot(units, tr["delta_estimate"], color=color, label=s["stratum"], linewidth=1.2)
+        color = line.get_color()
+        cs_axis.fill_between(units, tr["cs_lower"], tr["cs_upper"], color=color, alpha=0.2, step="post")
+        cs_axis.plot(units[ends], np.asarray(tr["delta_estimate"])[ends], marker="o", markersize=3, color=color,
+                     linestyle="none")
+        if "catastrophic_upper" in tr:
+            cs_axis.plot(units, tr["catastrophic_upper"], color=color, linestyle="-.", linewidth=1,
+                         label=f"{s['stratum']} halt bound (level {1 - s['catastrophic_alpha']:.3g})")
+            bound = s.get("catastrophic_bound") or {}
+            if s.get("catastrophic") == "CATASTROPHIC" and bound.get("decided_at_unit") is not None:
+                cs_axis.plot([bound["decided_at_unit"]], [bound["upper_bound_at_decision"]], marker="X", markersize=11,
+                             color="red", markeredgecolor="black", linestyle="none")
     alpha = strata[0]["alpha"] if strata else 0.05
     alarm = strata[0].get("alarm_alpha", alpha) if strata else alpha
     if exact:
@@ -40,22 +63,29 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
         if alarm != alpha:
             e_axis.axhline(math.log10(1 / alarm), color="black", linewidth=1, linestyle="--",
                            label=f"REGRESSION at 1/alarm_alpha = {1 / alarm:g}")
-        e_axis.set_title("e-processes per stratum (solid: PASS side, dashed: REGRESSION side)")
+        e_axis.set_title("e-processes after every cluster (solid: PASS side, dashed: REGRESSION side; * = decision)")
         e_axis.legend(fontsize=7, ncol=2)
     else:
-        e_axis.text(0.5, 0.5, "ASYMPTOTIC test mode: no e-values (decisions from asymptotic CSs)",
+        e_axis.text(0.5, 0.5, f"{result.get('test_mode', '').upper()} test mode: no e-values "
+                              "(decisions from normal-approximation boundaries)",
                     ha="center", va="center", transform=e_axis.transAxes)
-    e_axis.set_ylabel("log10 e-value")
+    e_axis.set_ylabel("log10 wealth")
+    e_axis.set_xlabel("units evaluated in stratum")
     if strata:
+        # The first few clusters' bounds span [-1, 1]; frame the estimates and the lines that decide.
+        estimates = np.concatenate([np.asarray(s["trajectory"]["delta_estimate"], dtype=np.float64) for s in strata])
+        lines = [-s["margin_delta"] for s in strata] + [-s["catastrophic_delta"] for s in strata
+                                                         if s.get("catastrophic_delta") is not None]
+        cs_axis.set_ylim(max(-1.0, min(estimates.min(), *lines) - 0.1), min(1.0, max(estimates.max(), *lines) + 0.1))
         cs_axis.axhline(-strata[0]["margin_delta"], color="black", linewidth=1, linestyle=":", label="-margin")
         halting = [s for s in strata if s.get("catastrophic_delta") is not None]
         if halting:
             cs_axis.axhline(-halting[0]["catastrophic_delta"], color="red", linewidth=1, linestyle=":",
-                            label="-catastrophic (halt when a halting stratum's CS is below)")
+                            label="-catastrophic (halt when the halt bound reaches it; X = halt)")
     cs_axis.set_xlabel("units evaluated in stratum")
     cs_axis.set_ylabel("Delta (candidate - baseline)")
-    cs_axis.set_title("point estimate and anytime-valid confidence sequence" if exact else
-                      "point estimate and ASYMPTOTIC confidence sequence (opt-in mode, not exact)")
+    cs_axis.set_title("point estimate and confidence sequence after every cluster (dots: batch ends)" if exact else
+                      f"point estimate and {result.get('test_mode', '').upper()} confidence bounds (opt-in mode, not exact)")
     cs_axis.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     atomic_write_bytes(path, lambda handle: fig.savefig(handle, format="png", dpi=110))

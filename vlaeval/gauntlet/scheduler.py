@@ -1,48 +1,62 @@
 """The priority-ordered launch gauntlet.
 
-Strata are evaluated one at a time in safety-first priority order, in batches of whole clusters,
-each stopped by its own anytime-valid test -- the loop has no other stopping rule than the
-e-process (plus the unit limits). Between strata the scheduler reacts to what it learned:
+Strata are evaluated one at a time in safety-first priority order, in batches of whole clusters
+taken in a seeded random order, each stopped by its own sequential test -- the loop has no other
+stopping rule than the test (plus the unit limits). Between strata the scheduler reacts to what it
+learned:
 
 * CATASTROPHIC_HALT: a halting stratum (safety_critical) certifies Delta < -catastrophic_delta
-  at level alpha: the candidate is halted and the remaining strata are not evaluated;
+  (its one-sided upper confidence sequence at the halt's level falls to or below that line): the
+  candidate is halted and the remaining strata are not evaluated;
 * REGRESSION_PRIORITIZE_RELATED: any other certified regression moves the stratum's related
   strata to the front of the remaining queue;
 * CRITICAL_PASS_EXPAND: the critical stratum PASSes: the nominal stratum's unit allowance is
   multiplied (cheap volume evidence only once the safety evidence is in);
 * BUDGET_EXHAUSTED: the unit budget ran out with strata still queued.
+
+Multiplicity: LAUNCH is intersection-union (every stratum must PASS its own level-alpha test), so
+it needs no correction; the alarms -- one REGRESSION per stratum and one halt per halting stratum
+-- are a union, so with alarm_fwer=bonferroni each is tested at alpha / (K + H) and the chance of
+any false alarm stays <= alpha (vlaeval.gauntlet.strata.alarm_alpha).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from vlaeval.config import GauntletConfig, StratumConfig, require
+from vlaeval.config import ClusterOrder, GauntletConfig, StratumConfig, require
 from vlaeval.gauntlet.cache import ArrayCache
-from vlaeval.gauntlet.outcomes import OutcomeRequest
-from vlaeval.gauntlet.planning import alarm_alpha
+from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes, cluster_permutation
 from vlaeval.gauntlet.recommendation import launch_recommendation
+from vlaeval.gauntlet.strata import alarm_alpha, alarm_count, priority_order
 from vlaeval.seqtest import (
     BET_RULES,
     ESTIMANDS,
+    MODE_EXACT,
     MODES,
     CATASTROPHIC,
     CATASTROPHIC_UNDECIDED,
     DECISION_INSUFFICIENT,
     DECISION_PASS,
     DECISION_REGRESSION,
+    catastrophic_message,
     cluster_means,
     cluster_offsets,
     make_sequential_test,
+    on_grid,
     plan_batches,
+    planned_looks_of,
 )
+from vlaeval.seqtest.units import success_rate_interval
 
 ALARM_FWER = ("bonferroni", "none")
 PREFLIGHT = ("warn", "error", "off")
+
+__all__ = ["BatchProgress", "priority_order", "run_gauntlet", "validate_gauntlet", "order_seed"]
 
 
 @dataclass
@@ -55,8 +69,8 @@ class BatchProgress:
     decision: str
 
 
-def priority_order(strata: Mapping[str, StratumConfig]) -> List[str]:
-    return sorted(strata, key=lambda name: (strata[name].priority, name))
+def order_seed(settings: GauntletConfig) -> int:
+    return int(settings.seed if settings.order_seed is None else settings.order_seed)
 
 
 def validate_gauntlet(settings: GauntletConfig, strata: Mapping[str, StratumConfig],
@@ -83,6 +97,13 @@ def validate_gauntlet(settings: GauntletConfig, strata: Mapping[str, StratumConf
     require(s.plan_replications >= 20, f"gauntlet.plan_replications={s.plan_replications} must be >= 20")
     require(0.0 < s.cs_grid_step <= 0.1, f"gauntlet.cs_grid_step={s.cs_grid_step} must be in (0, 0.1]")
     require(bool(strata), "no strata configured; pick a preset, e.g. strata=default")
+    if s.test_mode == MODE_EXACT:
+        # Decisions and the confidence sequence must speak about the same e-processes.
+        for where, value in [("gauntlet.margin_delta", s.margin_delta), ("gauntlet.catastrophic_delta", s.catastrophic_delta)] + [
+                (f"strata.{n}.margin_delta", spec.margin_delta) for n, spec in strata.items() if spec.margin_delta is not None]:
+            require(on_grid(value, s.cs_grid_step),
+                    f"{where}={value} is not a multiple of gauntlet.cs_grid_step={s.cs_grid_step}; every decision "
+                    "margin must lie on the confidence sequence's grid (e.g. gauntlet.cs_grid_step=0.001)")
     for name, spec in strata.items():
         where = f"strata.{name}"
         require(spec.units >= 1, f"{where}.units={spec.units} must be a positive number of scenario units")
@@ -106,24 +127,20 @@ def validate_gauntlet(settings: GauntletConfig, strata: Mapping[str, StratumConf
                 f"gauntlet.{role}={name!r} is not a configured stratum; name one of {', '.join(strata)} or set ''")
 
 
-def _evaluate_stratum(test: Any, outcomes, unit_limit: int, batch_units: int,
-                      halting: bool, report: Callable[[int, int, str], None]) -> Dict[str, Any]:
-    """Feed whole-cluster batches until the e-process decides (and, in a halting stratum with a
-    regression, until the catastrophic question is decided too) or the unit limit is reached."""
+def _evaluate_stratum(test: Any, outcomes: StratumOutcomes, batches: Sequence[tuple], halting: bool,
+                      report: Callable[[int, int, str], None]) -> Dict[str, Any]:
+    """Feed the planned whole-cluster batches until the test decides (and, in a halting stratum
+    with a regression, until the catastrophic question is decided too) or the plan ends."""
     sizes = outcomes.cluster_sizes
     offsets = cluster_offsets(sizes)
     differences = outcomes.candidate.astype(np.int8) - outcomes.baseline.astype(np.int8)
-    used, batches = 0, 0
-    baseline_successes = candidate_successes = 0
-    for first, end in plan_batches(sizes, batch_units, unit_limit):
+    used_clusters, batch_count = 0, 0
+    for first, end in batches:
         start_unit, end_unit = int(offsets[first]), int(offsets[end])
         test.update_clusters(cluster_means(differences[start_unit:end_unit], sizes[first:end]), sizes[first:end])
-        baseline_successes += int(outcomes.baseline[start_unit:end_unit].sum())
-        candidate_successes += int(outcomes.candidate[start_unit:end_unit].sum())
-        used, batches = end_unit, batches + 1
-        test.record_trajectory_point(batch=batches)
+        used_clusters, batch_count = end, batch_count + 1
         decision = test.evaluate()
-        report(batches, used, decision)
+        report(batch_count, end_unit, decision)
         catastrophic = test.catastrophic_status()
         if halting and catastrophic == CATASTROPHIC:
             break
@@ -131,11 +148,17 @@ def _evaluate_stratum(test: Any, outcomes, unit_limit: int, batch_units: int,
             not halting or decision == DECISION_PASS or catastrophic != CATASTROPHIC_UNDECIDED
         ):
             break
+    baseline, candidate = outcomes.cluster_successes()
+    seen = slice(0, used_clusters)
+    rates = {who: success_rate_interval(wins[seen], sizes[seen]) for who, wins in
+             (("baseline", baseline), ("candidate", candidate))}
     return {
-        "units_evaluated": used,
-        "batches": batches,
-        "baseline_success_rate": baseline_successes / used if used else None,
-        "candidate_success_rate": candidate_successes / used if used else None,
+        "units_evaluated": int(offsets[used_clusters]),
+        "clusters_evaluated": used_clusters,
+        "batches": batch_count,
+        "baseline_success_rate": rates["baseline"]["rate"],
+        "candidate_success_rate": rates["candidate"]["rate"],
+        "success_rates": rates,
     }
 
 
@@ -147,47 +170,65 @@ def run_gauntlet(
     cache: ArrayCache,
     lineage: Mapping[str, Any],
     *,
+    absent: Sequence[str] = (),
+    required_absent: Sequence[str] = (),
     on_batch: Optional[Callable[[BatchProgress], None]] = None,
 ) -> Dict[str, Any]:
-    """Run the whole gauntlet; pure apart from the outcome source and its cache."""
+    """Run the whole gauntlet on the (resolved) strata; pure apart from the outcome source and its
+    cache. `absent`: configured strata the source lacks (reported; `required_absent` need review)."""
     s = settings
     started = time.perf_counter()
     cache_before = cache.stats.as_dict()
     order = priority_order(strata)
     queue = list(order)
-    alarm = alarm_alpha(s, len(strata))  # family-wise error of the REGRESSION alarms
+    alarm = alarm_alpha(s, strata)  # family-wise error of the alarms (REGRESSION and halts)
     nominal_allowance = int(s.nominal_base_allowance)
     budget_left = int(s.budget_units)
     units_evaluated = 0
     halted = False
+    shuffled = s.cluster_order == ClusterOrder.shuffled
     events: List[Dict[str, Any]] = []
     results: List[Dict[str, Any]] = []
     processed: List[str] = []
 
+    def request(name: str) -> OutcomeRequest:
+        return OutcomeRequest(name, strata[name], float(effects.get(name, 0.0)), s.seed, s.baseline_version,
+                              s.candidate_version)
+
+    units_defined = {name: int(np.sum(source.cluster_sizes(request(name)))) for name in order}
     while queue and budget_left > 0 and not halted:
         name = queue.pop(0)
         spec = strata[name]
         processed.append(name)
         effect = float(effects.get(name, 0.0))
-        outcomes, cache_status = source.load(
-            OutcomeRequest(name, spec, effect, s.seed, s.baseline_version, s.candidate_version), cache)
+        outcomes, cache_status = source.load(request(name), cache)
+        if shuffled:
+            outcomes = outcomes.reordered(cluster_permutation(outcomes.cluster_sizes.size, order_seed(s), name))
         unit_limit = min(outcomes.units, budget_left)
         if name == s.nominal_stratum:
             unit_limit = min(unit_limit, nominal_allowance)
+        batches = plan_batches(outcomes.cluster_sizes, s.batch_units, unit_limit)
+        planned_clusters = batches[-1][1] if batches else 0
         margin = spec.margin_delta if spec.margin_delta is not None else s.margin_delta
+        sizes = outcomes.cluster_sizes
         test = make_sequential_test(
             s.test_mode, margin, s.alpha,
             catastrophic_delta=s.catastrophic_delta if spec.catastrophic_halt else None,
-            alarm_alpha=alarm, estimand=s.estimand, max_cluster_size=int(outcomes.cluster_sizes.max()),
+            alarm_alpha=alarm, estimand=s.estimand,
+            # The plan's extremes, fixed before the first cluster: the unit estimand's weights and the
+            # one bet cap of the stratum (a cap from each arriving cluster's size is not predictable).
+            max_cluster_size=int(sizes.max()) if sizes.size else 1,
+            min_cluster_size=int(sizes.min()) if sizes.size else 1,
             bet_rule=s.bet_rule, bet_cap=s.bet_cap, cs_grid_step=s.cs_grid_step,
-            burn_in_clusters=s.burn_in_clusters, tuning_clusters=max(unit_limit // int(spec.cluster_size), 1),
+            burn_in_clusters=s.burn_in_clusters, tuning_clusters=max(planned_clusters, 1),
+            planned_looks=planned_looks_of(batches) or [1],  # no batch fits: the test sees nothing
         )
 
         def report(batch: int, used: int, decision: str) -> None:
             if on_batch is not None:
                 on_batch(BatchProgress(name, batch, used, unit_limit, units_evaluated + used, decision))
 
-        run = _evaluate_stratum(test, outcomes, unit_limit, s.batch_units, spec.catastrophic_halt, report)
+        run = _evaluate_stratum(test, outcomes, batches, spec.catastrophic_halt, report)
         used = run["units_evaluated"]
         budget_left -= used
         units_evaluated += used
@@ -199,12 +240,15 @@ def run_gauntlet(
             "kind": spec.kind,
             "planted_effect": effect,
             "units_available": outcomes.units,
+            "clusters_available": int(sizes.size),
             "unit_limit": unit_limit,
             **run,
             "units_saved_by_early_stop": unit_limit - used,
+            "cluster_order": ({"mode": "shuffled", "order_seed": order_seed(s), "stream": f"cluster-order/{name}"}
+                              if shuffled else {"mode": "as_given", "declared_random_by_user": True}),
             "cache": cache_status,
             **snapshot,
-            "trajectory": test.trajectory,
+            "trajectory": test.trajectory(),
         })
 
         estimate = snapshot["delta_estimate"]
@@ -212,12 +256,9 @@ def run_gauntlet(
             halted = True
             events.append({
                 "event": "CATASTROPHIC_HALT", "stratum": name, "delta_estimate": estimate,
-                "cs_upper": snapshot["confidence_sequence"]["upper"],
-                "detail": f"{name}: Delta < -{s.catastrophic_delta} certified at level {snapshot['catastrophic_alpha']:.3g} "
-                          f"(confidence sequence upper bound {snapshot['confidence_sequence']['upper']:+.3f}"
-                          + (f", e-value {snapshot['e_value_catastrophic']:.3g} >= {1 / snapshot['catastrophic_alpha']:.3g}"
-                             if snapshot.get("e_value_catastrophic") is not None else "")
-                          + "); candidate halted, remaining strata not evaluated",
+                "catastrophic_upper_bound": snapshot["catastrophic_bound"]["upper_bound_at_decision"],
+                "catastrophic_alpha": snapshot["catastrophic_alpha"],
+                "detail": f"{name}: {catastrophic_message(snapshot)}; candidate halted, remaining strata not evaluated",
             })
         elif snapshot["decision"] == DECISION_REGRESSION:
             promoted = [r for r in spec.related if r in queue]
@@ -246,15 +287,16 @@ def run_gauntlet(
     looked_up = cache_stats["hits"] + cache_stats["misses"]
     cache_stats["hit_rate"] = cache_stats["hits"] / looked_up if looked_up else None
     cache_stats["corrupt_entries"] = cache_after["corrupt_entries"][len(cache_before["corrupt_entries"]):]
-    total_units = int(sum(strata[n].units for n in strata))
+    total_units = int(sum(units_defined.values()))
     recommendation = launch_recommendation(results, not_evaluated, halted=halted, lineage=lineage,
-                                            test_mode=s.test_mode)
+                                            test_mode=s.test_mode, required_absent=required_absent)
+    halts = alarm_count(strata) - len(strata)
     return {
         "candidate_version": s.candidate_version,
         "baseline_version": s.baseline_version,
         "planted_effects": dict(effects),
         "scale": {
-            "total_units_defined": total_units,
+            "total_units_defined": total_units,  # the units the source holds for the evaluated strata
             "units_evaluated": units_evaluated,
             "units_saved": total_units - units_evaluated,
             "budget_units": int(s.budget_units),
@@ -266,6 +308,7 @@ def run_gauntlet(
         "priority_order": order,
         "processed_order": processed,
         "not_evaluated": not_evaluated,
+        "absent_strata": list(absent),
         "halted": halted,
         "status": "halted" if halted else "completed",
         "events": events,
@@ -277,15 +320,21 @@ def run_gauntlet(
         "test_mode": s.test_mode,
         "multiplicity": {
             "launch": "intersection-union: LAUNCH needs every stratum to PASS its own level-alpha test",
-            "regression_alarms": (f"Bonferroni: each stratum's REGRESSION alarm at alpha / {len(strata)} = {alarm:.4g}, "
-                                  "family-wise false-alarm rate <= alpha") if s.alarm_fwer == "bonferroni"
-            else "none: each REGRESSION alarm at alpha (family-wise false-alarm rate up to n_strata * alpha)",
+            "alarms": (f"Bonferroni over {len(strata)} REGRESSION alarms and {halts} catastrophic halt(s): each at "
+                       f"alpha / {alarm_count(strata)} = {alarm:.4g}, so P(any false alarm) <= alpha")
+            if s.alarm_fwer == "bonferroni" else
+            f"none: each REGRESSION alarm at alpha and each halt at alpha / 2 (P(any false alarm) up to "
+            f"{alarm_count(strata)} x alpha)",
             "alarm_alpha": alarm,
         },
-        "statistical_validity": (
-            "every stopping decision is an anytime-valid betting e-process on cluster means "
-            "(Ville's inequality); decisions are sticky; the catastrophic halt is decided on the "
-            "confidence sequence: its upper bound below -catastrophic_delta") if s.test_mode == "exact" else (
-            "ASYMPTOTIC mode (opt-in): decisions from asymptotic confidence sequences (Waudby-Smith et al. "
-            "2024) after a burn-in; valid only as clusters grow, not at every sample size"),
+        "statistical_validity": {
+            "exact": "every stopping decision is an anytime-valid betting e-process on cluster means in random order "
+                     "(Ville's inequality); decisions are sticky; the catastrophic halt is decided on a one-sided "
+                     "upper confidence sequence at its own level",
+            "asymptotic": "ASYMPTOTIC mode (opt-in): decisions from asymptotic confidence sequences (Waudby-Smith et "
+                          "al. 2024) after a burn-in; valid only as clusters grow, not at every sample size",
+            "group_sequential": "GROUP-SEQUENTIAL mode (opt-in): z-tests on cluster means at the planned batches, "
+                                "O'Brien-Fleming-type alpha spending; valid under the normal approximation at the "
+                                "planned looks only",
+        }[s.test_mode],
     }

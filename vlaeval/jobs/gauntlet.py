@@ -1,63 +1,56 @@
 """job=gauntlet: may this candidate policy replace the baseline?
 
-Validate the strata, effects and outcome source; evaluate the strata in safety-first priority
-order, each stopped by its anytime-valid e-process; react to halts, regressions and critical
-passes; recommend LAUNCH / DO_NOT_LAUNCH / NEEDS_REVIEW with lineage; save the result, plot the
-e-processes, log everything to MLflow, print the strata table.
+Validate the strata, effects and outcome source and reconcile the strata the source holds with the
+configured ones; plan every stratum (pre-flight); evaluate the strata in safety-first priority
+order, clusters in a seeded random order, each stopped by its sequential test; react to halts,
+regressions and critical passes; recommend LAUNCH / DO_NOT_LAUNCH / NEEDS_REVIEW with lineage;
+save the result, plot the e-processes, log everything to MLflow, print the strata table.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+import numpy as np
+from omegaconf import DictConfig
 
 from vlaeval import console
-from vlaeval.config import UserInputError, require, to_plain
+from vlaeval.artifacts import atomic_write_npz
+from vlaeval.config import ClusterOrder, UserInputError, to_plain
 from vlaeval.gauntlet.cache import ArrayCache
+from vlaeval.gauntlet.inputs import GauntletInputs, gauntlet_inputs
 from vlaeval.gauntlet.lineage import build_lineage
-from vlaeval.provenance import code_version
 from vlaeval.gauntlet.planning import plan_gauntlet
 from vlaeval.gauntlet.plots import plot_trajectories
 from vlaeval.gauntlet.recommendation import LAUNCH
-from vlaeval.gauntlet.scheduler import BatchProgress, run_gauntlet, validate_gauntlet
-from vlaeval.jobs.common import now_ms, output_dir, publish, typed
+from vlaeval.gauntlet.scheduler import BatchProgress, order_seed, run_gauntlet
+from vlaeval.jobs.common import now_ms, output_dir, publish
+from vlaeval.provenance import code_version
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION
 from vlaeval.tracking import config_sha256
 
 JOB = "gauntlet"
-
-
-def build_source(cfg: DictConfig) -> Any:
-    require(not OmegaConf.is_missing(cfg.outcomes, "path"),
-            "outcomes=file needs a file: add outcomes.path=<file.csv|file.parquet>")
-    try:
-        return instantiate(cfg.outcomes)
-    except InstantiationException as error:
-        # Hydra wraps the source's own one-line input errors; show them as they are.
-        if isinstance(error.__cause__, UserInputError):
-            raise error.__cause__ from None
-        raise UserInputError(f"outcomes._target_={cfg.outcomes._target_} could not be built "
-                             f"({str(error).splitlines()[0]})") from None
+TRAJECTORY_FILE = "trajectories.npz"
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
-    settings = typed(cfg.gauntlet)
-    strata = {name: typed(node) for name, node in cfg.strata.items()}
-    effects = {str(k): float(v) for k, v in cfg.effects.items()}
-    source = build_source(cfg)
-    validate_gauntlet(settings, strata, effects)
-    source.validate(strata, effects)
-    preflight = run_preflight(settings, strata)
+    inputs = gauntlet_inputs(cfg)
+    settings = inputs.settings
+    for line in inputs.resolved.notices:
+        console.show(f"notice: {line}")
+    preflight = run_preflight(inputs)
 
     plain = to_plain(cfg)
     code = code_version()
+    shuffled = settings.cluster_order == ClusterOrder.shuffled
     lineage = build_lineage(
         candidate_version=settings.candidate_version, baseline_version=settings.baseline_version,
-        data_source=source.describe(), seeds={"gauntlet": settings.seed},
+        data_source=inputs.source.describe(),
+        seeds={"gauntlet": settings.seed, "cluster_order": order_seed(settings) if shuffled else None},
+        cluster_order="shuffled: a seeded random permutation of each stratum's clusters" if shuffled else
+        "as_given: the source's order, declared random by the user (gauntlet.cluster_order=as_given)",
         config_sha256=config_sha256(plain), require_clean_code=settings.require_clean_code)
     cache = ArrayCache(cfg.paths.cache_dir, enabled=settings.use_cache, namespace="gauntlet-units")
 
@@ -65,26 +58,46 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         def on_batch(p: BatchProgress) -> None:
             update(completed=p.units_evaluated_total, description=f"{p.stratum} [{p.decision}]")
 
-        result = run_gauntlet(settings, strata, effects, source, cache, lineage, on_batch=on_batch)
+        result = run_gauntlet(settings, inputs.strata, inputs.effects, inputs.source, cache, lineage,
+                              absent=inputs.resolved.absent, required_absent=inputs.required_absent, on_batch=on_batch)
     result["gauntlet_id"] = f"gauntlet-{lineage['config_sha256'][:12]}"
     result["preflight"] = preflight
+    result["notices"] = inputs.resolved.notices
     for path in result["cache"]["corrupt_entries"]:
         console.print_error(f"corrupt cache entry {path} was detected and recomputed")
 
     plots = [plot_trajectories(result, output_dir(cfg) / "gauntlet_trajectories.png")] if settings.plot else []
     metrics, checks, tags, history = tracking_view(result)
+    trajectories = save_trajectories(result, output_dir(cfg) / TRAJECTORY_FILE)
     result = publish(cfg, JOB, result, started_ms=started_ms, run_name=result["gauntlet_id"],
-                     metrics=metrics, checks=checks, tags=tags, history=history, plots=plots, code=code)
+                     metrics=metrics, checks=checks, tags=tags, history=history, plots=plots, code=code,
+                     extra_artifacts=[(trajectories, None)])
     print_summary(result)
     return result
 
 
-def run_preflight(settings: Any, strata: Dict[str, Any]) -> Dict[str, Any] | None:
+def save_trajectories(result: Dict[str, Any], path: Path) -> Path:
+    """Every stratum's per-cluster record as arrays in a compressed NPZ (`<stratum>/<series>`; a
+    10M-unit gauntlet holds 400k clusters, too many for JSON); result.json keeps the record at each
+    batch's end and the file's name."""
+    arrays: Dict[str, np.ndarray] = {}
+    for s in result["strata"]:
+        trajectory = s["trajectory"]
+        ends = [clusters - 1 for clusters in trajectory["looks"]]
+        arrays.update({f"{s['stratum']}/{series}": np.asarray(values) for series, values in trajectory.items()})
+        s["trajectory"] = {"per_cluster_file": path.name, "clusters": len(trajectory.get("clusters", [])),
+                           "at_batch_ends": {series: [values[i] for i in ends] for series, values in trajectory.items()
+                                             if series != "looks"} | {"looks": list(trajectory["looks"])}}
+    return atomic_write_npz(path, arrays)
+
+
+def run_preflight(inputs: GauntletInputs) -> Dict[str, Any] | None:
     """The planner before any unit is spent: warnings printed (or, with preflight=error, refused)."""
+    settings = inputs.settings
     if settings.preflight == "off":
         return None
-    plan = plan_gauntlet(settings, strata, assumed_effect=settings.assumed_effect,
-                         replications=settings.plan_replications)
+    plan = plan_gauntlet(settings, inputs.strata, assumed_effect=settings.assumed_effect,
+                         replications=settings.plan_replications, plans=inputs.plans)
     if plan["warnings"] and settings.preflight == "error":
         raise UserInputError(f"pre-flight: {plan['warnings'][0]} (or set gauntlet.preflight=warn)")
     for line in plan["warnings"]:
@@ -129,12 +142,20 @@ def tracking_view(result: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, b
             f"{key}.cs_upper": cs["upper"],
             f"{key}.decision_pass": float(s["decision"] == DECISION_PASS),
             f"{key}.decision_regression": float(s["decision"] == DECISION_REGRESSION),
+            f"{key}.baseline_success_rate": s["success_rates"]["baseline"]["rate"],
+            f"{key}.candidate_success_rate": s["success_rates"]["candidate"]["rate"],
         })
+        if s.get("catastrophic_bound") is not None:
+            metrics[f"{key}.catastrophic_upper_bound"] = s["catastrophic_bound"]["upper"]
         tags[f"{key}.decision"] = s["decision"]
+        # Metric history at each batch's end (step = batch); result.json keeps every cluster.
+        trajectory = s["trajectory"]
+        ends = [clusters - 1 for clusters in trajectory["looks"]]
         for series in ("e_value_regression", "e_value_pass", "delta_estimate", "cs_lower", "cs_upper"):
-            points = [(p["batch"], p[series]) for p in s["trajectory"] if p[series] is not None]
-            if points:  # the asymptotic mode has no e-values
-                history[f"{key}.{series}"] = points
+            if series in trajectory:  # the approximate modes have no e-values
+                history[f"{key}.{series}"] = [(batch, trajectory[series][i]) for batch, i in enumerate(ends, start=1)]
+    for name in result.get("absent_strata", []):
+        tags[f"stratum.{name}.decision"] = "ABSENT"
     evaluated = {s["stratum"] for s in result["strata"]}
     checks = {
         "no_catastrophic_halt": not result["halted"],
@@ -151,24 +172,39 @@ def evalue(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+def rate(interval: Dict[str, Any] | None) -> str:
+    if not interval or interval.get("rate") is None:
+        return "-"
+    return f"{interval['rate']:.3f} [{interval['lower']:.3f}, {interval['upper']:.3f}]"
+
+
+MODE_LABEL = {"exact": "", "asymptotic": "ASYMPTOTIC", "group_sequential": "GROUP-SEQUENTIAL"}
+
+
 def print_summary(result: Dict[str, Any]) -> None:
+    """The strata table, events and recommendation (also for results saved by older versions)."""
+    label = MODE_LABEL.get(result["test_mode"], result["test_mode"].upper())
     cs_title = f"{1 - result['strata'][0]['alpha']:.0%} CS" if result["strata"] else "CS"
-    if result["test_mode"] != "exact":
-        cs_title += " (ASYMPTOTIC)"
+    cs_title += f" ({label})" if label else ""
     rows = []
     for s in result["strata"]:
         cs = s["confidence_sequence"]
+        rates = s.get("success_rates", {})
         rows.append((s["priority"], s["stratum"], s["data_label"], f"{s['planted_effect']:+.3f}", s["decision"],
                      f"{s['units_evaluated']}/{s['unit_limit']}", s["units_saved_by_early_stop"],
+                     rate(rates.get("baseline")), rate(rates.get("candidate")),
                      f"{s['delta_estimate']:+.4f}" if s["delta_estimate"] is not None else "-",
                      f"[{cs['lower']:+.3f}, {cs['upper']:+.3f}]",
                      evalue(s["e_value_regression"]), evalue(s["e_value_pass"]), s["cache"]))
     for name in result["not_evaluated"]:
-        rows.append(("", name, "", "", "not evaluated", "", "", "", "", "", "", ""))
+        rows.append(("", name, "", "", "not evaluated", "", "", "", "", "", "", "", "", ""))
+    for name in result.get("absent_strata", []):
+        rows.append(("", name, "", "", "absent", "", "", "", "", "", "", "", "", ""))
     console.show(console.table(
         f"Launch gauntlet {result['candidate_version']} vs {result['baseline_version']}"
-        + ("" if result["test_mode"] == "exact" else "  [ASYMPTOTIC test mode: not exact]"),
-        ["#", "stratum", "data", "planted", "decision", "units", "saved", "delta", cs_title, "e(reg)", "e(pass)", "cache"],
+        + (f"  [{label} test mode: not exact]" if label else ""),
+        ["#", "stratum", "data", "planted", "decision", "units", "saved", "baseline (95% CI)", "candidate (95% CI)",
+         "delta", cs_title, "e(reg)", "e(pass)", "cache"],
         rows))
     for e in result["events"]:
         console.show(f"  {e['event']}: {e['detail']}")

@@ -1,8 +1,10 @@
 """job=plan: how many clusters and units will each stratum need, before any is spent?
 
-Validate the gauntlet settings and strata; simulate the configured sequential test on each
-stratum at gauntlet.assumed_effect; print expected clusters and units to a decision per stratum
-with warnings where a stratum's units or the budget cannot reach one; save and log the plan.
+Validate the gauntlet settings, strata and outcome source (`outcomes=file` plans the file's own
+strata, cluster counts and sizes); simulate the configured sequential test on each stratum at
+gauntlet.assumed_effect; print expected clusters and units to a decision per stratum with warnings
+where a stratum's clusters or the budget cannot reach one (with a file: how many clusters it would
+need at its observed effect); save and log the plan.
 The gauntlet runs the same plan as its pre-flight.
 """
 
@@ -14,9 +16,9 @@ from typing import Any, Dict
 from omegaconf import DictConfig
 
 from vlaeval import console
+from vlaeval.gauntlet.inputs import gauntlet_inputs
 from vlaeval.gauntlet.planning import plan_gauntlet
-from vlaeval.gauntlet.scheduler import validate_gauntlet
-from vlaeval.jobs.common import now_ms, publish, typed
+from vlaeval.jobs.common import now_ms, publish
 from vlaeval.provenance import code_version
 
 JOB = "plan"
@@ -24,11 +26,12 @@ JOB = "plan"
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
-    settings = typed(cfg.gauntlet)
-    strata = {name: typed(node) for name, node in cfg.strata.items()}
-    validate_gauntlet(settings, strata, {})
-    plan = plan_gauntlet(settings, strata, assumed_effect=settings.assumed_effect,
-                         replications=settings.plan_replications)
+    inputs = gauntlet_inputs(cfg)
+    settings = inputs.settings
+    for line in inputs.resolved.notices:
+        console.show(f"notice: {line}")
+    plan = plan_gauntlet(settings, inputs.strata, assumed_effect=settings.assumed_effect,
+                         replications=settings.plan_replications, plans=inputs.plans)
     metrics: Dict[str, Any] = {"plan.expected_units": plan["expected_units"], "plan.ok": float(plan["ok"])}
     for row in plan["strata"]:
         key = f"stratum.{row['stratum']}"
@@ -46,15 +49,18 @@ def units(value: float) -> str:
 
 
 def print_plan(plan: Dict[str, Any]) -> None:
+    observed = any("clusters_needed_at_observed_effect" in r for r in plan["strata"])  # a file's plan
     rows = [(r["stratum"], f"{r['margin_delta']:g}", r["cluster_size"], r["expected_decision"],
              units(r["median_clusters"]), units(r["median_units"]), units(r["p90_units"]), f"{r['unit_limit']:,}",
              f"{r['decision_probability_within_limit']:.0%}", units(r["floor_clusters"]), units(r["fixed_n_z_clusters"]))
+            + ((f"{r['observed_effect']:+.3f}", units(r["clusters_needed_at_observed_effect"])) if observed else ())
             for r in plan["strata"]]
     console.show(console.table(
         f"Plan at assumed effect {plan['assumed_effect']:+g} ({plan['test_mode']} test, alpha {plan['alpha']:g}, "
-        f"regression alarms at {plan['alarm_alpha']:.3g})",
+        f"alarms at {plan['alarm_alpha']:.3g})",
         ["stratum", "margin", "cluster", "decision", "clusters (median)", "units (median)", "units (p90)", "limit",
-         "P(decide)", "floor clusters", "fixed-n z clusters"], rows))
+         "P(decide)", "floor clusters", "fixed-n z clusters"]
+        + (["observed effect", "clusters needed at it"] if observed else []), rows))
     console.show(f"expected units to decide every stratum: {units(plan['expected_units'])} of budget "
                  f"{plan['budget_units']:,}")
     for line in plan["warnings"]:

@@ -1,6 +1,7 @@
 """Anytime-valid sequential tests for paired, clustered non-inferiority comparisons."""
 
 from vlaeval.seqtest.eprocess import BET_RULES, log_wealth_paths, size_adaptive_cap
+from vlaeval.seqtest.group_sequential import GroupSequentialTest, obf_spending, one_sided_boundaries
 from vlaeval.seqtest.sequential import (
     CATASTROPHIC,
     CATASTROPHIC_UNDECIDED,
@@ -12,11 +13,15 @@ from vlaeval.seqtest.sequential import (
     ESTIMANDS,
     MODE_ASYMPTOTIC,
     MODE_EXACT,
+    MODE_GROUP_SEQUENTIAL,
     MODES,
     NOT_CATASTROPHIC,
     AsymptoticSequentialTest,
     PairedSequentialTest,
+    catastrophic_message,
     make_sequential_test,
+    on_grid,
+    planned_looks_of,
 )
 from vlaeval.seqtest.units import cluster_means, cluster_offsets, plan_batches
 
@@ -26,9 +31,11 @@ __all__ = [
     "DEFAULT_BET_CAP",
     "DEFAULT_BET_RULE",
     "ESTIMANDS",
+    "GroupSequentialTest",
     "MODES",
     "MODE_ASYMPTOTIC",
     "MODE_EXACT",
+    "MODE_GROUP_SEQUENTIAL",
     "CATASTROPHIC",
     "CATASTROPHIC_UNDECIDED",
     "DECISION_INSUFFICIENT",
@@ -36,10 +43,15 @@ __all__ = [
     "DECISION_REGRESSION",
     "NOT_CATASTROPHIC",
     "PairedSequentialTest",
+    "catastrophic_message",
     "cluster_means",
     "cluster_offsets",
     "log_wealth_paths",
     "make_sequential_test",
+    "obf_spending",
+    "on_grid",
+    "one_sided_boundaries",
     "plan_batches",
+    "planned_looks_of",
     "size_adaptive_cap",
 ]

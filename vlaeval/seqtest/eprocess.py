@@ -27,7 +27,7 @@ or replications.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -43,15 +43,21 @@ BET_RULES = ("agrapa", "prpl", "blend", "ons")
 
 ONS_STEP = 2.0 / (2.0 - np.log(3.0))  # Cutkosky & Orabona's exp-concavity constant
 
-# The size-adaptive cap: c(n) = 1 - CAP_SLACK / n for a cluster of n paired outcomes. A cluster
-# mean reaches the worst case -1 only if all n pairs go the adverse way, which for a single
-# scenario is common and for forty is all but impossible; so small clusters keep a wide safety
-# margin (c(1) = 0.8) and large ones may bet nearly all (c(40) = 0.995). Known before the
-# cluster is evaluated, so the bet stays predictable.
+# The size-adaptive cap: c(n) = 1 - CAP_SLACK / n for clusters of at least n paired outcomes. A
+# cluster mean reaches the worst case -1 only if all its pairs go the adverse way, which for a
+# single scenario is common and for forty is all but impossible; so strata of small clusters keep
+# a wide safety margin (c(1) = 0.8) and strata of large ones may bet nearly all (c(40) = 0.995).
+# The cap is ONE number per stratum, from the smallest cluster size of its scenario plan, fixed
+# before the first cluster: a cap computed from the size of the cluster being bet on is not
+# predictable (sizes arrive with the clusters), and when cluster means depend on cluster size it
+# made the wealth grow under the null (about 25-36% false REGRESSION at alpha = 0.05 on the
+# validity harness's size-dependent designs).
 CAP_SLACK = 0.2
 
 
 def size_adaptive_cap(cluster_sizes: np.ndarray | float) -> np.ndarray:
+    """c(n) = 1 - 0.2 / n; give it the stratum's smallest planned cluster size, not the current
+    cluster's size (see above)."""
     return 1.0 - CAP_SLACK / np.asarray(cluster_sizes, dtype=np.float64)
 
 
@@ -178,7 +184,7 @@ class WealthFamily:
     margins: np.ndarray
     side: str
     log_wealth: np.ndarray
-    log_max_wealth: np.ndarray
+    log_peak_wealth: np.ndarray  # running maximum of the log-wealth (not itself an e-value)
     ons_bet: np.ndarray
     ons_curvature: np.ndarray
 
@@ -199,15 +205,20 @@ class WealthFamily:
         threshold_log: np.ndarray | float,
         weights: Optional[np.ndarray] = None,
         active: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Advance by observations x (with their predictable moments and weights); return, per
-        margin, the index into x of the first crossing of its threshold (-1 where none). Only
-        `active` margins are computed (the others keep their values): a margin already rejected
-        stays rejected, so it needs no further work."""
+        keep: Sequence[int] = (),
+    ) -> Tuple[np.ndarray, np.ndarray]:
+        """Advance by observations x (with their predictable moments and weights).
+
+        Returns (first_cross, kept): per margin, the index into x of the first crossing of its
+        threshold (-1 where none); and the log-wealth after each observation of the margins listed
+        in `keep` (shape (len(keep), x.size); each must be active). Only `active` margins are
+        computed (the others keep their values): a margin already rejected stays rejected, so it
+        needs no further work."""
         first_cross = np.full(self.margins.shape, -1, dtype=np.int64)
         index = np.arange(self.margins.size) if active is None else np.flatnonzero(active)
+        kept = np.zeros((len(keep), x.size))
         if index.size == 0 or x.size == 0:
-            return first_cross
+            return first_cross, kept
         margins = self.margins[index, None]
         y = payoffs(x, margins, self.side, weights)
         if rule == "ons":
@@ -221,9 +232,14 @@ class WealthFamily:
         crossed = path >= threshold
         any_cross = crossed.any(axis=1)
         first_cross[index[any_cross]] = crossed[any_cross].argmax(axis=1)
-        self.log_max_wealth[index] = np.maximum(self.log_max_wealth[index], path.max(axis=1))
+        self.log_peak_wealth[index] = np.maximum(self.log_peak_wealth[index], path.max(axis=1))
         self.log_wealth[index] = path[:, -1]
-        return first_cross
+        if len(keep):
+            rows = np.searchsorted(index, np.asarray(keep))
+            if np.any(index[np.minimum(rows, index.size - 1)] != np.asarray(keep)):
+                raise ValueError("every margin in `keep` must be active")
+            kept = path[rows]
+        return first_cross, kept
 
 
 def log_wealth_paths(

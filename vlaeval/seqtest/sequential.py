@@ -5,33 +5,47 @@ cluster is the unit of independence, so within-scene correlation cannot make sto
 anti-conservative. At the margin -delta two one-sided tests run side by side:
 
 * REGRESSION rejects H0: Delta >= -delta (the candidate is certified worse than the margin),
-  at level alarm_alpha (alpha, or alpha split across strata by the caller: see the scheduler);
+  at level alarm_alpha (alpha, or alpha split across the gauntlet's alarms by the caller);
 * PASS rejects H0: Delta <= -delta (the candidate is certified non-inferior), at level alpha.
+
+What Delta is: the mean over the scenario distribution from which the clusters are an i.i.d.
+sample, presented in random order (the caller shuffles clusters; see vlaeval.gauntlet). A betting
+e-process controls the conditional mean given the past at every step, so it says nothing about
+a file's average when the file is grouped (worse scenes first): order matters, not only content.
 
 A decision is declared the first time its test rejects and is sticky. The same machinery on a
 grid of margins, each side at alpha/2, gives a (1 - alpha) confidence sequence (CS) for Delta
-(running intersection: a rejected margin stays rejected). The catastrophic halt is decided on the
-CS: "catastrophic" means the upper confidence bound at level min(alpha/2, alarm_alpha) lies below
--catastrophic_delta, so whenever it is declared the reported CS lies below that line too.
+(running intersection: a rejected margin stays rejected). Every decision margin must lie on that
+grid (cs_grid_step divides it), so a decision and the CS speak about the same e-processes.
+
+The catastrophic halt is decided literally on a confidence sequence: a one-sided upper CS for
+Delta at level catastrophic_alpha (its own family of e-processes over the same grid); the halt
+fires the first time that upper bound is at or below -catastrophic_delta, i.e. every margin
+>= -catastrophic_delta is rejected. Its figures are reported at that level, not at the level of
+the two-sided CS.
 
 Estimands: `cluster` weights every cluster equally (the mean of cluster means); `unit` weights a
 cluster by its size, the payoff of cluster c being (n_c / n_max) (x_c - m) with n_max the largest
-cluster size of the stratum (known from the scenario plan before any outcome): the test is then
-about the scenario-weighted mean difference when clusters are drawn in random order.
+cluster size of the stratum's scenario plan: the test is then about the scenario-weighted mean.
 
-Two modes:
-* PairedSequentialTest (mode "exact", the default): betting e-processes, valid at every sample
-  size for any distribution on [-1, 1] (Ville's inequality);
-* AsymptoticSequentialTest (mode "asymptotic", opt-in): the asymptotic confidence sequences of
-  Waudby-Smith, Arnold, Wu, Wang & Ramdas (2024), a Gaussian-mixture boundary around the running
-  mean with a plug-in variance, valid only as the number of clusters grows; no decision is taken
-  during a burn-in. Faster, not exact: see benchmarks/seqtest_efficiency.py for its measured Type-I.
+Bets and caps depend only on earlier clusters and on constants fixed before the stratum starts
+(the bet cap comes from the smallest cluster size of the plan, `min_cluster_size`): a cluster's
+size arrives with the cluster, and a size-dependent cap broke the supermartingale property.
+
+Three modes:
+* PairedSequentialTest ("exact", the default): betting e-processes, valid at every sample size
+  for any distribution on [-1, 1] (Ville's inequality), with a look after every cluster;
+* AsymptoticSequentialTest ("asymptotic", opt-in): the asymptotic confidence sequences of
+  Waudby-Smith, Arnold, Wu, Wang & Ramdas (2024), valid only as the number of clusters grows;
+* GroupSequentialTest ("group_sequential", opt-in, vlaeval.seqtest.group_sequential): z-tests on
+  cluster means at the planned looks only, O'Brien-Fleming-type alpha spending; CLT-based.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from collections import defaultdict
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -55,40 +69,61 @@ CATASTROPHIC_UNDECIDED = "UNDECIDED"
 
 MODE_EXACT = "exact"
 MODE_ASYMPTOTIC = "asymptotic"
-MODES = (MODE_EXACT, MODE_ASYMPTOTIC)
+MODE_GROUP_SEQUENTIAL = "group_sequential"
+MODES = (MODE_EXACT, MODE_ASYMPTOTIC, MODE_GROUP_SEQUENTIAL)
 ESTIMANDS = ("cluster", "unit")
 
 # Chosen by benchmarks/seqtest_efficiency.py (the README's table): the rule and cap with the
 # smallest worst-case ratio of median clusters-to-decision over the information floor.
 DEFAULT_BET_RULE = "blend"
-DEFAULT_BET_CAP: Optional[float] = None  # the size-adaptive cap 1 - 0.2 / n
+DEFAULT_BET_CAP: Optional[float] = None  # the size-adaptive cap 1 - 0.2 / (smallest planned cluster size)
 
 CS_FIRST_CHUNK = 8  # clusters in the first confidence-sequence sub-chunk of a batch (then doubling)
 CS_SMALL_GRID = 256  # margins still alive below which a batch is processed in one chunk
+NEVER = np.iinfo(np.int64).max  # "not rejected yet", as a cluster count
+MAX_LOG_WEALTH = 700.0  # exp(700) ~ 1e304: beyond that, only "huge" matters (and JSON has no inf)
+
+
+def wealth(log_wealth: float) -> float:
+    return float(np.exp(min(float(log_wealth), MAX_LOG_WEALTH)))
+
+
+def on_grid(value: float, step: float) -> bool:
+    ratio = value / step
+    return abs(ratio - round(ratio)) < 1e-6
 
 
 class _SequentialTest:
-    """What both modes share: arguments, cluster weights, sticky decisions, reading."""
+    """What every mode shares: arguments, cluster weights, sticky decisions, per-cluster records."""
 
     mode = ""
     cs_kind = ""
 
     def __init__(self, delta: float, alpha: float, *, catastrophic_delta: Optional[float] = None,
                  alarm_alpha: Optional[float] = None, estimand: str = "cluster",
-                 max_cluster_size: Optional[int] = None, cs_grid_step: float = 0.001) -> None:
+                 max_cluster_size: Optional[int] = None, min_cluster_size: Optional[int] = None,
+                 cs_grid_step: float = 0.001) -> None:
+        """delta: the margin is -delta (a negative delta makes PASS a superiority certificate,
+        Delta > |delta|); alpha: level of PASS and of the CS; alarm_alpha (<= alpha): level of the
+        REGRESSION alarm; catastrophic_delta (>= delta): the halting question's margin, decided at
+        catastrophic_alpha = min(alpha / 2, alarm_alpha); max_cluster_size / min_cluster_size: the
+        largest / smallest cluster of the stratum's scenario plan (the unit estimand's weights and
+        the bet cap; None: unknown, taken as 1 for the cap)."""
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         alarm_alpha = alpha if alarm_alpha is None else float(alarm_alpha)
         if not 0.0 < alarm_alpha <= alpha:
             raise ValueError(f"alarm_alpha must be in (0, alpha], got {alarm_alpha}")
-        if not 0.0 <= delta < 1.0:
-            raise ValueError(f"delta must be in [0, 1), got {delta}")
+        if not -1.0 < delta < 1.0:
+            raise ValueError(f"delta must be in (-1, 1), got {delta}")
         if catastrophic_delta is not None and not delta <= catastrophic_delta < 1.0:
             raise ValueError("catastrophic_delta must be in [delta, 1)")
         if estimand not in ESTIMANDS:
             raise ValueError(f"estimand must be one of {ESTIMANDS}, got {estimand!r}")
         if estimand == "unit" and (max_cluster_size is None or max_cluster_size < 1):
             raise ValueError("the unit estimand needs max_cluster_size (the largest cluster of the stratum)")
+        if min_cluster_size is not None and min_cluster_size < 1:
+            raise ValueError(f"min_cluster_size must be >= 1, got {min_cluster_size}")
         if not 0.0 < cs_grid_step <= 0.1:
             raise ValueError(f"cs_grid_step must be in (0, 0.1], got {cs_grid_step}")
         self.delta = float(delta)
@@ -98,6 +133,7 @@ class _SequentialTest:
         self.catastrophic_delta = None if catastrophic_delta is None else float(catastrophic_delta)
         self.estimand = estimand
         self.max_cluster_size = None if max_cluster_size is None else int(max_cluster_size)
+        self.min_cluster_size = 1 if min_cluster_size is None else int(min_cluster_size)
         self.cs_grid_step = float(cs_grid_step)
         self._clusters = 0
         self._units = 0
@@ -105,13 +141,17 @@ class _SequentialTest:
         self._cluster_mean_sum = 0.0
         self._decision = DECISION_INSUFFICIENT
         self._decided_at_cluster: Optional[int] = None
+        self._decided_at_unit: Optional[int] = None
+        self._decision_wealth: Optional[float] = None
         self._catastrophic = CATASTROPHIC_UNDECIDED
         self._catastrophic_at_cluster: Optional[int] = None
-        self.trajectory: List[Dict[str, Any]] = []
+        self._catastrophic_detail: Dict[str, Any] = {}
+        self._series: Dict[str, List[np.ndarray]] = defaultdict(list)
+        self._looks: List[int] = []
 
     # ------------------------------------------------------------------ updates
     def update_clusters(self, cluster_means: np.ndarray, cluster_sizes: Optional[np.ndarray] = None) -> None:
-        """Feed the next clusters' mean paired differences (each in [-1, 1]), in order."""
+        """Feed the next clusters' mean paired differences (each in [-1, 1]), in order: one look."""
         x = np.asarray(cluster_means, dtype=np.float64).ravel()
         if x.size == 0:
             return
@@ -120,27 +160,54 @@ class _SequentialTest:
         sizes = np.ones_like(x) if cluster_sizes is None else np.asarray(cluster_sizes, dtype=np.float64).ravel()
         if sizes.shape != x.shape or np.any(sizes < 1):
             raise ValueError("cluster_sizes must match cluster_means and be >= 1")
+        if np.any(sizes < self.min_cluster_size):
+            raise ValueError(f"a cluster of {int(sizes.min())} units is smaller than min_cluster_size="
+                             f"{self.min_cluster_size}, the smallest size the bet cap was fixed for")
         weights = None
         if self.estimand == "unit":
             if np.any(sizes > self.max_cluster_size):
                 raise ValueError(f"a cluster is larger than max_cluster_size={self.max_cluster_size}")
             weights = sizes / self.max_cluster_size
-        firsts = self._advance(x, weights, sizes)
-        seen = self._clusters
+        seen, seen_units = self._clusters, self._units
+        firsts, series = self._advance(x, weights, sizes)
+        units_after = seen_units + np.cumsum(sizes).astype(np.int64)
         if self._decision == DECISION_INSUFFICIENT:
-            self._decision, self._decided_at_cluster = _first_decision(
-                seen, (DECISION_REGRESSION, firsts["regression"]), (DECISION_PASS, firsts["pass"]))
+            name, index = _first_decision((DECISION_REGRESSION, firsts["regression"]), (DECISION_PASS, firsts["pass"]))
+            if name is not None:
+                self._decision, self._decided_at_cluster = name, seen + index + 1
+                self._decided_at_unit = int(units_after[index])
+                side = "log_wealth_regression" if name == DECISION_REGRESSION else "log_wealth_pass"
+                if side in series:
+                    self._decision_wealth = wealth(series[side][index])
         if self.catastrophic_delta is not None and self._catastrophic == CATASTROPHIC_UNDECIDED:
-            self._catastrophic, self._catastrophic_at_cluster = _first_decision(
-                seen, (CATASTROPHIC, firsts["catastrophic"]), (NOT_CATASTROPHIC, firsts["not_catastrophic"]),
-                undecided=CATASTROPHIC_UNDECIDED)
+            name, index = _first_decision((CATASTROPHIC, firsts["catastrophic"]),
+                                          (NOT_CATASTROPHIC, firsts["not_catastrophic"]))
+            if name is not None:
+                self._catastrophic, self._catastrophic_at_cluster = name, seen + index + 1
+                detail: Dict[str, Any] = {"decided_at_unit": int(units_after[index])}
+                if name == CATASTROPHIC:
+                    detail["upper_bound_at_decision"] = float(series["catastrophic_upper"][index])
+                side = "log_wealth_catastrophic" if name == CATASTROPHIC else "log_wealth_not_catastrophic"
+                if side in series:  # the e-process at -catastrophic_delta on the deciding side
+                    detail["wealth_at_decision"] = wealth(series[side][index])
+                self._catastrophic_detail = detail
+        weighted = np.cumsum(x * sizes) + self._unit_weighted_sum
+        plain = np.cumsum(x) + self._cluster_mean_sum
+        counts = seen + np.arange(1, x.size + 1)
+        estimate = weighted / units_after if self.estimand == "unit" else plain / counts
+        for key, values in (("clusters", counts), ("units", units_after), ("delta_estimate", estimate), *series.items()):
+            self._series[key].append(np.asarray(values))
         self._clusters += x.size
-        self._units += int(sizes.sum())
-        self._unit_weighted_sum += float(np.dot(x, sizes))
-        self._cluster_mean_sum += float(x.sum())
+        self._units = int(units_after[-1])
+        self._unit_weighted_sum = float(weighted[-1])
+        self._cluster_mean_sum = float(plain[-1])
+        self._looks.append(self._clusters)
 
-    def _advance(self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray) -> Dict[str, int]:
-        """Consume a batch; return, per question, the batch index of its first rejection (-1)."""
+    def _advance(self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
+                 ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
+        """Consume a batch. Returns, per question (regression, pass, catastrophic,
+        not_catastrophic), the batch index of its first rejection (-1: none); and per-cluster
+        series (cs_lower, cs_upper, catastrophic_upper, log-wealths where the mode has them)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ reading
@@ -168,64 +235,93 @@ class _SequentialTest:
         return None if self._units == 0 else self._unit_weighted_sum / self._units
 
     def confidence_sequence(self) -> Tuple[float, float]:
-        raise NotImplementedError
+        """The current (1 - alpha) two-sided confidence sequence for Delta."""
+        if not self._series:
+            return -1.0, 1.0
+        return float(self._series["cs_lower"][-1][-1]), float(self._series["cs_upper"][-1][-1])
+
+    def catastrophic_upper_bound(self) -> Optional[float]:
+        """The one-sided (1 - catastrophic_alpha) upper confidence bound the halt is decided on."""
+        if self.catastrophic_delta is None:
+            return None
+        return 1.0 if not self._series else float(self._series["catastrophic_upper"][-1][-1])
 
     def e_values(self) -> Dict[str, Optional[float]]:
-        raise NotImplementedError
+        """The current wealth of the decision e-processes (None where the mode has none)."""
+        return {"e_value_regression": None, "e_value_pass": None}
 
-    def record_trajectory_point(self, **extra: Any) -> Dict[str, Any]:
-        lower, upper = self.confidence_sequence()
-        point = {
-            "clusters": self.clusters_seen,
-            "units": self.units_seen,
-            "delta_estimate": self.delta_estimate(),
-            "cs_lower": lower,
-            "cs_upper": upper,
-            "decision": self._decision,
-            "catastrophic": self._catastrophic,
-            **self.e_values(),
-            **extra,
-        }
-        self.trajectory.append(point)
-        return point
+    def trajectory(self) -> Dict[str, Any]:
+        """Per-cluster records, as columns: clusters and units seen, the estimate, the CS (and the
+        catastrophic upper bound), the e-processes' wealth where the mode has them; `looks` are the
+        cluster counts at which batches ended."""
+        out: Dict[str, Any] = {}
+        for key, chunks in self._series.items():
+            values = np.concatenate(chunks)
+            if key.startswith("log_wealth_"):
+                out["e_value_" + key[len("log_wealth_"):]] = np.exp(np.minimum(values, MAX_LOG_WEALTH)).tolist()
+            else:
+                out[key] = values.tolist()
+        out["looks"] = list(self._looks)
+        return out
 
     def snapshot(self) -> Dict[str, Any]:
         lower, upper = self.confidence_sequence()
         snap = {
             "decision": self._decision,
             "decided_at_cluster": self._decided_at_cluster,
+            "decided_at_unit": self._decided_at_unit,
+            "decision_wealth": self._decision_wealth,
             "test_mode": self.mode,
             "alpha": self.alpha,
             "alarm_alpha": self.alarm_alpha,
             "margin_delta": self.delta,
             "estimand": self.estimand,
+            "min_cluster_size": self.min_cluster_size,
             **self._settings(),
             "clusters": self.clusters_seen,
             "units": self.units_seen,
+            "looks": len(self._looks),
             "delta_estimate": self.delta_estimate(),
             "unit_weighted_delta_estimate": self.unit_weighted_estimate(),
             "confidence_sequence": {"lower": lower, "upper": upper, "level": 1.0 - self.alpha, "kind": self.cs_kind},
             **self.e_values(),
         }
         if self.catastrophic_delta is not None:
-            snap["catastrophic_delta"] = self.catastrophic_delta
-            snap["catastrophic_alpha"] = self.catastrophic_alpha
-            snap["catastrophic"] = self._catastrophic
-            snap["catastrophic_at_cluster"] = self._catastrophic_at_cluster
+            snap.update({
+                "catastrophic_delta": self.catastrophic_delta,
+                "catastrophic_alpha": self.catastrophic_alpha,
+                "catastrophic": self._catastrophic,
+                "catastrophic_at_cluster": self._catastrophic_at_cluster,
+                "catastrophic_bound": {"upper": self.catastrophic_upper_bound(), "level": 1.0 - self.catastrophic_alpha,
+                                       "kind": "one-sided upper confidence sequence the halt is decided on",
+                                       **self._catastrophic_detail},
+            })
         return snap
 
     def _settings(self) -> Dict[str, Any]:
         return {}
 
 
-def _first_decision(seen: int, *candidates: Tuple[str, int], undecided: str = DECISION_INSUFFICIENT
-                    ) -> Tuple[str, Optional[int]]:
-    """The earliest rejection in this batch (the alarm, listed first, wins a tie)."""
+def _first_decision(*candidates: Tuple[str, int]) -> Tuple[Optional[str], int]:
+    """The earliest rejection in this batch (the alarm, listed first, wins a tie): (name, index)."""
     crossed = [(index, order, name) for order, (name, index) in enumerate(candidates) if index >= 0]
     if not crossed:
-        return undecided, None
+        return None, -1
     index, _, name = min(crossed)
-    return name, seen + int(index) + 1
+    return name, int(index)
+
+
+def hull_bounds(grid: np.ndarray, rejected_after: np.ndarray, counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Per cluster count c: the nearest rejected grid points below and above the margins still
+    alive after c clusters (alive: rejected_after > c), i.e. the running-intersection CS's hull,
+    conservative by one grid step; (-1, 1) where nothing is rejected on that side."""
+    prefix = np.maximum.accumulate(rejected_after)  # first alive index = first prefix max > c
+    first_alive = np.searchsorted(prefix, counts, side="right")
+    suffix = np.maximum.accumulate(rejected_after[::-1])[::-1]  # non-increasing
+    last_alive = np.searchsorted(-suffix, -counts, side="left") - 1
+    lower = np.where(first_alive > 0, grid[np.maximum(first_alive - 1, 0)], -1.0)
+    upper = np.where(last_alive + 1 < grid.size, grid[np.minimum(last_alive + 1, grid.size - 1)], 1.0)
+    return lower, upper
 
 
 class PairedSequentialTest(_SequentialTest):
@@ -237,94 +333,114 @@ class PairedSequentialTest(_SequentialTest):
     def __init__(self, delta: float, alpha: float, *, bet_rule: str = DEFAULT_BET_RULE,
                  bet_cap: Optional[float] = DEFAULT_BET_CAP, **common: Any) -> None:
         """bet_cap: the cap fraction c in (0, 1], or None for the size-adaptive cap
-        1 - 0.2 / cluster size (see eprocess.size_adaptive_cap)."""
+        1 - 0.2 / min_cluster_size (one cap for the whole stratum; eprocess.size_adaptive_cap)."""
         super().__init__(delta, alpha, **common)
         if bet_rule not in BET_RULES:
             raise ValueError(f"unknown bet rule {bet_rule!r}; use one of {BET_RULES}")
         if bet_cap is not None and not 0.0 < bet_cap <= 1.0:
             raise ValueError(f"bet_cap must be in (0, 1] or None (size-adaptive), got {bet_cap}")
+        margins = {"delta": self.delta, "catastrophic_delta": self.catastrophic_delta}
+        for name, value in margins.items():
+            if value is not None and not on_grid(value, self.cs_grid_step):
+                raise ValueError(f"{name}={value} is not a multiple of cs_grid_step={self.cs_grid_step}: every "
+                                 "decision margin must lie on the confidence sequence's grid")
         self.bet_rule = bet_rule
         self.bet_cap = None if bet_cap is None else float(bet_cap)
+        self.cap_fraction = float(size_adaptive_cap(self.min_cluster_size)) if bet_cap is None else float(bet_cap)
 
-        # One family per side over [decision margins..., confidence-sequence grid...]:
-        # index 0 is the margin -delta, index 1 the catastrophic margin (when configured).
-        decision_margins = [-self.delta]
-        upper_levels, lower_levels = [self.alpha], [self.alarm_alpha]
-        if self.catastrophic_delta is not None:
-            decision_margins.append(-self.catastrophic_delta)
-            upper_levels.append(self.catastrophic_alpha)
-            lower_levels.append(self.catastrophic_alpha)
-        self._n_decision = len(decision_margins)
         steps = int(round(2.0 / self.cs_grid_step))
-        self._cs_grid = np.round(np.linspace(-1.0, 1.0, steps + 1)[1:-1], 12)
-        margins = np.concatenate((decision_margins, self._cs_grid))
-        self._upper = WealthFamily.start(margins, UPPER)  # PASS side; the grid's rejects Delta <= m
-        self._lower = WealthFamily.start(margins, LOWER)  # REGRESSION side; the grid's rejects Delta >= m
-        cs_levels = np.full(self._cs_grid.size, self.alpha / 2.0)
-        self._upper_thresholds = np.log(1.0 / np.concatenate((upper_levels, cs_levels)))
-        self._lower_thresholds = np.log(1.0 / np.concatenate((lower_levels, cs_levels)))
-        self._active = np.ones(margins.shape, dtype=bool)  # decision margins stay active always
+        self._grid = np.round(np.linspace(-1.0, 1.0, steps + 1)[1:-1], 12)
+        grid_levels = np.full(self._grid.size, self.alpha / 2.0)
+        # Decision margins first, then the grid. PASS side: -delta at alpha (and -catastrophic_delta
+        # at catastrophic_alpha: "certainly not catastrophic", which ends a halting stratum's search).
+        upper_margins, upper_levels = [-self.delta], [self.alpha]
+        if self.catastrophic_delta is not None:
+            upper_margins.append(-self.catastrophic_delta)
+            upper_levels.append(self.catastrophic_alpha)
+        self._n_upper, self._n_lower = len(upper_margins), 1
+        self._upper = WealthFamily.start(np.concatenate((upper_margins, self._grid)), UPPER)
+        self._lower = WealthFamily.start(np.concatenate(([-self.delta], self._grid)), LOWER)
+        self._upper_thresholds = np.log(1.0 / np.concatenate((upper_levels, grid_levels)))
+        self._lower_thresholds = np.log(1.0 / np.concatenate(([self.alarm_alpha], grid_levels)))
+        self._grid_rejected_after = np.full(self._grid.size, NEVER, dtype=np.int64)  # two-sided CS
+        if self.catastrophic_delta is not None:
+            # The halt's own one-sided upper CS at catastrophic_alpha, over the same grid.
+            self._cat_family = WealthFamily.start(self._grid, LOWER)
+            self._cat_threshold = math.log(1.0 / self.catastrophic_alpha)
+            self._cat_rejected_after = np.full(self._grid.size, NEVER, dtype=np.int64)
+            self._cat_index = int(np.argmin(np.abs(self._grid + self.catastrophic_delta)))
         self._moments = MomentState()
 
     def _settings(self) -> Dict[str, Any]:
-        return {"bet_rule": self.bet_rule,
-                "bet_cap": "size-adaptive 1 - 0.2/n" if self.bet_cap is None else self.bet_cap}
+        return {"bet_rule": self.bet_rule, "bet_cap": self.cap_fraction,
+                "bet_cap_rule": "size-adaptive 1 - 0.2/min_cluster_size" if self.bet_cap is None else "fixed"}
 
-    def _advance(self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray) -> Dict[str, int]:
-        caps = size_adaptive_cap(sizes) if self.bet_cap is None else np.full(x.shape, self.bet_cap)
-        upper_first = np.full(self._active.shape, -1, dtype=np.int64)
-        lower_first = upper_first.copy()
+    def _advance(self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
+                 ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
+        seen = self._clusters
+        halting = self.catastrophic_delta is not None
+        firsts = {"regression": -1, "pass": -1, "catastrophic": -1, "not_catastrophic": -1}
+        kept: Dict[str, List[np.ndarray]] = defaultdict(list)
+        state, start, chunk = self._moments, 0, CS_FIRST_CHUNK
         # Growing sub-chunks with pruning in between: a rejected grid margin stays rejected, so
         # this gives exactly the unchunked result while most of the grid (far from the data) is
         # dropped after the first few clusters.
-        state, start, chunk = self._moments, 0, CS_FIRST_CHUNK
         while start < x.size:
-            if np.count_nonzero(self._active) <= CS_SMALL_GRID:
+            alive = self._grid_rejected_after == NEVER
+            if np.count_nonzero(alive) <= CS_SMALL_GRID:
                 chunk = x.size  # little left to prune: one pass costs less than many small ones
             part = x[start:start + chunk]
             w = None if weights is None else weights[start:start + chunk]
             moments = predictable_moments(part, state, w)
-            kwargs = dict(rule=self.bet_rule, cap_fraction=caps[start:start + chunk], alpha=self.alpha,
-                          weights=w, active=self._active)
-            up = self._upper.update(part, moments, threshold_log=self._upper_thresholds, **kwargs)
-            low = self._lower.update(part, moments, threshold_log=self._lower_thresholds, **kwargs)
-            for first, new in ((upper_first, up), (lower_first, low)):
-                hit = (first < 0) & (new >= 0)
-                first[hit] = new[hit] + start
-            grid = slice(self._n_decision, None)
-            self._active[grid] &= (upper_first[grid] < 0) & (lower_first[grid] < 0)
+            common = dict(rule=self.bet_rule, cap_fraction=self.cap_fraction, alpha=self.alpha, weights=w)
+            up_first, up_paths = self._upper.update(
+                part, moments, threshold_log=self._upper_thresholds, keep=range(self._n_upper),
+                active=np.concatenate((np.ones(self._n_upper, bool), alive)), **common)
+            low_first, low_paths = self._lower.update(
+                part, moments, threshold_log=self._lower_thresholds, keep=range(self._n_lower),
+                active=np.concatenate((np.ones(self._n_lower, bool), alive)), **common)
+            kept["log_wealth_pass"].append(up_paths[0])
+            kept["log_wealth_regression"].append(low_paths[0])
+            if halting:
+                kept["log_wealth_not_catastrophic"].append(up_paths[1])
+            for name, first in (("pass", up_first[0]), ("regression", low_first[0])) + (
+                    (("not_catastrophic", up_first[1]),) if halting else ()):
+                if firsts[name] < 0 and first >= 0:
+                    firsts[name] = start + int(first)
+            grid_first = np.where(up_first[self._n_upper:] >= 0, up_first[self._n_upper:], np.iinfo(np.int64).max)
+            grid_first = np.minimum(grid_first, np.where(low_first[1:] >= 0, low_first[1:], np.iinfo(np.int64).max))
+            newly = alive & (grid_first < np.iinfo(np.int64).max)
+            self._grid_rejected_after[newly] = seen + start + grid_first[newly] + 1
+            if halting:
+                cat_alive = self._cat_rejected_after == NEVER
+                cat_alive[self._cat_index] = True  # the e-process at -catastrophic_delta itself, for its wealth
+                cat_first, cat_paths = self._cat_family.update(
+                    part, moments, threshold_log=self._cat_threshold, keep=[self._cat_index], active=cat_alive, **common)
+                kept["log_wealth_catastrophic"].append(cat_paths[0])
+                newly = cat_alive & (cat_first >= 0) & (self._cat_rejected_after == NEVER)
+                self._cat_rejected_after[newly] = seen + start + cat_first[newly] + 1
             state, start, chunk = state.advanced(part, w), start + part.size, chunk * 2
         self._moments = state
-        firsts = {"regression": int(lower_first[0]), "pass": int(upper_first[0])}
-        if self.catastrophic_delta is not None:
-            firsts.update(catastrophic=int(lower_first[1]), not_catastrophic=int(upper_first[1]))
-        return firsts
 
-    def confidence_sequence(self) -> Tuple[float, float]:
-        """Anytime-valid (1 - alpha) bounds for Delta: grid margins not yet rejected lie inside;
-        the bounds are the nearest rejected grid points (conservative by one grid step)."""
-        alive = np.flatnonzero(self._active[self._n_decision:])
-        if alive.size == 0:  # cannot happen with valid data; keep the estimate as a degenerate CS
-            est = self.delta_estimate() or 0.0
-            return est, est
-        lo_i, hi_i = alive[0] - 1, alive[-1] + 1
-        lower = -1.0 if lo_i < 0 else float(self._cs_grid[lo_i])
-        upper = 1.0 if hi_i >= self._cs_grid.size else float(self._cs_grid[hi_i])
-        return lower, upper
+        counts = seen + np.arange(1, x.size + 1)
+        series = {key: np.concatenate(parts) for key, parts in kept.items()}
+        series["cs_lower"], series["cs_upper"] = hull_bounds(self._grid, self._grid_rejected_after, counts)
+        if halting:
+            _, series["catastrophic_upper"] = hull_bounds(self._grid, self._cat_rejected_after, counts)
+            below = np.flatnonzero(series["catastrophic_upper"] <= -self.catastrophic_delta + 1e-12)
+            firsts["catastrophic"] = int(below[0]) if below.size else -1
+        return firsts, series
 
     def e_values(self) -> Dict[str, Optional[float]]:
-        def e(log_wealth: float) -> float:
-            return float(np.exp(min(log_wealth, 700.0)))  # ~1e304: beyond that, only "huge" matters
-
         out = {
-            "e_value_regression": e(self._lower.log_wealth[0]),
-            "e_value_pass": e(self._upper.log_wealth[0]),
-            "max_e_value_regression": e(self._lower.log_max_wealth[0]),
-            "max_e_value_pass": e(self._upper.log_max_wealth[0]),
+            "e_value_regression": wealth(self._lower.log_wealth[0]),
+            "e_value_pass": wealth(self._upper.log_wealth[0]),
+            "peak_wealth_regression": wealth(self._lower.log_peak_wealth[0]),
+            "peak_wealth_pass": wealth(self._upper.log_peak_wealth[0]),
         }
         if self.catastrophic_delta is not None:
-            out["e_value_catastrophic"] = e(self._lower.log_wealth[1])
-            out["e_value_not_catastrophic"] = e(self._upper.log_wealth[1])
+            out["e_value_catastrophic"] = wealth(self._cat_family.log_wealth[self._cat_index])
+            out["e_value_not_catastrophic"] = wealth(self._upper.log_wealth[1])
         return out
 
 
@@ -353,6 +469,13 @@ def asymptotic_running(x: np.ndarray, weights: Optional[np.ndarray] = None,
     return t, mean, sd
 
 
+def running_extreme(values: np.ndarray, start: float, upper: bool) -> np.ndarray:
+    """Running minimum (upper bounds) or maximum (lower bounds) of values, continuing `start`."""
+    if upper:
+        return np.minimum.accumulate(np.concatenate(([start], values)))[1:]
+    return np.maximum.accumulate(np.concatenate(([start], values)))[1:]
+
+
 class AsymptoticSequentialTest(_SequentialTest):
     """ASYMPTOTIC (opt-in): decisions from asymptotic confidence sequences after a burn-in.
 
@@ -373,12 +496,13 @@ class AsymptoticSequentialTest(_SequentialTest):
         self.burn_in_clusters = int(burn_in_clusters)
         self.tuning_clusters = int(tuning_clusters)
         self._moments = MomentState()
-        self._lower_bound, self._upper_bound = -1.0, 1.0
+        self._bounds = {"cs_lower": -1.0, "cs_upper": 1.0, "catastrophic_upper": 1.0}
 
     def _settings(self) -> Dict[str, Any]:
         return {"burn_in_clusters": self.burn_in_clusters, "tuning_clusters": self.tuning_clusters}
 
-    def _advance(self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray) -> Dict[str, int]:
+    def _advance(self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
+                 ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
         t, mean, sd = asymptotic_running(x, weights, self._moments)
         self._moments = self._moments.advanced(x, weights)
         ready = t >= self.burn_in_clusters
@@ -391,34 +515,56 @@ class AsymptoticSequentialTest(_SequentialTest):
             return int(hit[0]) if hit.size else -1
 
         half = bound(self.alpha)
-        if ready.any():
-            self._lower_bound = max(self._lower_bound, float(np.max((mean - half)[ready])))
-            self._upper_bound = min(self._upper_bound, float(np.min((mean + half)[ready])))
+        series = {
+            "cs_lower": running_extreme(np.where(ready, mean - half, -1.0), self._bounds["cs_lower"], upper=False),
+            "cs_upper": running_extreme(np.where(ready, mean + half, 1.0), self._bounds["cs_upper"], upper=True),
+        }
         firsts = {"pass": first(mean - bound(2.0 * self.alpha) > -self.delta),
-                  "regression": first(mean + bound(2.0 * self.alarm_alpha) < -self.delta)}
+                  "regression": first(mean + bound(2.0 * self.alarm_alpha) < -self.delta),
+                  "catastrophic": -1, "not_catastrophic": -1}
         if self.catastrophic_delta is not None:
             cat = bound(2.0 * self.catastrophic_alpha)
-            firsts.update(catastrophic=first(mean + cat < -self.catastrophic_delta),
+            series["catastrophic_upper"] = running_extreme(np.where(ready, mean + cat, 1.0),
+                                                           self._bounds["catastrophic_upper"], upper=True)
+            firsts.update(catastrophic=first(series["catastrophic_upper"] < -self.catastrophic_delta),
                           not_catastrophic=first(mean - cat > -self.catastrophic_delta))
-        return firsts
-
-    def confidence_sequence(self) -> Tuple[float, float]:
-        if self._lower_bound > self._upper_bound:  # the running intersection emptied: degenerate
-            est = self.delta_estimate() or 0.0
-            return est, est
-        return self._lower_bound, self._upper_bound
-
-    def e_values(self) -> Dict[str, Optional[float]]:
-        return {"e_value_regression": None, "e_value_pass": None,
-                "max_e_value_regression": None, "max_e_value_pass": None}
+        for key in self._bounds:
+            if key in series:
+                self._bounds[key] = float(series[key][-1])
+        if series["cs_lower"][-1] > series["cs_upper"][-1]:  # the running intersection emptied: degenerate
+            series["cs_lower"][-1] = series["cs_upper"][-1] = float(mean[-1])
+        return firsts, series
 
 
 def make_sequential_test(mode: str, delta: float, alpha: float, **kwargs: Any) -> _SequentialTest:
-    """The test for `mode` ("exact" or "asymptotic"); mode-specific keywords are dropped for the
-    other mode (bet_rule/bet_cap are exact-only, burn_in_clusters/tuning_clusters asymptotic-only)."""
-    exact_only, asymptotic_only = ("bet_rule", "bet_cap"), ("burn_in_clusters", "tuning_clusters")
-    if mode == MODE_EXACT:
-        return PairedSequentialTest(delta, alpha, **{k: v for k, v in kwargs.items() if k not in asymptotic_only})
-    if mode == MODE_ASYMPTOTIC:
-        return AsymptoticSequentialTest(delta, alpha, **{k: v for k, v in kwargs.items() if k not in exact_only})
-    raise ValueError(f"unknown test mode {mode!r}; use one of {MODES}")
+    """The test for `mode`; keywords that belong to another mode are dropped (bet_rule/bet_cap:
+    exact; burn_in_clusters: the approximate modes; tuning_clusters: asymptotic; planned_looks:
+    group_sequential)."""
+    from vlaeval.seqtest.group_sequential import GroupSequentialTest
+
+    own = {MODE_EXACT: (PairedSequentialTest, ("bet_rule", "bet_cap")),
+           MODE_ASYMPTOTIC: (AsymptoticSequentialTest, ("burn_in_clusters", "tuning_clusters")),
+           MODE_GROUP_SEQUENTIAL: (GroupSequentialTest, ("planned_looks", "burn_in_clusters"))}
+    if mode not in own:
+        raise ValueError(f"unknown test mode {mode!r}; use one of {MODES}")
+    cls, keys = own[mode]
+    foreign = {k for _, other in own.values() for k in other} - set(keys)
+    return cls(delta, alpha, **{k: v for k, v in kwargs.items() if k not in foreign})
+
+
+def catastrophic_message(snapshot: Dict[str, Any]) -> str:
+    """What the halt certified, with the figures at the level that decided it."""
+    bound = snapshot["catastrophic_bound"]
+    level = snapshot["catastrophic_alpha"]
+    text = (f"Delta < -{snapshot['catastrophic_delta']:g} certified at level {level:.3g} after "
+            f"{snapshot['catastrophic_at_cluster']} clusters: the one-sided {1 - level:.2%} upper confidence "
+            f"bound is {bound['upper_bound_at_decision']:+.3f}")
+    if bound.get("wealth_at_decision") is not None:
+        text += (f"; the e-process for H0: Delta >= -{snapshot['catastrophic_delta']:g} stood at "
+                 f"{bound['wealth_at_decision']:.3g} (threshold 1/{level:.3g} = {1 / level:.3g})")
+    return text
+
+
+def planned_looks_of(batches: Sequence[Tuple[int, int]]) -> List[int]:
+    """Cluster counts at the end of each planned batch (the group-sequential design's looks)."""
+    return [int(end) for _, end in batches]

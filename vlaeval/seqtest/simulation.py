@@ -16,6 +16,7 @@ with (KL_inf, the cap-limited closed form, a fixed-n z-test's sample size).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -23,25 +24,39 @@ from scipy.optimize import minimize_scalar
 from scipy.stats import norm
 
 from vlaeval.seqtest.eprocess import LOWER, UPPER, log_wealth_paths
+from vlaeval.seqtest.group_sequential import crossing_look, one_sided_boundaries, standard_error
 from vlaeval.seqtest.sequential import asymptotic_half_width, asymptotic_running
 
 NEVER = np.iinfo(np.int64).max  # the stopping time of a path that never decides
 
+# The gauntlet's synthetic paired generator (vlaeval.gauntlet.outcomes uses the same constants):
+# a N(0, SCENE_SD) offset per cluster moves both policies' success rates, FRESH_FRACTION of the
+# candidate's scenarios draw a fresh uniform, and rates are clipped to RATE_RANGE.
+SCENE_SD = 0.02
+FRESH_FRACTION = 0.04
+RATE_RANGE = (0.02, 0.995)
+
 
 # ----------------------------------------------------------------------------- outcome models
-def realistic_cluster_means(rng: np.random.Generator, reps: int, clusters: int, cluster_size: int,
-                            effect: float, base_rate: float = 0.90, scene_sd: float = 0.02,
-                            fresh_fraction: float = 0.04) -> np.ndarray:
-    """(reps, clusters) cluster means of paired differences from the gauntlet's generator."""
-    shape = (reps, clusters, cluster_size)
+def realistic_cluster_means(rng: np.random.Generator, reps: int, clusters: int, cluster_size: int | np.ndarray,
+                            effect: float, base_rate: float = 0.90, scene_sd: float = SCENE_SD,
+                            fresh_fraction: float = FRESH_FRACTION) -> np.ndarray:
+    """(reps, clusters) cluster means of paired differences from the gauntlet's generator.
+    cluster_size: one size for every cluster, or an integer array of shape (reps, clusters)."""
+    sizes = np.asarray(cluster_size)
+    width = int(sizes.max()) if sizes.ndim else int(sizes)
+    shape = (reps, clusters, width)
     u = rng.random(shape)
     scene = rng.normal(0.0, scene_sd, size=(reps, clusters, 1))
-    p_base = np.clip(base_rate + scene, 0.02, 0.995)
-    p_cand = np.clip(p_base + effect, 0.02, 0.995)
+    p_base = np.clip(base_rate + scene, *RATE_RANGE)
+    p_cand = np.clip(p_base + effect, *RATE_RANGE)
     fresh = rng.random(shape) < fresh_fraction
     candidate_u = np.where(fresh, rng.random(shape), u)
     differences = (candidate_u < p_cand).astype(np.int8) - (u < p_base).astype(np.int8)
-    return differences.mean(axis=2)
+    if not sizes.ndim:
+        return differences.mean(axis=2)
+    inside = np.arange(width) < sizes[..., None]  # units beyond a cluster's size are padding
+    return np.where(inside, differences, 0).sum(axis=2) / sizes
 
 
 def skewed_null_cluster_means(rng: np.random.Generator, reps: int, clusters: int, mean: float,
@@ -63,6 +78,64 @@ def unequal_cluster_means(rng: np.random.Generator, reps: int, clusters: int, si
     plus = rng.binomial(n, np.asarray(p_plus)[kind])
     minus = rng.binomial(n - plus, np.asarray(p_minus)[kind] / (1.0 - np.asarray(p_plus)[kind]))
     return (plus - minus) / n, n
+
+
+@dataclass(frozen=True)
+class SizeDependentDesign:
+    """An unequal-size null built to break a size-dependent bet cap: the cap binds (clusters are
+    nearly concordant, so plug-in bets reach it) and the cluster mean depends on the cluster size,
+    with Delta exactly at the margin -delta for the design's estimand. `mirror` negates the data and
+    the margin (delta < 0: a superiority margin), which turns a REGRESSION-side attack into a
+    PASS-side one and back (a size-1 cluster cannot sit just below a negative margin)."""
+
+    name: str
+    estimand: str  # "cluster" or "unit"
+    side: str  # the decision the design attacks: "regression" or "pass"
+    sizes: Tuple[int, int]  # small, large
+    small_share: float  # probability that a cluster is small
+    small_failure: float  # P(a small cluster's mean is -1), else 0
+    large_mean: float  # the large clusters' (fixed) mean
+    delta: float = 0.02
+    mirror: bool = False
+
+    def draw(self, rng: np.random.Generator, reps: int, clusters: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(cluster means, cluster sizes), each (reps, clusters)."""
+        small = rng.random((reps, clusters)) < self.small_share
+        failures = rng.random((reps, clusters)) < self.small_failure
+        x = np.where(small, -failures.astype(np.float64), self.large_mean)
+        n = np.where(small, self.sizes[0], self.sizes[1])
+        return (-x if self.mirror else x), n
+
+    def margin_delta(self) -> float:
+        return -self.delta if self.mirror else self.delta
+
+    def weights(self, n: np.ndarray) -> Optional[np.ndarray]:
+        return n / self.sizes[1] if self.estimand == "unit" else None
+
+    def null_mean(self) -> float:
+        """Delta of the design for its estimand (checked equal to -margin_delta by the tests)."""
+        q, (small, large) = self.small_share, self.sizes
+        small_mean = -self.small_failure
+        if self.estimand == "unit":
+            value = (q * small * small_mean + (1 - q) * large * self.large_mean) / (q * small + (1 - q) * large)
+        else:
+            value = q * small_mean + (1 - q) * self.large_mean
+        return -value if self.mirror else value
+
+
+def size_dependent_designs() -> Tuple[SizeDependentDesign, ...]:
+    """The four estimand x side attacks on a size-dependent cap (each mean exactly at the margin)."""
+    regression = SizeDependentDesign("cluster/REGRESSION: 60% single concordant scenarios, 40% scenes of 20 "
+                                     "with one candidate-only failure", "cluster", "regression", (1, 20), 0.6, 0.0, -0.05)
+    # Unit estimand: (q * 1 * (-p) + (1 - q) * 40 * 0) / (q + 40 (1 - q)) = -0.02 with q = 1/2.
+    unit_pass = SizeDependentDesign("unit/PASS: half single scenarios failing 82% of the time, half concordant "
+                                    "scenes of 40", "unit", "pass", (1, 40), 0.5, 0.82, 0.0)
+    return (regression,
+            SizeDependentDesign(regression.name.replace("REGRESSION", "PASS") + " (mirrored: superiority margin)",
+                                "cluster", "pass", (1, 20), 0.6, 0.0, -0.05, mirror=True),
+            unit_pass,
+            SizeDependentDesign(unit_pass.name.replace("PASS", "REGRESSION") + " (mirrored: superiority margin)",
+                                "unit", "regression", (1, 40), 0.5, 0.82, 0.0, mirror=True))
 
 
 def unit_weighted_mean(sizes: np.ndarray, p_plus: np.ndarray, p_minus: np.ndarray) -> float:
@@ -102,6 +175,38 @@ def asymptotic_decision_times(x: np.ndarray, delta: float, alpha: float, *, burn
         "pass": first_crossing(np.where(ready & (mean - half > -delta), 1.0, 0.0), 0.5),
         "regression": first_crossing(np.where(ready & (mean + half < -delta), 1.0, 0.0), 0.5),
     }
+
+
+def group_sequential_decision_times(x: np.ndarray, delta: float, alpha: float, *, looks: np.ndarray,
+                                    cluster_sizes: np.ndarray | float, alarm_alpha: Optional[float] = None,
+                                    weights: Optional[np.ndarray] = None, burn_in_clusters: int = 30
+                                    ) -> Dict[str, np.ndarray]:
+    """The same for the group-sequential mode, looking only at the planned cluster counts `looks`
+    (the computation GroupSequentialTest runs); cluster_sizes: one size, or an array like x."""
+    looks = np.asarray(looks, dtype=np.int64)
+    alarm_alpha = alpha if alarm_alpha is None else alarm_alpha
+    t, mean, sd = asymptotic_running(np.asarray(x, dtype=np.float64), weights)
+    sizes = np.broadcast_to(np.asarray(cluster_sizes, dtype=np.float64), np.shape(x))
+    mean_size = np.cumsum(sizes, axis=-1) / t
+    at = looks - 1
+    se = standard_error(sd[..., at], t[..., at], mean_size[..., at])
+    fractions = looks / looks[-1]
+    ready = looks >= burn_in_clusters
+    out = {}
+    for kind, z, level in (("pass", (mean[..., at] + delta) / se, alpha),
+                           ("regression", (-delta - mean[..., at]) / se, alarm_alpha)):
+        look = crossing_look(z, np.where(ready, one_sided_boundaries(fractions, level), np.inf))
+        out[kind] = np.where(look > 0, looks[np.maximum(look - 1, 0)], NEVER)
+    return out
+
+
+def fixed_n_decision_times(x: np.ndarray, delta: float, alpha: float, *, clusters: int, cluster_sizes: np.ndarray | float,
+                           alarm_alpha: Optional[float] = None, weights: Optional[np.ndarray] = None
+                           ) -> Dict[str, np.ndarray]:
+    """The reference: one look, a one-sided z-test (same stabilised standard error) on the first
+    `clusters` cluster means."""
+    return group_sequential_decision_times(x, delta, alpha, looks=np.array([clusters]), cluster_sizes=cluster_sizes,
+                                           alarm_alpha=alarm_alpha, weights=weights, burn_in_clusters=2)
 
 
 def decision_time(times: Dict[str, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
