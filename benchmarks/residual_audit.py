@@ -1,12 +1,15 @@
 """Residual audit benchmarks on the default trained policy and its 64-anchor gradient artifact.
 
-    python benchmarks/residual_audit.py [--replicates R] [--skip-demo]
+    python benchmarks/residual_audit.py [--replicates R] [--skip-demo] [--proposal-only]
 
 1. Estimator quality at equal action-head evaluations (4 seeds x M = 8 = 32 per anchor), over R
    replicate seed sets: bias against a 1024-sample iid reference, variance factor over iid,
    split-half repeatability, Spearman with the reference and with gradient RMS; iid with 128
    and 512 evaluations for comparison.
-2. Proposal: the second-moment ratio for gamma = 1, 1/2 and a cross-fitted gamma, vs the oracle.
+2. Proposal: the second-moment ratio for gamma = 1, 1/2 and a cross-fitted gamma, vs the oracle;
+   and the residual against the training loss on equal footing -- each judged on gradient seeds
+   its draws are independent of (cross-fitted seed halves) -- beside the inflated shared-draw
+   figure, and the attainable (cross-fitted) oracle beside the in-sample one.
 3. Throughput: anchors per second of cross-anchor batched scoring vs the seed's one anchor at a
    time vs a naive loop that re-encodes the conditioning for every sample.
 4. Demo: wall time of `python main.py job=residual_audit` from an empty cache and fully cached.
@@ -28,12 +31,12 @@ from benchlib import REPO, default_policy
 from scipy.stats import spearmanr
 
 from vlaeval.artifacts import atomic_write_json
-from vlaeval.audit.statistics import information_to_baseline_ratio, oracle_ratio, proposal_distribution
+from vlaeval.audit.statistics import cross_fitted_baseline, information_to_baseline_ratio, oracle_ratio, proposal_distribution
 from vlaeval.policy.flow import noisy_actions, per_sample_loss
 from vlaeval.policy.training import anchor_batch
 from vlaeval.residual.artifact import cached_gradient_artifact
 from vlaeval.residual.estimators import UNBIASED, draw_pairs, score_anchors
-from vlaeval.jobs.residual_audit import recover_anchors
+from vlaeval.jobs.residual_audit import per_seed_values, recover_anchors
 
 
 def ratio_for(scores, r, gamma, alpha=0.2, eps=0.1):
@@ -74,10 +77,26 @@ def naive_loop(model, anchors, index, table, seeds, m, flow):
     return out
 
 
+def print_proposal(proposal, gamma_star, fair) -> None:
+    print(f"2. proposal (default estimator's scores): ratio gamma=1 {proposal['gamma_1']:.3f}, gamma=1/2 "
+          f"{proposal['gamma_half']:.3f}, cross-fitted {proposal['cross_fitted_relative_to_uniform']:.3f} "
+          f"(median gamma {gamma_star}), in-sample oracle {proposal['oracle']:.3f}; reference score gamma=1 "
+          f"{proposal['reference_score_gamma_1']:.3f}, gamma=1/2 {proposal['reference_score_gamma_half']:.3f}")
+    print(f"   on equal footing ({fair['seeds_per_half']} gradient seeds per half, two folds): residual rho "
+          f"{fair['residual']['spearman']:.3f} ratio {fair['residual']['second_moment_ratio']:.3f}; training loss on "
+          f"independent draws rho {fair['training_loss']['spearman']:.3f} ratio {fair['training_loss']['second_moment_ratio']:.3f}; "
+          f"on shared draws (inflated) rho {fair['training_loss_shared_draws']['spearman']:.3f} ratio "
+          f"{fair['training_loss_shared_draws']['second_moment_ratio']:.3f}; attainable oracle "
+          f"{fair['attainable_oracle_ratio']:.3f}; residual - loss: rho {fair['spearman_difference']:+.3f} "
+          f"{fair['spearman_difference_ci95']}, ratio {fair['second_moment_ratio_difference']:+.3f} "
+          f"{fair['second_moment_ratio_difference_ci95']}; beats the loss: {fair['score_beats_training_loss']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replicates", type=int, default=20)
     parser.add_argument("--skip-demo", action="store_true")
+    parser.add_argument("--proposal-only", action="store_true", help="section 2 only (no estimator replicates, timing, demo)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "residual_audit.json")
     args = parser.parse_args()
     cfg, data, handle = default_policy()
@@ -91,7 +110,7 @@ def main() -> None:
     reference = score("iid", list(range(90_000, 90_004)), 256).estimator_residuals.mean(axis=0)  # 1024 per anchor
     rows = {}
     configs = ([(k, 8, 4) for k in ("iid", "midpoint_antithetic", "stratified", "sobol")]
-               + [("iid", 32, 4), ("iid", 128, 4), ("sobol", 64, 4)])
+               + [("iid", 32, 4), ("iid", 128, 4), ("sobol", 64, 4)]) if not args.proposal_only else []
     for kind, m, n_seeds in configs:
         label = f"{kind} ({m * n_seeds} evals)"
         reps = [score(kind, list(range(1000 + 100 * i, 1000 + 100 * i + n_seeds)), m).estimator_residuals for i in range(args.replicates)]
@@ -105,9 +124,10 @@ def main() -> None:
             "spearman_with_reference": float(np.mean([spearmanr(x, reference).statistic for x in means])),
             "spearman_with_gradient_rms": float(np.mean([spearmanr(x, r).statistic for x in means])),
         }
-    iid_var = rows["iid (32 evals)"]["variance"]
     for row in rows.values():
-        row["variance_factor_over_iid_32"] = float(np.mean(iid_var / row.pop("variance")))
+        row["variance_factor_over_iid_32"] = float(np.mean(rows["iid (32 evals)"]["variance"] / row["variance"]))
+    for row in rows.values():
+        row.pop("variance")
 
     default_scores = score(str(cfg.estimator.kind), [int(s) for s in cfg.estimator.seeds],
                            int(cfg.estimator.samples_per_estimator)).estimator_residuals.mean(axis=0)
@@ -117,7 +137,16 @@ def main() -> None:
                 "cross_fitted_relative_to_uniform": cross, "cross_fitted_gamma_median": gamma_star,
                 "oracle": oracle_ratio(r), "reference_score_gamma_1": ratio_for(reference, r, 1.0),
                 "reference_score_gamma_half": ratio_for(reference, r, 0.5),
-                "training_loss_gamma_half": ratio_for(np.array([a["mean_gradient_loss"] for a in artifact]), r, 0.5)}
+                "training_loss_shared_draws_gamma_half": ratio_for(np.array([a["mean_gradient_loss"] for a in artifact]), r, 0.5)}
+    per_seed_rms, per_seed_loss = per_seed_values(artifact)
+    fair = cross_fitted_baseline(default_scores, per_seed_rms, per_seed_loss, alpha=float(cfg.audit.alpha),
+                                 percentile_epsilon=float(cfg.audit.percentile_epsilon),
+                                 proposal_power=float(cfg.audit.proposal_power), bootstrap_seed=int(cfg.audit.permutation_seed))
+    proposal["baseline_comparison"] = fair
+    if args.proposal_only:
+        print_proposal(proposal, gamma_star, fair)
+        atomic_write_json(args.out.with_name("residual_audit_proposal.json"), {"proposal": proposal})
+        return
 
     seeds4, m8 = [int(s) for s in cfg.estimator.seeds], int(cfg.estimator.samples_per_estimator)
     timing = {}
@@ -154,11 +183,7 @@ def main() -> None:
         print(f"   {label:34s} {str(row['unbiased']):>8s} {row['relative_bias']:+9.3f} "
               f"{row['variance_factor_over_iid_32']:10.2f} {row['split_half_repeatability']:10.3f} "
               f"{row['spearman_with_reference']:9.3f} {row['spearman_with_gradient_rms']:9.3f}")
-    print(f"2. proposal (default estimator's scores): ratio gamma=1 {proposal['gamma_1']:.3f}, gamma=1/2 "
-          f"{proposal['gamma_half']:.3f}, cross-fitted {proposal['cross_fitted_relative_to_uniform']:.3f} "
-          f"(median gamma {gamma_star}), oracle {proposal['oracle']:.3f}; reference score gamma=1 "
-          f"{proposal['reference_score_gamma_1']:.3f}, gamma=1/2 {proposal['reference_score_gamma_half']:.3f}; "
-          f"training loss gamma=1/2 {proposal['training_loss_gamma_half']:.3f}")
+    print_proposal(proposal, gamma_star, fair)
     t = timing
     print(f"3. throughput (anchors/s), default settings ({len(seeds4)} seeds x M={m8}): batched {t['batched (64 anchors per pass)']:.0f}, "
           f"one anchor at a time {t['one anchor at a time (the seed)']:.0f} "

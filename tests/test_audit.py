@@ -44,10 +44,11 @@ def test_statistics_match_scipy_on_random_data():
     scores = r * rng.lognormal(0, 0.5, 40)
     losses = rng.lognormal(0, 1, 40)
     out = alignment_audit(scores, r, losses, alpha=0.2, percentile_epsilon=0.1, permutation_count=200,
-                          permutation_seed=3, score_label="residual")
+                          permutation_seed=3)
     assert out["spearman_residual_vs_gradient_rms"] == pytest.approx(spearmanr(scores, r).statistic)
     assert out["kendall_residual_vs_gradient_rms"] == pytest.approx(kendalltau(scores, r).statistic)
-    assert out["spearman_training_loss_vs_gradient_rms"] == pytest.approx(spearmanr(losses, r).statistic)
+    assert out["training_loss_shared_draws"]["spearman_vs_gradient_rms"] == pytest.approx(spearmanr(losses, r).statistic)
+    assert out["baseline_comparison"]["available"] is False  # no per-seed values given
     matrix = scores[None, :] * rng.lognormal(0, 0.3, (6, 40))
     rep = repeatability(matrix)
     assert rep["spearman"] == pytest.approx(spearmanr(matrix[:3].mean(0), matrix[3:].mean(0)).statistic)
@@ -95,7 +96,7 @@ def _gate_inputs(n, rho_rep, rho_align, ratio):
                  "random_permutation_control": {"one_sided_pvalue_rho_at_least_observed": 0.001,
                                                 "one_sided_pvalue_second_moment_at_most_observed": 0.001}}
     loo = {"all_spearman_positive": True, "all_second_moment_ratios_below_one": True}
-    return dict(sample_count=n, repeatability=rep, alignment=alignment, robustness=loo, score_label="residual")
+    return dict(sample_count=n, repeatability=rep, alignment=alignment, robustness=loo)
 
 
 def test_gate_logic_and_derived_check_names():
@@ -182,7 +183,13 @@ def test_audit_job_end_to_end(audit_run):
     assert len(result["anchors"][0]["estimator_residuals"]) == 4 and len(result["anchors"][0]["sample_losses"][0]) == 64
     assert [a["sampling_trace"] for a in result["anchors"]] == [a["sampling_trace"] for a in artifact["anchors"]]
     al = result["alignment"]
-    assert {"spearman_residual_vs_gradient_rms", "top25_overlap", "training_loss_proposal", "reliability"} <= set(al)
+    assert {"spearman_residual_vs_gradient_rms", "top25_overlap", "training_loss_shared_draws", "reliability"} <= set(al)
+    baseline = al["baseline_comparison"]
+    assert baseline["seeds_per_half"] == 8 and "score_beats_training_loss" in baseline
+    assert "score_beats_training_loss" in result["gate"]["informational"]  # gate=smoke: informational
+    assert al["proposal"]["attainable_oracle_ratio"] >= al["proposal"]["oracle_ratio"] - 1e-12
+    assert "APPROXIMATE" in al["reliability"].get("attenuation_correction", "APPROXIMATE")
+    assert "baseline on independent draws" in proc.stdout
     assert al["random_permutation_control"]["permutation_count"] == 500
     assert set(result["gate"]["checks"]) == set(result["checks"]) and "Residual audit gate" in proc.stdout
     assert result["score_runtime"]["peak_rss_bytes"] > 10_000_000
@@ -273,3 +280,92 @@ def test_audit_sweep_logs_gate_checks_and_a_summary_to_mlflow(audit_run, store):
     summary = client.download_artifacts(parent.info.run_id, "sweep_summary.json", str(work))
     rows = json.loads(open(summary).read())
     assert {r["estimator"] for r in rows} == {"iid", "midpoint_antithetic"} and all("ratio" in r for r in rows)
+
+
+# ----------------------------------------------------------------------------- fair baselines
+def _shared_noise_artifact(seed=0, anchors=64, seeds=64):
+    """Per-seed gradient RMS and loss that share their (t, eps) noise, as a real artifact's do: a
+    draw with a high loss also has a large gradient. Both depend on the anchor's true difficulty."""
+    rng = np.random.default_rng(seed)
+    difficulty = rng.lognormal(0, 0.5, anchors)
+    draw = rng.lognormal(0, 0.8, (seeds, anchors))  # the shared per-draw factor (flow time, noise)
+    loss = difficulty * draw
+    rms = np.sqrt(difficulty) * draw ** 0.7 * rng.lognormal(0, 0.1, (seeds, anchors))
+    return difficulty, rms, loss
+
+
+def test_the_training_loss_baseline_is_scored_on_independent_draws():
+    """On shared draws the loss looks better aligned than it is; cross-fitted over seed halves it is
+    judged like any other score: its figure matches a loss drawn independently of the gradients."""
+    from vlaeval.audit.statistics import cross_fitted_baseline
+
+    difficulty, rms, loss = _shared_noise_artifact()
+    residual = difficulty * np.random.default_rng(1).lognormal(0, 0.05, difficulty.size)
+    out = cross_fitted_baseline(residual, rms, loss, alpha=0.2, percentile_epsilon=0.1, proposal_power=0.5)
+    shared, fair = out["training_loss_shared_draws"]["spearman"], out["training_loss"]["spearman"]
+    assert shared > fair + 0.05, (shared, fair)
+    # The fair figure equals what an independent set of loss draws gives against the same halves.
+    independent = difficulty * np.random.default_rng(2).lognormal(0, 0.8, (64, 64))  # draws of their own
+    half = 32
+    target = np.sqrt(np.mean(rms[:half] ** 2, axis=0))
+    reference = spearmanr(independent[:half].mean(axis=0), target).statistic
+    assert fair == pytest.approx(reference, abs=0.12)
+    assert out["spearman_difference"] == pytest.approx(out["residual"]["spearman"] - fair)
+    low, high = out["spearman_difference_ci95"]
+    assert low <= out["spearman_difference"] <= high
+    rho_low, rho_high = out["spearman_difference_ci95"]
+    ratio_low, ratio_high = out["second_moment_ratio_difference_ci95"]
+    expected = "beats" if rho_low > 0 and ratio_high < 0 else "loses" if rho_high < 0 or ratio_low > 0 else "tie"
+    assert out["verdict"] == expected and out["score_beats_training_loss"] == (expected == "beats")
+    # With a noisier loss (8 draws a half), the anchors' true difficulty beats it; another loss of
+    # the same quality, drawn independently, ties with it.
+    kwargs = dict(alpha=0.2, percentile_epsilon=0.1, proposal_power=0.5)
+    difficulty, rms, loss = _shared_noise_artifact(seed=5, anchors=128, seeds=16)
+    assert cross_fitted_baseline(difficulty, rms, loss, **kwargs)["verdict"] == "beats"
+    same_quality = difficulty * np.random.default_rng(2).lognormal(0, 0.8, (8, 128)).mean(axis=0)
+    assert cross_fitted_baseline(same_quality, rms, loss, **kwargs)["verdict"] == "tie"
+
+
+def test_the_attainable_oracle_is_cross_fitted_and_the_in_sample_one_optimistic():
+    from vlaeval.audit.statistics import cross_fitted_baseline
+
+    difficulty, rms, loss = _shared_noise_artifact(seed=3, seeds=16)
+    out = cross_fitted_baseline(difficulty, rms, loss, alpha=0.2, percentile_epsilon=0.1, proposal_power=0.5)
+    in_sample = np.mean([oracle_ratio(np.sqrt(np.mean(rms[h] ** 2, axis=0))) for h in (slice(0, 8), slice(8, 16))])
+    assert out["attainable_oracle_ratio"] > in_sample  # noise it cannot know about makes it worse
+    a, b = np.sqrt(np.mean(rms[:8] ** 2, axis=0)), np.sqrt(np.mean(rms[8:] ** 2, axis=0))
+    expected = np.mean([information_to_baseline_ratio(a, b / b.sum()), information_to_baseline_ratio(b, a / a.sum())])
+    assert out["attainable_oracle_ratio"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_strict_gate_requires_beating_the_training_loss_and_formal_reports_it():
+    inputs = _gate_inputs(64, 0.95, 0.7, 0.9)
+    inputs["alignment"]["baseline_comparison"] = {"score_beats_training_loss": False}
+    formal = gate_decision(**inputs, gate=compose_config(["gate=formal"]).gate)
+    assert formal["pass"] and formal["informational"] == {"score_beats_training_loss": False}
+    strict = gate_decision(**inputs, gate=compose_config(["gate=strict"]).gate)
+    assert not strict["pass"] and strict["checks"]["score_beats_training_loss"] is False
+    assert strict["preset"] == "strict" and "score_repeatability_spearman_at_least_0_90" in strict["checks"]
+    inputs["alignment"]["baseline_comparison"] = {"available": False, "reason": "no per-seed values"}
+    assert gate_decision(**inputs, gate=compose_config(["gate=strict"]).gate)["checks"]["score_beats_training_loss"] is False
+
+
+@pytest.mark.parametrize("bad", [-0.1, np.nan, np.inf])
+def test_negative_or_non_finite_scores_are_refused_by_the_proposal(bad):
+    scores = np.linspace(0.1, 1.0, 20)
+    scores[4] = bad
+    with pytest.raises(ValueError, match="must be finite and >= 0; score .* at index 4"):
+        proposal_distribution(scores, alpha=0.2, percentile_epsilon=0.1)
+    with pytest.raises(ValueError, match="at index 4"):
+        alignment_audit(scores, np.ones(20), np.ones(20), alpha=0.2, percentile_epsilon=0.1, permutation_count=10,
+                        permutation_seed=0)
+
+
+def test_sobol_points_use_full_double_precision():
+    from vlaeval.residual.estimators import draw_pairs
+
+    flow = compose_config().flow
+    t, noise = draw_pairs("sobol", 3, 4, 16, (4, 4), flow)
+    u = ((t - float(flow.time_offset)) / float(flow.time_scale)) ** float(flow.beta_a)  # back to the uniform
+    on_lattice = np.abs(u * 2**30 - np.round(u * 2**30)) < 1e-6
+    assert on_lattice.mean() < 0.05  # 30-bit points would all sit on the 2^-30 lattice

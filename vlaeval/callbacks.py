@@ -34,7 +34,8 @@ SUMMARY_COLUMNS = {
                        ("estimator", "tag", "estimator.kind"), ("repeat rho", "metric", "repeatability.spearman"),
                        ("grad rho", "metric", "alignment.spearman_residual_vs_gradient_rms"),
                        ("ratio", "metric", "proposal.information_to_baseline_ratio"),
-                       ("oracle", "metric", "proposal.oracle_ratio"), ("p(ratio)", "metric", "permutation.p_second_moment")),
+                       ("oracle", "metric", "proposal.oracle_ratio"), ("p(ratio)", "metric", "permutation.p_second_moment"),
+                       ("loss ratio", "metric", "baseline.training_loss_ratio")),
 }
 DEFAULT_COLUMNS = (("gate.pass", "tag", "gate.pass"),)
 

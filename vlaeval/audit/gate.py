@@ -1,8 +1,9 @@
 """The gate: is the score eligible to drive the 500-step importance-sampling ablation?
 
-Check names are derived from the thresholds (gate=formal is the seed's set), so a run's checks
+Check names are derived from the thresholds (gate=formal is the prototype's set), so a run's checks
 say what they tested. Fewer anchors than the formal minimum make the result a smoke run, never
-a gate certificate.
+a gate certificate. Whether the score beats the training loss (on draws independent of the
+gradient RMS) is an informational line in gate=formal and a required check in gate=strict.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ def threshold_name(value: float) -> str:
 
 
 def gate_decision(*, sample_count: int, repeatability: Dict[str, Any], alignment: Dict[str, Any],
-                  robustness: Dict[str, Any], score_label: str, gate: Any) -> Dict[str, Any]:
+                  robustness: Dict[str, Any], gate: Any) -> Dict[str, Any]:
     permutation = alignment["random_permutation_control"]
     ratio = alignment["proposal"]["information_to_baseline_ratio"]
     checks = {
@@ -23,7 +24,7 @@ def gate_decision(*, sample_count: int, repeatability: Dict[str, Any], alignment
         f"score_repeatability_spearman_at_least_{threshold_name(gate.repeatability_spearman)}":
             repeatability["spearman"] >= gate.repeatability_spearman,
         f"score_gradient_spearman_at_least_{threshold_name(gate.score_gradient_spearman)}":
-            alignment[f"spearman_{score_label}_vs_gradient_rms"] >= gate.score_gradient_spearman,
+            alignment["spearman_residual_vs_gradient_rms"] >= gate.score_gradient_spearman,
         f"score_gradient_permutation_p_at_most_{threshold_name(gate.permutation_p)}":
             permutation["one_sided_pvalue_rho_at_least_observed"] <= gate.permutation_p,
         f"top25_overlap_at_least_{threshold_name(gate.top25_overlap)}": alignment["top25_overlap"] >= gate.top25_overlap,
@@ -34,10 +35,20 @@ def gate_decision(*, sample_count: int, repeatability: Dict[str, Any], alignment
     if gate.leave_one_out:
         checks["leave_one_out_spearman_all_positive"] = robustness["all_spearman_positive"]
         checks["leave_one_out_second_moment_all_below_one"] = robustness["all_second_moment_ratios_below_one"]
+    # Does the score beat the training loss it is cheaper than, judged on independent draws? A
+    # required check in gate=strict, an informational line otherwise (None: cannot be judged).
+    baseline = alignment.get("baseline_comparison", {})
+    beats = baseline.get("score_beats_training_loss") if baseline.get("available", True) else None
+    informational: Dict[str, Any] = {}
+    if gate.require_beating_training_loss:
+        checks["score_beats_training_loss"] = bool(beats)
+    else:
+        informational["score_beats_training_loss"] = beats
     passed = all(checks.values())
     formal = sample_count >= int(gate.formal_min_anchors)
     return {
         "checks": checks,
+        "informational": informational,
         "pass": passed,
         "eligible_for_500_step_ablation": passed and formal,
         "status": (f"formal_{sample_count}_anchor_gate" if formal else "smoke_not_a_gate_certificate"),

@@ -31,8 +31,7 @@ from vlaeval.residual.artifact import cached_gradient_artifact, load_gradient_ar
 from vlaeval.residual.estimators import DESCRIPTIONS, UNBIASED, score_anchors
 
 JOB = "residual_audit"
-RESULT_SCHEMA_VERSION = 1
-SCORE_LABEL = "residual"
+RESULT_SCHEMA_VERSION = 2  # 2: fair training-loss baseline (cross-fitted), attainable oracle
 
 
 def validate_audit(cfg: DictConfig) -> None:
@@ -75,6 +74,18 @@ def recover_anchors(data: Any, artifact_anchors: List[Dict[str, Any]]) -> Tuple[
     return index, traces
 
 
+def per_seed_values(anchors: List[Dict[str, Any]]) -> Tuple[np.ndarray | None, np.ndarray | None]:
+    """(gradient RMS, loss) per gradient seed and anchor, shape (seeds, anchors), when every anchor
+    of the artifact carries them (vlaeval's own artifacts do); else (None, None)."""
+    try:
+        rms = np.array([a["per_seed"]["gradient_rms"] for a in anchors], dtype=np.float64).T
+        loss = np.array([a["per_seed"]["loss"] for a in anchors], dtype=np.float64).T
+    except (KeyError, TypeError, ValueError):
+        return None, None
+    ok = rms.ndim == 2 and rms.shape == loss.shape and np.all(np.isfinite(rms)) and np.all(np.isfinite(loss))
+    return (rms, loss) if ok else (None, None)
+
+
 def peak_memory() -> Dict[str, Any]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return {"kind": "cuda", "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
@@ -111,27 +122,32 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
 
     matrix = scores.estimator_residuals
     score = matrix.mean(axis=0)
+    require(bool(np.all(np.isfinite(score)) and np.all(score >= 0)),
+            "the policy's residuals are not all finite and >= 0; a flow-matching loss cannot be negative: check "
+            "the policy's velocity and target convention")
     gradient_rms = np.array([a["gradient_rms"] for a in artifact_anchors])
     mean_losses = np.array([a["mean_gradient_loss"] for a in artifact_anchors])
+    per_seed_rms, per_seed_losses = per_seed_values(artifact_anchors)
     a = cfg.audit
     rep = repeatability(matrix)
     gradient_reliability = (metadata.get("reliability") or {}).get("spearman_brown")
     alignment = alignment_audit(score, gradient_rms, mean_losses, alpha=a.alpha, percentile_epsilon=a.percentile_epsilon,
                                 permutation_count=int(a.permutations), permutation_seed=int(a.permutation_seed),
-                                score_label=SCORE_LABEL, proposal_power=a.proposal_power,
-                                score_reliability=rep["spearman_brown_reliability"],
-                                gradient_reliability=gradient_reliability, keep_null_distributions=True)
+                                proposal_power=a.proposal_power, score_reliability=rep["spearman_brown_reliability"],
+                                gradient_reliability=gradient_reliability, per_seed_gradient_rms=per_seed_rms,
+                                per_seed_losses=per_seed_losses, bootstrap_seed=int(a.permutation_seed),
+                                keep_null_distributions=True)
     robustness = leave_one_out_robustness(score, gradient_rms, alpha=a.alpha, percentile_epsilon=a.percentile_epsilon,
                                           proposal_power=a.proposal_power)
     gate = gate_decision(sample_count=anchor_index.size, repeatability=rep, alignment=alignment,
-                         robustness=robustness, score_label=SCORE_LABEL, gate=cfg.gate)
+                         robustness=robustness, gate=cfg.gate)
     null = alignment["random_permutation_control"]
     null_spearman, null_ratio = null.pop("null_spearman"), null.pop("null_second_moment")  # plotted, not saved
 
     plots = []
     if a.plot:
         plots.append(plot_audit(score, gradient_rms, matrix, alignment, robustness, null_spearman, null_ratio,
-                                SCORE_LABEL, output_dir(cfg) / "residual_audit.png"))
+                                output_dir(cfg) / "residual_audit.png"))
     result = {
         "schema_version": RESULT_SCHEMA_VERSION,
         "status": gate["status"],
@@ -178,18 +194,18 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
 def headline_metrics(result: Dict[str, Any]) -> Dict[str, float]:
     al, rep, loo = result["alignment"], result["repeatability"], result["leave_one_out_robustness"]
     perm, prop = al["random_permutation_control"], al["proposal"]
-    return {
+    metrics = {
         "repeatability.spearman": rep["spearman"], "repeatability.kendall": rep["kendall"],
         "repeatability.mean_anchor_cv": rep["mean_anchor_cv"],
-        f"alignment.spearman_{SCORE_LABEL}_vs_gradient_rms": al[f"spearman_{SCORE_LABEL}_vs_gradient_rms"],
-        f"alignment.kendall_{SCORE_LABEL}_vs_gradient_rms": al[f"kendall_{SCORE_LABEL}_vs_gradient_rms"],
-        "alignment.spearman_training_loss_vs_gradient_rms": al["spearman_training_loss_vs_gradient_rms"],
+        "alignment.spearman_residual_vs_gradient_rms": al["spearman_residual_vs_gradient_rms"],
+        "alignment.kendall_residual_vs_gradient_rms": al["kendall_residual_vs_gradient_rms"],
         "alignment.top25_overlap": al["top25_overlap"],
         "alignment.attenuation_corrected_spearman": al["reliability"].get("attenuation_corrected_spearman"),
         "proposal.information_to_baseline_ratio": prop["information_to_baseline_ratio"],
         "proposal.oracle_ratio": prop["oracle_ratio"],
         "proposal.fraction_of_oracle_gain": prop["fraction_of_oracle_gain"],
-        "proposal.training_loss_ratio": al["training_loss_proposal"]["information_to_baseline_ratio"],
+        "proposal.attainable_oracle_ratio": prop.get("attainable_oracle_ratio"),
+        "proposal.fraction_of_attainable_oracle_gain": prop.get("fraction_of_attainable_oracle_gain"),
         "proposal.raw_score_ratio": al["raw_score_proposal"]["information_to_baseline_ratio"],
         "permutation.p_spearman": perm["one_sided_pvalue_rho_at_least_observed"],
         "permutation.p_second_moment": perm["one_sided_pvalue_second_moment_at_most_observed"],
@@ -200,6 +216,18 @@ def headline_metrics(result: Dict[str, Any]) -> Dict[str, float]:
         "timing.score_seconds": result["score_runtime"]["elapsed_seconds"],
         "timing.anchors_per_second": result["score_runtime"]["anchors_per_second"],
     }
+    baseline = al["baseline_comparison"]
+    if baseline.get("available", True):
+        metrics.update({
+            "baseline.residual_spearman": baseline["residual"]["spearman"],
+            "baseline.training_loss_spearman": baseline["training_loss"]["spearman"],
+            "baseline.training_loss_spearman_shared_draws": baseline["training_loss_shared_draws"]["spearman"],
+            "baseline.residual_ratio": baseline["residual"]["second_moment_ratio"],
+            "baseline.training_loss_ratio": baseline["training_loss"]["second_moment_ratio"],
+            "baseline.training_loss_ratio_shared_draws": baseline["training_loss_shared_draws"]["second_moment_ratio"],
+            "baseline.score_beats_training_loss": float(baseline["score_beats_training_loss"]),
+        })
+    return metrics
 
 
 def print_summary(result: Dict[str, Any]) -> None:
@@ -210,10 +238,22 @@ def print_summary(result: Dict[str, Any]) -> None:
     m = result["metrics"]
     console.show(
         f"repeatability rho {m['repeatability.spearman']:.3f} | residual vs gradient RMS rho "
-        f"{m[f'alignment.spearman_{SCORE_LABEL}_vs_gradient_rms']:.3f} (training loss "
-        f"{m['alignment.spearman_training_loss_vs_gradient_rms']:.3f}) | second-moment ratio "
-        f"{m['proposal.information_to_baseline_ratio']:.3f} (oracle {m['proposal.oracle_ratio']:.3f}, training loss "
-        f"{m['proposal.training_loss_ratio']:.3f})")
+        f"{m['alignment.spearman_residual_vs_gradient_rms']:.3f} | second-moment ratio "
+        f"{m['proposal.information_to_baseline_ratio']:.3f} (in-sample oracle {m['proposal.oracle_ratio']:.3f}"
+        + (f", attainable oracle {m['proposal.attainable_oracle_ratio']:.3f}" if m.get("proposal.attainable_oracle_ratio") else "")
+        + ")")
+    baseline = result["alignment"]["baseline_comparison"]
+    if baseline.get("available", True):
+        console.show(
+            f"baseline on independent draws (cross-fitted seed halves): residual rho {baseline['residual']['spearman']:.3f} "
+            f"ratio {baseline['residual']['second_moment_ratio']:.3f} vs training loss rho "
+            f"{baseline['training_loss']['spearman']:.3f} ratio {baseline['training_loss']['second_moment_ratio']:.3f} "
+            f"(shared draws, inflated: rho {baseline['training_loss_shared_draws']['spearman']:.3f}): "
+            f"{baseline['verdict'].upper()} (95% bootstrap intervals of the differences)")
+    else:
+        console.show(f"baseline: {baseline['reason']}")
+    for name, value in gate.get("informational", {}).items():
+        console.show(f"  informational: {name}: {'-' if value is None else console.styled('PASS' if value else 'FAIL')}")
     console.show(f"status: {gate['status']}   eligible for the 500-step ablation: "
                  f"{console.styled('PASS' if gate['eligible_for_500_step_ablation'] else 'FAIL')}")
     if result.get("result_path"):

@@ -70,10 +70,11 @@ def draw_pairs(kind: str, seed: int, anchors: int, m: int, chunk_shape: tuple, f
     elif kind == "sobol":
         # One scrambled Sobol' sequence per seed; anchor i takes the aligned block of m points
         # i*m .. (i+1)*m - 1, itself a scrambled net when m is a power of two. Every point is
-        # uniform, so the estimate is unbiased, while each block stays balanced.
+        # uniform, so the estimate is unbiased, while each block stays balanced. bits=64: points at
+        # full double precision (scipy's default of 30 bits leaves them on a 2^-30 lattice).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # balance warnings when m is not a power of two
-            points = qmc.Sobol(d=d + 1, scramble=True, seed=rng).random(k * m).reshape(k, m, d + 1)
+            points = qmc.Sobol(d=d + 1, scramble=True, seed=rng, bits=64).random(k * m).reshape(k, m, d + 1)
         u = points[..., 0]
         noise = norm.ppf(np.clip(points[..., 1:], 1e-12, 1 - 1e-12))
     else:
