@@ -6,6 +6,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Two workers (CI has 2 cores); each test file runs on one worker, so module fixtures build once.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: demo test test-fast ui bench clean system-packages
 
@@ -24,10 +27,10 @@ system-packages:
 	@scripts/system_packages.sh
 
 test: $(STAMP) system-packages
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow" $(PYTEST_ARGS)
 
 ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -79,10 +80,15 @@ def workdir(tmp_path) -> Path:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """A full run that passed with nothing skipped regenerates docs/reliability.md."""
+    """A full run that passed with nothing skipped regenerates docs/reliability.md. Under xdist each
+    worker hands its records to the controller (pytest_testnodedown), which writes the file."""
     import reliability
     from vlaeval.artifacts import atomic_write_text
 
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:
+        worker_output["reliability_records"] = json.dumps(reliability.records())
+        return
     options = session.config.option
     full_run = not options.keyword and not options.markexpr and not getattr(options, "deselect", None) \
         and all(Path(a).resolve() == REPO / "tests" for a in session.config.args)
@@ -90,3 +96,13 @@ def pytest_sessionfinish(session, exitstatus):
     skipped = bool(reporter and reporter.stats.get("skipped"))
     if exitstatus == 0 and full_run and not skipped and reliability.records():
         atomic_write_text(reliability.DOC, reliability.render(reliability.records()))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist controller: collect a finished worker's reliability records."""
+    import reliability
+
+    records = getattr(node, "workeroutput", {}).get("reliability_records")
+    if records:
+        reliability.add_records(json.loads(records))

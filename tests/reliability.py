@@ -13,7 +13,9 @@ from typing import Dict, List
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 # "set-up": a deployment checked end to end (no fault injected) -- listed, not counted as a fault.
 KINDS = ("bad input", "fault", "set-up")
-PYTEST_TMP = re.compile(r"(?:/[^\s/`]+)*/pytest-of-[^\s/`]+/pytest-\d+/")
+# pytest's temporary folders, and an xdist worker's sub-folder in them (popen-gw0/): the same text
+# whichever worker ran the test.
+PYTEST_TMP = re.compile(r"(?:/[^\s/`]+)*/pytest-of-[^\s/`]+/pytest-\d+/(?:popen-gw\d+/)?")
 _records: List[Dict[str, str]] = []
 
 
@@ -27,6 +29,11 @@ def record_outcome(area: str, case: str, observed: str, *, kind: str = "fault", 
 
 def records() -> List[Dict[str, str]]:
     return list(_records)
+
+
+def add_records(rows: List[Dict[str, str]]) -> None:
+    """Records made in another process (an xdist worker)."""
+    _records.extend(rows)
 
 
 def render(rows: List[Dict[str, str]]) -> str:

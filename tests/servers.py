@@ -148,7 +148,7 @@ class MlflowServer:
         self.uri = f"http://127.0.0.1:{self.port}"
         self.process: Optional[subprocess.Popen] = None
 
-    def start(self, timeout: float = 120) -> "MlflowServer":
+    def start(self, timeout: float = 240) -> "MlflowServer":
         mlflow = Path(sys.executable).with_name("mlflow")
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
         env.update(self.extra_env)

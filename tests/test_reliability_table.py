@@ -23,3 +23,5 @@ def test_pytest_temporary_folders_are_normalised_so_the_table_is_stable():
 
     text = "error: artifact /tmp/pytest-of-root/pytest-30/audit0/x.json is bad; see /var/t/pytest-of-ci/pytest-7/y"
     assert PYTEST_TMP.sub("<tmp>/", text) == "error: artifact <tmp>/audit0/x.json is bad; see <tmp>/y"
+    worker = "error: /tmp/pytest-of-root/pytest-3/popen-gw1/test_bad0/work/outcomes.csv lacks a column"
+    assert PYTEST_TMP.sub("<tmp>/", worker) == "error: <tmp>/test_bad0/work/outcomes.csv lacks a column"
