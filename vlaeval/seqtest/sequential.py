@@ -195,6 +195,9 @@ class _SequentialTest:
         plain = np.cumsum(x) + self._cluster_mean_sum
         counts = seen + np.arange(1, x.size + 1)
         estimate = weighted / units_after if self.estimand == "unit" else plain / counts
+        empty = series["cs_lower"] > series["cs_upper"]  # every margin rejected: a degenerate, empty CS
+        series["cs_lower"] = np.where(empty, estimate, series["cs_lower"])
+        series["cs_upper"] = np.where(empty, estimate, series["cs_upper"])
         for key, values in (("clusters", counts), ("units", units_after), ("delta_estimate", estimate), *series.items()):
             self._series[key].append(np.asarray(values))
         self._clusters += x.size
@@ -531,8 +534,6 @@ class AsymptoticSequentialTest(_SequentialTest):
         for key in self._bounds:
             if key in series:
                 self._bounds[key] = float(series[key][-1])
-        if series["cs_lower"][-1] > series["cs_upper"][-1]:  # the running intersection emptied: degenerate
-            series["cs_lower"][-1] = series["cs_upper"][-1] = float(mean[-1])
         return firsts, series
 
 
