@@ -20,4 +20,9 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
+        from vlaeval.help import help_text  # lists the jobs and groups without composing anything
+
+        sys.stdout.write(help_text())
+        raise SystemExit(0)
     main()

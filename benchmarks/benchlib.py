@@ -22,8 +22,8 @@ def compose_default(overrides: Sequence[str] = ()) -> Any:
 
 def default_policy(overrides: Sequence[str] = ()) -> Tuple[Any, Any, Any]:
     """(cfg, data, policy handle) of the builtin checkpoint, trained on first use."""
-    from vlaeval.policy.builtin import obtain_policy, prepare_data
+    from vlaeval.policy.builtin import PolicySpec, obtain_policy, prepare_data
 
     cfg = compose_default(overrides)
-    data = prepare_data(cfg)
-    return cfg, data, obtain_policy(cfg, data)
+    data = prepare_data(cfg.data, str(cfg.paths.cache_dir))
+    return cfg, data, obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data)

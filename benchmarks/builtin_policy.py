@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 from benchlib import REPO, compose_default
-
 from vlaeval.artifacts import atomic_write_json
-from vlaeval.policy.builtin import obtain_policy, prepare_data
+from vlaeval.policy.builtin import PolicySpec, obtain_policy, prepare_data
 from vlaeval.policy.rollout import evaluate_closed_loop
 
 
@@ -26,10 +25,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:
         cfg = compose_default([f"paths.cache_dir={cache}", f"evaluate.episodes_per_task={args.episodes}"])
         started = time.perf_counter()
-        data = prepare_data(cfg)
+        data = prepare_data(cfg.data, str(cfg.paths.cache_dir))
         build_s = time.perf_counter() - started
         started = time.perf_counter()
-        handle = obtain_policy(cfg, data)
+        handle = obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data)
         train_s = time.perf_counter() - started
         started = time.perf_counter()
         evaluation = evaluate_closed_loop(handle.model, data.demonstrations.tasks, data.instruction_table,

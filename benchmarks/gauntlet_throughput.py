@@ -1,7 +1,7 @@
 """Gauntlet throughput: units per second, MLflow excluded, as ratios against a baseline run in the
 same process (these machines are noisy; only same-process ratios mean much).
 
-The baseline is the seed's data path: outcome vectors kept as Python lists (`.tolist()`),
+The baseline is the prototype's data path: outcome vectors kept as Python lists (`.tolist()`),
 cached as JSON lists, converted back with np.asarray per stratum, fed in batches of a fixed unit
 count (which can split a cluster) with cluster means grouped in Python -- the same e-process
 engine underneath, so the ratio measures the data path and batching, not the statistics.
@@ -17,12 +17,12 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
-from benchlib import REPO, compose_default
 from omegaconf import OmegaConf
 
+from benchlib import REPO, compose_default
 from vlaeval.artifacts import atomic_write_json, atomic_write_text, sha256_json
 from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.outcomes import synthetic_paired_outcomes
@@ -42,8 +42,8 @@ def load(overrides):
 
 
 # ----------------------------------------------------------------------------- baseline
-def seed_style_gauntlet(settings, strata, effects, cache_dir: Path) -> Dict[str, Any]:
-    """The seed's loop with list outcomes, a JSON cache and fixed-count batches."""
+def prototype_style_gauntlet(settings, strata, effects, cache_dir: Path) -> Dict[str, Any]:
+    """The prototype's loop with list outcomes, a JSON cache and fixed-count batches."""
     started = time.perf_counter()
     queue = priority_order(strata)
     budget_left, nominal_allowance, units_evaluated = settings.budget_units, settings.nominal_base_allowance, 0
@@ -75,7 +75,7 @@ def seed_style_gauntlet(settings, strata, effects, cache_dir: Path) -> Dict[str,
             diffs = (c[used:end] - b[used:end]).tolist()
             sums: Dict[int, float] = {}
             counts: Dict[int, int] = {}
-            for d, cid in zip(diffs, cluster_ids[used:end]):  # the seed's per-unit grouping
+            for d, cid in zip(diffs, cluster_ids[used:end]):  # the prototype's per-unit grouping
                 sums[cid] = sums.get(cid, 0.0) + d
                 counts[cid] = counts.get(cid, 0) + 1
             test.update_clusters(np.array([sums[k] / counts[k] for k in sums]))
@@ -106,8 +106,8 @@ def measure(label, overrides, repeats):
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         # cold = cache empty (outcomes generated and written); warm = every stratum a cache hit
-        base_cold = seed_style_gauntlet(settings, strata, effects, (tmp / "json-cache").mkdir() or tmp / "json-cache")
-        base_warm = min((seed_style_gauntlet(settings, strata, effects, tmp / "json-cache") for _ in range(repeats)),
+        base_cold = prototype_style_gauntlet(settings, strata, effects, (tmp / "json-cache").mkdir() or tmp / "json-cache")
+        base_warm = min((prototype_style_gauntlet(settings, strata, effects, tmp / "json-cache") for _ in range(repeats)),
                         key=lambda r: r["wall_s"])
         new_cold = vectorised_gauntlet(settings, strata, effects, tmp / "npz-cache", True)
         new_warm = min((vectorised_gauntlet(settings, strata, effects, tmp / "npz-cache", True) for _ in range(repeats)),
@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "gauntlet_throughput.json")
     args = parser.parse_args()
-    cases = [("default (100k units)", [])]
+    cases: List[Tuple[str, List[str]]] = [("default (100k units)", [])]
     if not args.quick:
         # Every stratum planted exactly at the margin (Delta = -0.002): no test can decide, so the
         # whole 10M-unit budget is evaluated -- the worst case for throughput.
@@ -151,7 +151,7 @@ def main() -> None:
         print(f"  {'run':22s} {'units evaluated':>16s} {'wall s':>9s} {'units/s':>12s}")
         for name, r in summary["runs"].items():
             print(f"  {name:22s} {r['units_evaluated']:16,d} {r['wall_s']:9.3f} {r['units_per_second']:12,.0f}")
-        print(f"  speed-up vs seed-style baseline: cold {summary['speedup_vs_baseline_cold']:.1f}x, "
+        print(f"  speed-up vs prototype-style baseline: cold {summary['speedup_vs_baseline_cold']:.1f}x, "
               f"warm {summary['speedup_vs_baseline_warm']:.1f}x; cache-hit re-run {summary['cache_hit_rerun_speedup']:.2f}x")
     atomic_write_json(args.out, results)
     print(f"\nwritten {args.out}")

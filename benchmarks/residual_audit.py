@@ -10,7 +10,7 @@
    and the residual against the training loss on equal footing -- each judged on gradient seeds
    its draws are independent of (cross-fitted seed halves) -- beside the inflated shared-draw
    figure, and the attainable (cross-fitted) oracle beside the in-sample one.
-3. Throughput: anchors per second of cross-anchor batched scoring vs the seed's one anchor at a
+3. Throughput: anchors per second of cross-anchor batched scoring vs the prototype's one anchor at a
    time vs a naive loop that re-encodes the conditioning for every sample.
 4. Demo: wall time of `python main.py job=residual_audit` from an empty cache and fully cached.
 """
@@ -27,16 +27,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from benchlib import REPO, default_policy
 from scipy.stats import spearmanr
 
+from benchlib import REPO, default_policy
 from vlaeval.artifacts import atomic_write_json
-from vlaeval.audit.statistics import cross_fitted_baseline, information_to_baseline_ratio, oracle_ratio, proposal_distribution
+from vlaeval.audit.statistics import (
+    cross_fitted_baseline,
+    information_to_baseline_ratio,
+    oracle_ratio,
+    proposal_distribution,
+)
+from vlaeval.jobs.residual_audit import per_seed_values, recover_anchors
 from vlaeval.policy.flow import noisy_actions, per_sample_loss
 from vlaeval.policy.training import anchor_batch
 from vlaeval.residual.artifact import cached_gradient_artifact
 from vlaeval.residual.estimators import UNBIASED, draw_pairs, score_anchors
-from vlaeval.jobs.residual_audit import per_seed_values, recover_anchors
 
 
 def ratio_for(scores, r, gamma, alpha=0.2, eps=0.1):
@@ -65,7 +70,7 @@ def naive_loop(model, anchors, index, table, seeds, m, flow):
     with torch.no_grad():
         for a, anchor in enumerate(index):
             batch = anchor_batch(anchors, np.array([anchor]), table)
-            for s, seed in enumerate(seeds):
+            for s in range(len(seeds)):
                 t, noise = draws[s][0][a], draws[s][1][a]  # the same draws as the batched path
                 total = 0.0
                 for j in range(m):
@@ -100,7 +105,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "residual_audit.json")
     args = parser.parse_args()
     cfg, data, handle = default_policy()
-    _, artifact = cached_gradient_artifact(cfg, data, handle)
+    _, artifact = cached_gradient_artifact(cfg.gradients, cfg.flow, str(cfg.device), str(cfg.paths.cache_dir), data, handle)
     index, _ = recover_anchors(data, artifact)
     r = np.array([a["gradient_rms"] for a in artifact])
     score = lambda kind, seeds, m, batch=64: score_anchors(  # noqa: E731
@@ -139,6 +144,7 @@ def main() -> None:
                 "reference_score_gamma_half": ratio_for(reference, r, 0.5),
                 "training_loss_shared_draws_gamma_half": ratio_for(np.array([a["mean_gradient_loss"] for a in artifact]), r, 0.5)}
     per_seed_rms, per_seed_loss = per_seed_values(artifact)
+    assert per_seed_rms is not None and per_seed_loss is not None, "vlaeval's own artifact carries per-seed values"
     fair = cross_fitted_baseline(default_scores, per_seed_rms, per_seed_loss, alpha=float(cfg.audit.alpha),
                                  percentile_epsilon=float(cfg.audit.percentile_epsilon),
                                  proposal_power=float(cfg.audit.proposal_power), bootstrap_seed=int(cfg.audit.permutation_seed))
@@ -151,15 +157,15 @@ def main() -> None:
     seeds4, m8 = [int(s) for s in cfg.estimator.seeds], int(cfg.estimator.samples_per_estimator)
     timing = {}
     for name, fn in (("batched (64 anchors per pass)", lambda: score(str(cfg.estimator.kind), seeds4, m8, 64)),
-                     ("one anchor at a time (the seed)", lambda: score(str(cfg.estimator.kind), seeds4, m8, 1)),
+                     ("one anchor at a time (the prototype)", lambda: score(str(cfg.estimator.kind), seeds4, m8, 1)),
                      ("naive: re-encode per sample", lambda: naive_loop(handle.model, data.anchors, index,
                                                                          data.instruction_table, seeds4, m8, cfg.flow))):
         fn()  # warm-up
         started = time.perf_counter()
         fn()
         timing[name] = index.size / (time.perf_counter() - started)
-    # the seed's own settings: 4 seeds x M = 8, where one anchor per pass is a batch of only 32
-    for name, batch in (("batched, seed settings (M=8)", 64), ("one anchor at a time, seed settings (M=8)", 1)):
+    # the prototype's own settings: 4 seeds x M = 8, where one anchor per pass is a batch of only 32
+    for name, batch in (("batched, prototype settings (M=8)", 64), ("one anchor at a time, prototype settings (M=8)", 1)):
         score(str(cfg.estimator.kind), seeds4, 8, batch)
         started = time.perf_counter()
         score(str(cfg.estimator.kind), seeds4, 8, batch)
@@ -186,12 +192,12 @@ def main() -> None:
     print_proposal(proposal, gamma_star, fair)
     t = timing
     print(f"3. throughput (anchors/s), default settings ({len(seeds4)} seeds x M={m8}): batched {t['batched (64 anchors per pass)']:.0f}, "
-          f"one anchor at a time {t['one anchor at a time (the seed)']:.0f} "
-          f"({t['batched (64 anchors per pass)'] / t['one anchor at a time (the seed)']:.1f}x), naive re-encode per sample "
+          f"one anchor at a time {t['one anchor at a time (the prototype)']:.0f} "
+          f"({t['batched (64 anchors per pass)'] / t['one anchor at a time (the prototype)']:.1f}x), naive re-encode per sample "
           f"{t['naive: re-encode per sample']:.1f} ({t['batched (64 anchors per pass)'] / t['naive: re-encode per sample']:.0f}x); "
-          f"seed settings (M=8): batched {t['batched, seed settings (M=8)']:.0f}, one anchor at a time "
-          f"{t['one anchor at a time, seed settings (M=8)']:.0f} "
-          f"({t['batched, seed settings (M=8)'] / t['one anchor at a time, seed settings (M=8)']:.1f}x)")
+          f"prototype settings (M=8): batched {t['batched, prototype settings (M=8)']:.0f}, one anchor at a time "
+          f"{t['one anchor at a time, prototype settings (M=8)']:.0f} "
+          f"({t['batched, prototype settings (M=8)'] / t['one anchor at a time, prototype settings (M=8)']:.1f}x)")
     if demo:
         print("4. demo wall time: " + ", ".join(f"{k} {v:.1f} s" for k, v in demo.items()))
     atomic_write_json(args.out, {"estimators": rows, "proposal": proposal, "throughput_anchors_per_second": timing,

@@ -10,16 +10,19 @@ import numpy as np
 import pytest
 from scipy.stats import kendalltau, spearmanr
 
-from conftest import compose_config, run_main
-from reliability import record_outcome
+from helpers.configs import AUDIT_SMALL, builtin_policy, compose_config
+from helpers.processes import run_main
+from helpers.reliability import record_outcome
+from helpers.runs import check_sweep, summary_of
 from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
-from vlaeval.audit.statistics import information_to_baseline_ratio, oracle_ratio, permutation_control, proposal_distribution
+from vlaeval.audit.statistics import (
+    information_to_baseline_ratio,
+    oracle_ratio,
+    permutation_control,
+    proposal_distribution,
+)
 from vlaeval.data.anchors import draw
-from vlaeval.policy.builtin import obtain_policy, prepare_data
 from vlaeval.residual.estimators import UNBIASED, score_anchors
-
-AUDIT_SMALL = ["data=tiny", "model=tiny_vla_small", "train.steps=40", "train.batch_size=32", "train.log_every=10",
-               "gradients.num_anchors=16", "gradients.seeds=${range:100,116}", "gate=smoke", "audit.permutations=500"]
 
 
 def test_ratio_closed_forms():
@@ -120,8 +123,7 @@ def test_gate_logic_and_derived_check_names():
 @pytest.fixture(scope="module")
 def small_policy(tmp_path_factory):
     cfg = compose_config(AUDIT_SMALL, output_dir=tmp_path_factory.mktemp("out"), cache_dir=tmp_path_factory.mktemp("cache"))
-    data = prepare_data(cfg)
-    return cfg, data, obtain_policy(cfg, data)
+    return (cfg, *builtin_policy(cfg))
 
 
 @pytest.mark.parametrize("kind", [k for k, unbiased in UNBIASED.items() if unbiased])
@@ -192,7 +194,9 @@ def test_audit_job_end_to_end(audit_run):
     assert "baseline on independent draws" in proc.stdout
     assert al["random_permutation_control"]["permutation_count"] == 500
     assert set(result["gate"]["checks"]) == set(result["checks"]) and "Residual audit gate" in proc.stdout
-    assert result["score_runtime"]["peak_rss_bytes"] > 10_000_000
+    memory = result["score_runtime"]
+    assert memory["peak_rss_bytes"] > 10_000_000 and memory["scope"] == "sampled while this work ran"
+    assert 0 <= memory["peak_rss_increase_bytes"] < memory["peak_rss_bytes"]  # scoring's own peak, not training's
     assert (work / "audit" / "residual_audit.png").stat().st_size > 10_000
 
 
@@ -222,7 +226,6 @@ BAD_AUDIT_INPUTS = {
     "odd estimator seed count": (lambda a: a, ["estimator.seeds=[1,2,3,4,5]"], "give an even number >= 4"),
     "too few estimator seeds": (lambda a: a, ["estimator.seeds=[1,2]"], "give an even number >= 4"),
     "odd samples per estimator": (lambda a: a, ["estimator.samples_per_estimator=7"], "must be an even number >= 2"),
-    "unknown estimator": (lambda a: a, ["estimator.kind=magic"], "estimator.kind='magic' is unknown"),
 }
 
 
@@ -264,11 +267,8 @@ def test_audit_sweep_logs_gate_checks_and_a_summary_to_mlflow(audit_run, store):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Sweep summary" in proc.stdout and "midpoint_antithetic" in proc.stdout
     client = MlflowClient(tracking_uri=store)
-    exp = client.get_experiment_by_name("vlaeval-residual_audit")
-    runs = client.search_runs([exp.experiment_id])
-    parent = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"][0]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert parent.info.status == "FINISHED" and len(children) == 2
+    sweep = check_sweep(client, "vlaeval-residual_audit", 2)
+    children = sweep.children
     for child in children:
         gates = {k for k in child.data.metrics if k.startswith("gate.")}
         assert "gate.score_repeatability_spearman_at_least_0_50" in gates and len(gates) == 7
@@ -277,9 +277,39 @@ def test_audit_sweep_logs_gate_checks_and_a_summary_to_mlflow(audit_run, store):
         assert child.data.params["estimator.kind"] == child.data.tags["estimator.kind"]
     biased = [c for c in children if c.data.tags["estimator.kind"] == "midpoint_antithetic"][0]
     assert biased.data.tags["estimator.unbiased"] == "false"
-    summary = client.download_artifacts(parent.info.run_id, "sweep_summary.json", str(work))
-    rows = json.loads(open(summary).read())
+    rows = summary_of(client, sweep, work)
     assert {r["estimator"] for r in rows} == {"iid", "midpoint_antithetic"} and all("ratio" in r for r in rows)
+    assert all(r["failed checks"] for r in rows)  # one readable column of gate outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,jobs,param", [("audit_seeds", 3, "estimator.seeds"),
+                                               ("audit_samples", 5, "estimator.samples_per_estimator")])
+def test_the_design_cards_sweeps_run_end_to_end(audit_run, migrated_store, tmp_path, preset, jobs, param):
+    """+sweep=audit_seeds and +sweep=audit_samples as a user runs them (small): a FINISHED parent
+    named after the preset, one child per value named after it, the swept value one param column,
+    the summary logged with a row per child."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    work, env, _, _ = audit_run
+    db = tmp_path / "mlflow.db"
+    shutil.copy(migrated_store, db)
+    store = f"sqlite:///{db}"
+    artifact = work / "grad" / "gradient_artifact.json"
+    proc = run_main([f"+sweep={preset}", *AUDIT_SMALL, f"audit.gradient_artifact={artifact}", "audit.plot=false",
+                     "audit.permutations=200", f"hydra.sweep.dir={tmp_path / 'sweep'}"], work,
+                    env={**env, "MLFLOW_TRACKING_URI": store})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=store)
+    sweep = check_sweep(client, "vlaeval-residual_audit", jobs, workdir=tmp_path)
+    assert sweep.parent.data.tags["vlaeval.sweep_preset"] == preset and preset in sweep.parent.data.tags["mlflow.runName"]
+    values = [child.data.params[param] for child in sweep.children]
+    assert len(set(values)) == jobs, values  # one column shows what each child swept
+    assert all(param.split(".")[-1] in c.data.tags["mlflow.runName"] for c in sweep.children)
+    rows = summary_of(client, sweep, tmp_path)
+    assert len(rows) == jobs and all(r["status"] == "FINISHED" for r in rows)
 
 
 # ----------------------------------------------------------------------------- fair baselines

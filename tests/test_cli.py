@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from conftest import compose_config, run_main, typed_gauntlet
-from reliability import record_outcome
-from test_outcome_files import outcome_table
+from helpers.configs import compose_config, typed_gauntlet
+from helpers.outcomes import outcome_table
+from helpers.processes import run_main
+from helpers.reliability import record_outcome
 
 
 def _outcome_file(workdir, mutate):
@@ -36,8 +37,6 @@ BAD_INPUTS = {
         "unknown stratum 'moon_base'"),
     "confidence grid step not dividing a margin": (lambda w: ["gauntlet.cs_grid_step=0.003"],
                                                    "gauntlet.margin_delta=0.02 is not a multiple of gauntlet.cs_grid_step=0.003"),
-    "unknown file strata mode": (lambda w: _outcome_file(w, lambda t: t) + ["outcomes.strata=both"],
-                                 "outcomes.strata='both' is unknown"),
     "file source without path": (lambda w: ["outcomes=file"], "outcomes=file needs a file"),
     "unknown job": (lambda w: ["job.name=launch_rocket"], "unknown job 'launch_rocket'"),
     "reproduce without run id": (lambda w: ["job=reproduce"], "job=reproduce needs reproduce.run_id"),
@@ -62,7 +61,7 @@ def test_bad_input_is_one_line_and_writes_nothing(workdir, case):
 
 
 def _comparable(result):
-    out = {k: v for k, v in result.items() if k not in ("timing", "result_path", "mlflow_run_id", "tags")}
+    out = {k: v for k, v in result.items() if k not in ("timing", "result_path", "mlflow_run_id", "tags", "run_id")}
     out["lineage"] = {k: v for k, v in out["lineage"].items() if k != "created_at"}
     out["metrics"] = {k: v for k, v in out["metrics"].items() if not k.startswith("timing.")}
     return out

@@ -10,8 +10,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from conftest import CONF, MAIN, REPO, compose_config, typed_gauntlet
-from reliability import record_outcome
+from helpers.configs import CONF, MAIN, REPO, compose_config, typed_gauntlet
+from helpers.reliability import record_outcome
 from vlaeval.config import DataLabel, StratumConfig
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("sweep", "hydra"))
@@ -64,7 +64,7 @@ def test_sweep_presets_compose(sweep):
     assert cfg.hydra.sweeper.params
 
 
-def test_default_strata_are_the_seed_priority_order():
+def test_default_strata_are_the_prototype_priority_order():
     from vlaeval.gauntlet import priority_order
 
     _, strata, _ = typed_gauntlet(compose_config())
@@ -90,12 +90,23 @@ def test_typo_fails_at_compose_time(override):
     "gauntlet.alpha=abc",
     "gauntlet.budget_units=lots",
     "strata.nominal.data_label=GUESSED",
-    "gauntlet.cluster_order=sorted",
     "tracking.enabled=maybe",
+    # every closed choice set is an Enum: a value outside it fails when the config is composed
+    "gauntlet.cluster_order=sorted",
+    "gauntlet.bet_rule=kelly",
+    "gauntlet.test_mode=bayesian",
+    "gauntlet.estimand=median",
+    "gauntlet.alarm_fwer=holm",
+    "gauntlet.preflight=maybe",
+    "strata.nominal.kind=global",
+    "checkpoint.kind=url",
+    "estimator.kind=magic",
+    "gradients.trainable=encoder",
+    "outcomes=file outcomes.strata=both",
 ])
 def test_wrong_type_fails_at_compose_time(override):
     with pytest.raises(ConfigCompositionException):
-        compose_config([override])
+        compose_config(override.split())
     record_outcome("configs", f"wrong type {override}", "fails at compose time against the structured-config schema",
                    kind="bad input")
 
@@ -126,3 +137,46 @@ def test_readme_commands_exist():
     assert readme.index("make demo") < 2000 and readme.index("make test") < 2000
     ci = (REPO / ".ci" / "run").read_text()
     assert "make test" in ci
+
+
+def _schema_default(schema, key):
+    import dataclasses
+
+    field = {f.name: f for f in dataclasses.fields(schema)}[key]
+    value = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    return getattr(value, "value", value)
+
+
+def test_presets_name_only_what_differs_from_the_schema():
+    """The rule for defaults (docs/architecture.md): a schema -- a dataclass in vlaeval/config.py,
+    or a component's constructor signature -- holds every default once; an option file in conf/
+    names only what differs. A preset repeating a default is a second copy that would silently win."""
+    import yaml
+
+    from vlaeval import config as schemas
+    from vlaeval.components import BUILTIN_COMPONENTS, SCHEMA_SUFFIX, schema_for
+
+    typed = {"gauntlet": schemas.GauntletConfig, "gate": schemas.GateConfig, "estimator": schemas.EstimatorConfig,
+             "checkpoint": schemas.CheckpointConfig, "tracking": schemas.TrackingConfig}
+    component_schemas = {f"{option}{SCHEMA_SUFFIX}": schema_for(target, group)
+                         for group, options in BUILTIN_COMPONENTS.items() for option, target in options.items()}
+    checked = 0
+    for path in sorted(CONF.glob("*/*.yaml")):
+        group, raw = path.parent.name, yaml.safe_load(path.read_text()) or {}
+        bases = [d for d in raw.pop("defaults", []) if isinstance(d, str)]
+        if group in typed:
+            schema = typed[group]
+        elif bases and bases[0] in component_schemas:
+            schema = component_schemas[bases[0]]
+        elif group == "strata":
+            for name, entry in raw.items():
+                for key, value in entry.items():
+                    assert value != _schema_default(schemas.StratumConfig, key), f"{path.name}: {name}.{key} repeats the default"
+                    checked += 1
+            continue
+        else:
+            continue
+        for key, value in raw.items():
+            assert value != _schema_default(schema, key), f"{path.relative_to(CONF)}: {key}={value!r} repeats the schema's default"
+            checked += 1
+    assert checked > 40

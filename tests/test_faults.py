@@ -17,11 +17,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from conftest import MAIN, run_main, sqlite_uri
-from reliability import record_outcome
-from test_audit import AUDIT_SMALL
+from helpers.configs import AUDIT_SMALL, MAIN
+from helpers.processes import run_main, sqlite_uri
+from helpers.reliability import record_outcome
 from vlaeval.artifacts import TEMP_SUFFIX, read_json, remove_stale_temporaries, sha256_file
-from vlaeval.jobs.common import VOLATILE_METRIC_PREFIXES
+from vlaeval.runs import VOLATILE_METRIC_PREFIXES
 
 AUDIT = ["job=residual_audit", "tracking=disabled", *AUDIT_SMALL, "audit.plot=false"]
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
-from conftest import compose_config, typed_gauntlet
-from reliability import record_outcome
+from helpers.configs import compose_config, typed_gauntlet
+from helpers.reliability import record_outcome
 from vlaeval.config import UserInputError
-from vlaeval.gauntlet import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW, ArrayCache, SyntheticOutcomes, run_gauntlet, validate_gauntlet
+from vlaeval.gauntlet import (
+    DO_NOT_LAUNCH,
+    LAUNCH,
+    NEEDS_REVIEW,
+    ArrayCache,
+    SyntheticOutcomes,
+    run_gauntlet,
+    validate_gauntlet,
+)
 from vlaeval.gauntlet import outcomes as outcomes_module
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION, cluster_offsets
 
@@ -199,7 +206,7 @@ def test_synthetic_outcomes_are_paired_and_seeded():
     ("gauntlet.catastrophic_delta=0.01", "catastrophic_delta=0.01 must be in [margin_delta"),
     ("strata.nominal.priority=1", "priority=1 is also"),
     ("strata.nominal.related=[nowhere]", "unknown stratum 'nowhere'"),
-    ("gauntlet.bet_rule=kelly", "gauntlet.bet_rule='kelly' is unknown"),
+    ("gauntlet.cs_grid_step=0.003", "gauntlet.margin_delta=0.02 is not a multiple of gauntlet.cs_grid_step=0.003"),
 ])
 def test_bad_gauntlet_config_is_one_line(override, needle):
     settings, strata, effects = typed_gauntlet(compose_config([override]))

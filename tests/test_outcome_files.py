@@ -6,27 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import compose_config, typed_gauntlet
-from reliability import record_outcome
+from helpers.configs import compose_config, typed_gauntlet
+from helpers.outcomes import outcome_table
+from helpers.reliability import record_outcome
 from vlaeval.config import UserInputError
 from vlaeval.gauntlet import ArrayCache, FileOutcomes, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.outcomes import OutcomeRequest, synthetic_paired_outcomes
-
-
-def outcome_table(strata, seed=11, shuffle_clusters=False):
-    """Real paired outcomes for every stratum, as a user would export them."""
-    rows = []
-    for name, spec in strata.items():
-        o = synthetic_paired_outcomes(name, spec, 0.0, seed)
-        cluster = np.repeat(np.arange(o.cluster_sizes.size), o.cluster_sizes)
-        rows.append(pd.DataFrame({
-            "stratum": name, "scenario_id": [f"{name}-{i}" for i in range(o.units)],
-            "cluster_id": [f"scene-{c}" for c in cluster],
-            "baseline": o.baseline.astype(int), "candidate": o.candidate.astype(int)}))
-    table = pd.concat(rows, ignore_index=True)
-    if shuffle_clusters:
-        table = table.sample(frac=1.0, random_state=0).reset_index(drop=True)
-    return table
 
 
 @pytest.fixture
@@ -159,7 +144,8 @@ def _file_inputs(tmp_path, table, *extra):
 
     path = tmp_path / "outcomes.csv"
     table.to_csv(path, index=False)
-    return gauntlet_inputs(compose_config(["outcomes=file", f"outcomes.path={path}", *extra]))
+    cfg = compose_config(["outcomes=file", f"outcomes.path={path}", *extra])
+    return gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
 
 
 def test_absent_strata_that_are_not_required_do_not_block_launch(tmp_path, small):

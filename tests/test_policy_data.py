@@ -11,14 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, compose_config, run_main
-from reliability import record_outcome
+from helpers.configs import REPO, compose_config
+from helpers.processes import run_main
+from helpers.reliability import record_outcome
 from vlaeval.config import UserInputError
 from vlaeval.data.anchors import TRACE_FIELDS, build_anchors, draw
 from vlaeval.policy import FlowMatchingPolicy
-from vlaeval.policy.builtin import build_model, obtain_policy, prepare_data
+from vlaeval.policy.builtin import PolicySpec, build_model, obtain_policy, prepare_data
 from vlaeval.policy.checkpoint import load_state_dict
 from vlaeval.policy.flow import sample_actions, sample_flow_time
+from vlaeval.policy.training import anchor_batch
 from vlaeval.residual.gradients import (
     gradient_draws,
     gradient_measurements,
@@ -26,7 +28,6 @@ from vlaeval.residual.gradients import (
     per_sample_sq_grad_norms_loop,
     split_half_reliability,
 )
-from vlaeval.policy.training import anchor_batch
 
 SMALL = ["data=tiny", "model=tiny_vla_small", "train.steps=40", "train.batch_size=32", "train.log_every=10",
          "train.evaluate_after=false", "gradients.num_anchors=8", "gradients.seeds=${range:100,108}"]
@@ -36,7 +37,7 @@ SMALL = ["data=tiny", "model=tiny_vla_small", "train.steps=40", "train.batch_siz
 def small(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     cfg = compose_config(SMALL, output_dir=tmp_path_factory.mktemp("out"), cache_dir=cache)
-    data = prepare_data(cfg)
+    data = prepare_data(cfg.data, str(cfg.paths.cache_dir))
     return cfg, data
 
 
@@ -52,7 +53,7 @@ def test_demonstrations_are_real_expert_episodes(small):
     assert np.all(demos.episode_length[demos.episode_success] < 60)
     assert demos.instructions[1] == "push the puck to the goal"
     assert len(demos.manifest_sha256) == 64 and demos.manifest["steps"] == demos.observations.shape[0]
-    again = prepare_data(cfg)  # the cached build, verified against its manifest
+    again = prepare_data(cfg.data, str(cfg.paths.cache_dir))  # the cached build, verified against its manifest
     assert not again.built_now and again.demonstrations.manifest_sha256 == demos.manifest_sha256
 
 
@@ -67,9 +68,9 @@ def test_anchor_targets_are_masked_at_the_episode_end(small):
 
 
 def _order_in_subprocess(cache_dir):
-    code = ("import json, sys; sys.path.insert(0, %r); from conftest import compose_config; "
+    code = ("import json, sys; sys.path.insert(0, %r); from helpers.configs import compose_config; "
             "from vlaeval.policy.builtin import prepare_data; from vlaeval.data.anchors import draw; "
-            "cfg = compose_config(%r, output_dir=%r, cache_dir=%r); d = prepare_data(cfg); "
+            "cfg = compose_config(%r, output_dir=%r, cache_dir=%r); d = prepare_data(cfg.data, str(cfg.paths.cache_dir)); "
             "idx, traces = draw(d.anchors, 20, 3); "
             "print(json.dumps({'sha': d.demonstrations.manifest_sha256, 'idx': idx.tolist(), 'traces': traces}))"
             % (str(REPO / "tests"), SMALL, str(cache_dir), str(cache_dir)))
@@ -93,7 +94,7 @@ def test_manifest_and_anchor_order_are_identical_across_processes(tmp_path, smal
 
 def test_policy_protocol_and_flow_convention(small):
     cfg, data = small
-    model = build_model(cfg, data)
+    model = build_model(PolicySpec.of(cfg), data)
     assert isinstance(model, FlowMatchingPolicy)
     t = sample_flow_time(np.random.default_rng(0), 100_000, cfg.flow)
     assert t.min() >= 0.001 and t.max() <= 1.0
@@ -133,13 +134,13 @@ def test_pickled_code_checkpoint_is_refused(workdir, tmp_path):
 
 def test_modified_checkpoint_is_refused_and_builtin_retrains(small, tmp_path):
     cfg, data = small
-    handle = obtain_policy(cfg, data)
+    handle = obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data)
     data_bytes = bytearray(handle.path.read_bytes())
     data_bytes[len(data_bytes) // 2] ^= 0x01
     handle.path.write_bytes(bytes(data_bytes))
     with pytest.raises(UserInputError, match="does not match the sha256"):
         load_state_dict(handle.path)
-    again = obtain_policy(cfg, data)  # the builtin slot is recomputed, never trusted
+    again = obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data)  # the builtin slot is recomputed, never trusted
     assert again.trained_now and again.sha256 == handle.sha256
     record_outcome("checkpoints", "one bit flipped in a checkpoint",
                    "refused: does not match the sha256 in its sidecar; the cached builtin one is retrained, same digest")
@@ -148,7 +149,7 @@ def test_modified_checkpoint_is_refused_and_builtin_retrains(small, tmp_path):
 @pytest.mark.parametrize("trainable", ["action_head", "all"])
 def test_batched_gradient_norms_equal_a_per_sample_loop(small, trainable):
     cfg, data = small
-    model = build_model(cfg, data).double()
+    model = build_model(PolicySpec.of(cfg), data).double()
     index, _ = draw(data.anchors, 12, 0)
     batch = {k: (v.double() if v.is_floating_point() else v) for k, v in anchor_batch(data.anchors, index, data.instruction_table).items()}
     t, noise = gradient_draws(7, index.size, 4, 4, cfg.flow)
@@ -163,15 +164,14 @@ def test_batched_gradient_norms_equal_a_per_sample_loop(small, trainable):
 
 def test_gradient_rms_in_float32_matches_the_loop_to_1e5(small):
     cfg, data = small
-    handle = obtain_policy(cfg, data)
+    handle = obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data)
     index, _ = draw(data.anchors, 8, 0)
     seeds = [1, 2, 3, 4]
     kwargs = dict(trainable="action_head", batch_size=16)
     fast = gradient_measurements(handle.model, data.anchors, index, data.instruction_table, seeds, cfg.flow, **kwargs)
     slow = gradient_measurements(handle.model, data.anchors, index, data.instruction_table, seeds, cfg.flow,
                                  method="loop", **kwargs)
-    rms = lambda m: np.sqrt(m["sq_norms"].mean(axis=0) / m["parameter_count"])  # noqa: E731
-    np.testing.assert_allclose(rms(fast), rms(slow), rtol=1e-5)
+    np.testing.assert_allclose(fast.rms(), slow.rms(), rtol=1e-5)
 
 
 def test_split_half_reliability_is_high_for_consistent_anchors():

@@ -1,6 +1,6 @@
 """docs/reliability.md is rendered from the records the tests leave; check the rendering itself."""
 
-from reliability import render
+from helpers.reliability import render
 
 
 def test_headline_counts_and_table_cells():
@@ -19,7 +19,7 @@ def test_headline_counts_and_table_cells():
 
 
 def test_pytest_temporary_folders_are_normalised_so_the_table_is_stable():
-    from reliability import PYTEST_TMP
+    from helpers.reliability import PYTEST_TMP
 
     text = "error: artifact /tmp/pytest-of-root/pytest-30/audit0/x.json is bad; see /var/t/pytest-of-ci/pytest-7/y"
     assert PYTEST_TMP.sub("<tmp>/", text) == "error: artifact <tmp>/audit0/x.json is bad; see <tmp>/y"

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from conftest import compose_config, run_main, typed_gauntlet
-from reliability import record_outcome
-from test_outcome_files import outcome_table
+from helpers.configs import compose_config, typed_gauntlet
+from helpers.outcomes import outcome_table
+from helpers.processes import run_main
+from helpers.reliability import record_outcome
 from vlaeval.config import to_plain
 from vlaeval.tracking import MASK, flatten, mask_secrets
 

@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 from scipy.stats import beta as beta_dist
 
-from conftest import compose_config, run_main, typed_gauntlet
+from helpers.configs import compose_config, typed_gauntlet
+from helpers.processes import run_main
 from vlaeval.gauntlet import NEEDS_REVIEW, ArrayCache, FileOutcomes, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.outcomes import cluster_permutation, synthetic_paired_outcomes
 from vlaeval.gauntlet.planning import plan_gauntlet

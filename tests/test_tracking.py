@@ -10,16 +10,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import run_main, sqlite_uri
-from reliability import record_outcome
+from helpers.processes import run_main, sqlite_uri
+from helpers.reliability import record_outcome
+from helpers.runs import check_sweep, runs_of
 from vlaeval.tracking import flatten, mask_secrets
-
-
-def _runs(uri, experiment="vlaeval-gauntlet"):
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    assert exp is not None
-    return client, client.search_runs([exp.experiment_id], max_results=1000)
 
 
 def test_flatten_and_mask():
@@ -29,11 +23,12 @@ def test_flatten_and_mask():
     assert masked["db.password"] == "*****" and masked["db.api_key"] == "*****" and masked["a.b.0"] == 1
 
 
-def test_long_scalar_lists_are_one_param():
+def test_scalar_lists_are_one_param():
     flat = flatten({"seeds": list(range(5000, 5512)), "evens": list(range(0, 20, 2)), "few": [3, 1, 2],
                     "names": [f"t{i}" for i in range(9)], "mixed": [1, {"a": 2}] * 5, "huge": [0.5, 1] * 2000})
     assert flat["seeds"] == "range(5000, 5512)" and flat["evens"] == "range(0, 20, 2)"
-    assert flat["few.0"] == 3 and "few" not in flat  # short lists stay one param per element
+    assert flat["few"] == "[3, 1, 2]" and "few.0" not in flat  # short lists too: one column for a swept list
+    assert flatten({"seeds": [9300, 9301, 9302, 9303]})["seeds"] == "range(9300, 9304)"
     assert flat["names"] == json.dumps([f"t{i}" for i in range(9)])
     assert flat["mixed.1.a"] == 2  # lists holding structures are still flattened
     assert len(flat["huge"]) == 6000 and flat["huge"].endswith("... (4000 values)")
@@ -45,13 +40,13 @@ def test_single_run_logs_everything(workdir, store):
     proc = run_main(["effects=safety_regression_mild"], workdir, env={"MLFLOW_TRACKING_URI": store})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REGRESSION_PRIORITIZE_RELATED" in proc.stdout and "DO_NOT_LAUNCH" in proc.stdout
-    client, runs = _runs(store)
+    client, runs = runs_of(store)
     assert len(runs) == 1
     run = runs[0]
     assert run.info.status == "FINISHED"
     params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
     assert params["gauntlet.margin_delta"] == "0.02"
-    assert params["strata.safety_critical.related.0"] == "historical_regressions"
+    assert params["strata.safety_critical.related"] == '["historical_regressions", "rare_events"]'
     assert params["effects.safety_critical"] == "-0.035"
     assert metrics["stratum.safety_critical.decision_regression"] == 1.0
     assert metrics["gate.no_stratum_regression"] == 0.0 and metrics["gate.no_catastrophic_halt"] == 1.0
@@ -82,7 +77,7 @@ def test_single_run_logs_everything(workdir, store):
     assert report["all_identical"], [c for c in report["comparisons"] if c["verdict"] != "identical"]
     assert len(report["comparisons"]) > 40
     assert "0 differ" in rep.stdout
-    _, runs = _runs(store)
+    _, runs = runs_of(store)
     reproduced = [r for r in runs if r.data.tags.get("vlaeval.reproduced_from") == run.info.run_id]
     assert len(reproduced) == 1 and reproduced[0].data.metrics["scale.units_evaluated"] == metrics["scale.units_evaluated"]
 
@@ -118,24 +113,6 @@ def test_reproduce_refuses_targets_outside_vlaeval(workdir):
                    "exit 2: refused before anything is instantiated, nothing written", kind="bad input")
 
 
-def _check_sweep(uri, sweep_root, expected_children):
-    client, runs = _runs(uri)
-    parents = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"]
-    children = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "job"]
-    assert len(parents) == 1 and len(children) == expected_children
-    parent = parents[0]
-    assert parent.info.status == "FINISHED"
-    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
-    assert all(c.info.status == "FINISHED" for c in children)
-    assert sorted(int(c.data.tags["hydra.job_num"]) for c in children) == list(range(expected_children))
-    assert all("gate.pass" in c.data.tags and "gate.lineage_valid" in c.data.metrics for c in children)
-    assert parent.data.metrics["sweep.jobs"] == expected_children
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"sweep_summary.json", "sweep_summary.md"}
-    sweep_dirs = list(Path(sweep_root).glob("*"))
-    assert len(sweep_dirs) == 1 and (sweep_dirs[0] / "sweep_summary.md").exists()
-    return children
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["basic", "local_processes", "local_submitit"])
 def test_multirun_sweep_into_a_brand_new_store(workdir, launcher):
@@ -149,7 +126,9 @@ def test_multirun_sweep_into_a_brand_new_store(workdir, launcher):
     proc = run_main(args, workdir, env={"MLFLOW_TRACKING_URI": uri})
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Sweep summary" in proc.stdout
-    children = _check_sweep(uri, workdir / "multirun_sweeps", 3)
+    client = MlflowClient(tracking_uri=uri)
+    children = check_sweep(client, "vlaeval-gauntlet", 3, sweep_root=workdir / "multirun_sweeps").children
+    assert all("gate.lineage_valid" in c.data.metrics for c in children)
     by_effect = {c.data.params["effects.safety_critical"] if "effects.safety_critical" in c.data.params else "none": c
                  for c in children}
     assert by_effect["-0.1"].data.tags["halted"] == "true"
@@ -165,7 +144,7 @@ def test_failed_job_in_a_sweep_leaves_nothing_running(workdir, store):
                     env={"MLFLOW_TRACKING_URI": store})
     assert proc.returncode == 2
     assert "gauntlet.alpha=1.5 must be in (0, 1)" in proc.stderr
-    _, runs = _runs(store)
+    _, runs = runs_of(store)
     assert runs and all(r.info.status != "RUNNING" for r in runs)
     parent = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"][0]
     assert parent.info.status == "FAILED"
@@ -179,7 +158,7 @@ def test_job_that_raises_is_recorded_as_failed_child(workdir, store):
     proc = run_main(["-m", "gauntlet.seed=1,2", "strata=small", "paths.cache_dir=/dev/null/cache"], workdir,
                     env={"MLFLOW_TRACKING_URI": store})
     assert proc.returncode == 1
-    _, runs = _runs(store)
+    _, runs = runs_of(store)
     assert runs and all(r.info.status != "RUNNING" for r in runs)
     children = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "job"]
     parent = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"][0]
@@ -193,7 +172,7 @@ def test_asymptotic_mode_is_labelled_in_mlflow(workdir, store):
     proc = run_main(["strata=small", "gauntlet.test_mode=asymptotic"], workdir, env={"MLFLOW_TRACKING_URI": store})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ASYMPTOTIC" in proc.stdout and "NEEDS_REVIEW" in proc.stdout
-    client, runs = _runs(store)
+    client, runs = runs_of(store)
     run = runs[0]
     assert run.data.tags["gauntlet.test_mode"] == "asymptotic"
     assert run.data.tags["recommendation"] == "NEEDS_REVIEW"

@@ -12,50 +12,11 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from conftest import run_main
-from reliability import record_outcome
-from servers import KillingProxy, MlflowServer, S3Server, postgres_server
-from test_audit import AUDIT_SMALL
-
-GAUNTLET_SMALL = ["strata=small", "gauntlet.plot=false"]
-
-
-def _experiment_runs(client: MlflowClient, name: str, view=ViewType.ACTIVE_ONLY):
-    experiment = client.get_experiment_by_name(name)
-    return [] if experiment is None else client.search_runs([experiment.experiment_id], run_view_type=view,
-                                                            max_results=1000)
-
-
-def _assert_run_matches_its_result(client: MlflowClient, run, workdir: Path) -> dict:
-    """Every metric and gate check in the local result.json arrived, and so did the artifacts."""
-    result = json.loads(Path(client.download_artifacts(run.info.run_id, "result.json", str(workdir))).read_text())
-    for key, value in result["metrics"].items():
-        if value is not None:
-            assert run.data.metrics[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
-    for name, ok in result["checks"].items():
-        assert run.data.metrics[f"gate.{name}"] == float(ok)
-    assert run.data.tags["gate.pass"] == str(all(result["checks"].values())).lower()
-    assert run.data.params["job.name"] == result["job"]
-    assert run.data.tags["config.sha256"] == result["config_sha256"]
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "hydra")} >= {"hydra/config.yaml", "hydra/overrides.yaml"}
-    return result
-
-
-def _check_sweep(client: MlflowClient, experiment: str, workdir: Path, expected_children: int):
-    runs = _experiment_runs(client, experiment)
-    parents = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"]
-    children = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "job"]
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert len(children) == expected_children
-    assert sorted(int(c.data.tags["hydra.job_num"]) for c in children) == list(range(expected_children))
-    for child in children:
-        assert child.info.status == "FINISHED"
-        assert child.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
-        assert child.info.artifact_uri.startswith("mlflow-artifacts:/")  # proxied through the server
-        assert len(child.data.params) > 100  # the whole flattened config
-        _assert_run_matches_its_result(client, child, workdir)
-    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"sweep_summary.json", "sweep_summary.md"}
-    return children
+from helpers.configs import AUDIT_SMALL, GAUNTLET_SMALL
+from helpers.processes import run_main
+from helpers.reliability import record_outcome
+from helpers.runs import assert_run_matches_its_result, check_sweep, experiment_runs
+from helpers.servers import KillingProxy, MlflowServer, S3Server, postgres_server
 
 
 @pytest.mark.slow
@@ -71,10 +32,10 @@ def test_joblib_sweeps_against_a_postgres_backed_tracking_server(tmp_path, workd
         assert gauntlet.returncode == 0, gauntlet.stderr[-4000:]
 
         client = MlflowClient(tracking_uri=server.uri)
-        audits = _check_sweep(client, "vlaeval-residual_audit", workdir, 2)
+        audits = check_sweep(client, "vlaeval-residual_audit", 2, workdir=workdir, proxied=True).children
         assert {c.data.params["estimator.kind"] for c in audits} == {"iid", "sobol"}
         assert all(len([k for k in c.data.metrics if k.startswith("gate.")]) == 7 for c in audits)
-        gauntlets = _check_sweep(client, "vlaeval-gauntlet", workdir, 2)
+        gauntlets = check_sweep(client, "vlaeval-gauntlet", 2, workdir=workdir, proxied=True).children
         assert sorted(c.data.tags["halted"] for c in gauntlets) == ["false", "true"]
         assert all(len(client.get_metric_history(c.info.run_id, "stratum.safety_critical.cs_lower")) > 1 for c in gauntlets)
         assert not any(workdir.rglob("mlflow_pending.json"))  # nothing queued: every run arrived
@@ -85,7 +46,7 @@ def test_joblib_sweeps_against_a_postgres_backed_tracking_server(tmp_path, workd
         direct = run_main(["job=plan", "gauntlet.plan_replications=50", f"tracking.uri={secret_uri}"], workdir)
         assert direct.returncode == 0, direct.stderr[-3000:]
         assert "hunter2" not in direct.stdout + direct.stderr
-        [plan] = _experiment_runs(client, "vlaeval-plan")
+        [plan] = experiment_runs(client, "vlaeval-plan")
         assert plan.data.params["tracking.uri"] == backend.replace("vlaeval@", "vlaeval:*****@")
         assert "hunter2" not in json.dumps({"params": plan.data.params, "tags": plan.data.tags})
     record_outcome("tracking", "password in a postgresql:// tracking URI, on a real run",
@@ -107,7 +68,7 @@ def test_shipped_server_script_with_postgres_and_an_s3_compatible_artifact_store
                         env={"MLFLOW_TRACKING_URI": server.uri})
         assert proc.returncode == 0, proc.stderr[-4000:]
         client = MlflowClient(tracking_uri=server.uri)
-        children = _check_sweep(client, "vlaeval-gauntlet", workdir, 2)
+        children = check_sweep(client, "vlaeval-gauntlet", 2, workdir=workdir, proxied=True).children
         keys = s3.keys()
         for child in children:
             prefix = f"mlflow/{child.info.experiment_id}/{child.info.run_id}/artifacts/"
@@ -146,10 +107,10 @@ def test_server_down_before_the_run_saves_locally_and_sync_uploads_it(tmp_path, 
         again = _sync(workdir, server.uri)  # nothing left to do, nothing duplicated
         assert again.returncode == 0 and "0 uploaded, 0 failed, of 0 queued" in again.stdout
         client = MlflowClient(tracking_uri=server.uri)
-        runs = _experiment_runs(client, "vlaeval-gauntlet")
+        runs = experiment_runs(client, "vlaeval-gauntlet")
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-        result = _assert_run_matches_its_result(client, runs[0], tmp_path)
-        assert result["gauntlet_id"] == local["gauntlet_id"]
+        result = assert_run_matches_its_result(client, runs[0], tmp_path)
+        assert result["run_id"] == local["run_id"]
     assert not (run_dir / "mlflow_pending.json").exists()
     assert json.loads((run_dir / "mlflow_synced.json").read_text())["run_id"] == runs[0].info.run_id
     record_outcome("tracking", "tracking server down before the run",
@@ -176,10 +137,10 @@ def test_server_killed_mid_run_then_sync_replaces_the_partial_run(tmp_path, work
         assert half.info.status == "RUNNING" and "gate.pass" not in half.data.tags
         synced = _sync(workdir, restarted.uri)
         assert synced.returncode == 0, synced.stderr[-3000:]
-        active = _experiment_runs(client, "vlaeval-gauntlet")
+        active = experiment_runs(client, "vlaeval-gauntlet")
         assert len(active) == 1 and active[0].info.run_id != pending["partial_run_id"]
-        _assert_run_matches_its_result(client, active[0], tmp_path)
-        deleted = _experiment_runs(client, "vlaeval-gauntlet", ViewType.DELETED_ONLY)
+        assert_run_matches_its_result(client, active[0], tmp_path)
+        deleted = experiment_runs(client, "vlaeval-gauntlet", ViewType.DELETED_ONLY)
         assert [r.info.run_id for r in deleted] == [pending["partial_run_id"]]
     record_outcome("tracking", "tracking server SIGKILLed mid-run (after the run was created)",
                    "exit 3, result saved locally; sync deleted the partial run and uploaded the whole one; 0 lost")

@@ -20,9 +20,10 @@ from typing import Dict, List
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, run_main, sqlite_uri
-from servers import CHROMEDRIVER, CHROMIUM, MlflowServer, need
-from test_audit import AUDIT_SMALL
+from helpers.configs import AUDIT_SMALL, REPO
+from helpers.processes import run_main, sqlite_uri
+from helpers.runs import sweep_of
+from helpers.servers import CHROMEDRIVER, CHROMIUM, MlflowServer, need
 
 pytestmark = pytest.mark.slow
 
@@ -33,15 +34,6 @@ CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-
                   "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--window-size=3000,1200"]
 AUDIT_STATISTICS = ["repeatability.spearman", "proposal.information_to_baseline_ratio"]
-
-
-def _sweep(client: MlflowClient, experiment_name: str):
-    experiment = client.get_experiment_by_name(experiment_name)
-    runs = client.search_runs([experiment.experiment_id])
-    [parent] = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"]
-    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
-                      key=lambda r: int(r.data.tags["hydra.job_num"]))
-    return experiment.experiment_id, parent, children
 
 
 def _shown_as(text: str, value: float) -> bool:
@@ -147,7 +139,7 @@ def _add_columns(driver, names: List[str]) -> None:
         search.send_keys(Keys.CONTROL, "a")
         search.send_keys(name)
         _wait(driver, f"column {name} in the Columns menu",
-              lambda d: d.find_element(By.XPATH, _by_exact_text(name))).click()
+              lambda d: d.find_element(By.XPATH, _by_exact_text(name))).click()  # noqa: B023 (waited on here)
     search.send_keys(Keys.ESCAPE)
 
 
@@ -180,7 +172,7 @@ def _compare_view_metrics(driver) -> Dict[str, List[str]]:
     names, values, offset = {}, {}, 0
     while True:
         height, name_cells, value_cells = _wait(driver, f"the Metrics rows at offset {offset}",
-                                                lambda _: rendered_at(offset), timeout=20)
+                                                lambda _: rendered_at(offset), timeout=20)  # noqa: B023
         names.update({top: text for top, _, _, text in name_cells})
         values.update({(top, left): text for top, left, _, text in value_cells})
         if offset >= height:
@@ -199,7 +191,8 @@ def test_runs_table_shows_the_audit_sweep_with_its_gate_checks(ui_server, browse
     from selenium.webdriver.common.by import By
 
     client = MlflowClient(tracking_uri=ui_server.uri)
-    experiment_id, parent, children = _sweep(client, "vlaeval-residual_audit")
+    sweep = sweep_of(client, "vlaeval-residual_audit")
+    experiment_id, parent, children = sweep.experiment_id, sweep.parent, sweep.children
     _open(browser, f"{ui_server.uri}/#/experiments/{experiment_id}/runs?workflowType=machine_learning")
     parent_row = f"//*[@role='row'][@row-id='{parent.info.run_id}']"
     _wait(browser, "the sweep's parent run", lambda d: d.find_element(By.XPATH, parent_row))
@@ -209,7 +202,7 @@ def test_runs_table_shows_the_audit_sweep_with_its_gate_checks(ui_server, browse
     browser.find_element(By.XPATH, f"{parent_row}//*[@col-id='attributes.`Run Name`']//button").click()
     for child in children:
         _wait(browser, f"child run {child.info.run_name}",
-              lambda d: d.find_element(By.XPATH, f"//*[@role='row'][@row-id='{child.info.run_id}']"))
+              lambda d: d.find_element(By.XPATH, f"//*[@role='row'][@row-id='{child.info.run_id}']"))  # noqa: B023
 
     gate_metrics = sorted(k for k in children[0].data.metrics if k.startswith("gate."))
     assert len(gate_metrics) == 7
@@ -218,7 +211,7 @@ def test_runs_table_shows_the_audit_sweep_with_its_gate_checks(ui_server, browse
         for metric in gate_metrics + AUDIT_STATISTICS:
             cell = f"//*[@role='row'][@row-id='{child.info.run_id}']//*[@col-id='metrics.`{metric}`']"
             text = _wait(browser, f"{metric} of {child.info.run_name}",
-                         lambda d: d.find_element(By.XPATH, cell).text.strip() or None)
+                         lambda d: d.find_element(By.XPATH, cell).text.strip() or None)  # noqa: B023
             assert _shown_as(text, child.data.metrics[metric]), (child.info.run_name, metric, text)
     assert {c.data.tags["estimator.kind"] for c in children} == {"iid", "sobol"}
     _screenshot(browser, "audit_runs_table.png")
@@ -229,7 +222,8 @@ def test_compare_view_shows_every_metric_and_gate_outcome_of_the_sweep(ui_server
     from selenium.webdriver.common.by import By
 
     client = MlflowClient(tracking_uri=ui_server.uri)
-    experiment_id, _, children = _sweep(client, experiment_name)
+    sweep = sweep_of(client, experiment_name)
+    experiment_id, children = sweep.experiment_id, sweep.children
     run_ids = [c.info.run_id for c in children]
     query = urllib.parse.urlencode({"runs": json.dumps(run_ids, separators=(",", ":")),
                                    "experiments": json.dumps([experiment_id])})

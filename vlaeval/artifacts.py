@@ -115,7 +115,10 @@ def atomic_write_bytes(path: str | os.PathLike, write: Callable[[io.BufferedWrit
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     data = text.encode("utf-8")
-    return atomic_write_bytes(path, lambda handle: handle.write(data))
+    def write(handle: Any) -> None:
+        handle.write(data)
+
+    return atomic_write_bytes(path, write)
 
 
 def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
@@ -124,7 +127,10 @@ def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
 
 
 def atomic_write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> Path:
-    return atomic_write_bytes(path, lambda handle: np.savez_compressed(handle, **arrays))
+    def write(handle: Any) -> None:
+        np.savez_compressed(handle, **dict(arrays))  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
+
+    return atomic_write_bytes(path, write)
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -8,36 +8,47 @@ run. on_multirun_end closes the parent with a summary table of the children. Hyd
 on_multirun_end when a job fails, so an atexit hook closes a parent still RUNNING as FAILED.
 
 Hydra instantiates callbacks before HydraConfig is set and swallows exceptions raised in them:
-each hook therefore reads only the config it is given and reports its own failures.
+each hook therefore reads only the config it is given and reports its own failures. Every MLflow
+call is in vlaeval.tracking.sweeps.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from vlaeval.artifacts import atomic_write_json, atomic_write_text
+from vlaeval.errors import describe
 
 log = logging.getLogger(__name__)
 
 # Columns of the sweep summary per job: (header, kind, key) read from each child run.
 SUMMARY_COLUMNS = {
-    "gauntlet": (("gate.pass", "tag", "gate.pass"), ("recommendation", "tag", "recommendation"),
-                 ("units", "metric", "scale.units_evaluated"), ("halted", "tag", "halted")),
-    "residual_audit": (("gate.pass", "tag", "gate.pass"), ("status", "tag", "gate.status"),
-                       ("estimator", "tag", "estimator.kind"), ("repeat rho", "metric", "repeatability.spearman"),
+    "gauntlet": (("gate.pass", "tag", "gate.pass"), ("failed checks", "tag", "gate.failed"),
+                 ("recommendation", "tag", "recommendation"), ("units", "metric", "scale.units_evaluated"),
+                 ("halted", "tag", "halted")),
+    "residual_audit": (("gate.pass", "tag", "gate.pass"), ("failed checks", "tag", "gate.failed"),
+                       ("status", "tag", "gate.status"), ("estimator", "tag", "estimator.kind"),
+                       ("repeat rho", "metric", "repeatability.spearman"),
                        ("grad rho", "metric", "alignment.spearman_residual_vs_gradient_rms"),
                        ("ratio", "metric", "proposal.information_to_baseline_ratio"),
                        ("oracle", "metric", "proposal.oracle_ratio"), ("p(ratio)", "metric", "permutation.p_second_moment"),
                        ("loss ratio", "metric", "baseline.training_loss_ratio")),
 }
-DEFAULT_COLUMNS = (("gate.pass", "tag", "gate.pass"),)
+DEFAULT_COLUMNS = (("gate.pass", "tag", "gate.pass"), ("failed checks", "tag", "gate.failed"))
+
+
+def sweep_preset(overrides: List[str]) -> Optional[str]:
+    """The `+sweep=<name>` preset a sweep was started with, if any."""
+    for item in overrides:
+        key, _, value = item.lstrip("+~").partition("=")
+        if key == "sweep" and value:
+            return value
+    return None
 
 
 class SweepTrackingCallback(Callback):
@@ -49,31 +60,13 @@ class SweepTrackingCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not config.tracking.enabled:
             return
-        from mlflow.tracking import MlflowClient
+        from vlaeval.tracking.sweeps import open_sweep_parent
 
-        from vlaeval import tracking
-
-        uri = tracking.resolve_uri(config.tracking)
-        tracking.configure_http(config.tracking)
-        tracking.ensure_store(uri)
-        client = MlflowClient(tracking_uri=uri)
-        job_name = str(config.job.name)
-        experiment_id = tracking.get_or_create_experiment(client, tracking.experiment_name(config.tracking, job_name))
-        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        overrides = " ".join(config.hydra.overrides.task)
-        run = client.create_run(experiment_id, tags={
-            "mlflow.runName": f"sweep {sweep_dir.name}",
-            "vlaeval.run_kind": "sweep_parent",
-            "vlaeval.job": job_name,
-            "hydra.sweep_dir": str(sweep_dir),
-            "hydra.overrides": tracking.redact_uri(overrides) or "(none)",
-            "hydra.launcher": str(config.hydra.launcher.get("_target_", "")),
-        })
-        self._parent = {"run_id": run.info.run_id, "experiment_id": experiment_id, "tracking_uri": uri,
-                        "sweep_dir": str(sweep_dir), "job": job_name}
-        atomic_write_json(sweep_dir / tracking.PARENT_RUN_FILE, self._parent)
+        overrides = list(config.hydra.overrides.task)
+        self._parent = open_sweep_parent(config.tracking, str(config.job.name), Path(str(config.hydra.sweep.dir)).resolve(),
+                                         overrides, str(config.hydra.launcher.get("_target_", "")), sweep_preset(overrides))
         atexit.register(self._close_parent, "FAILED")
-        log.info("sweep parent run %s in %s", run.info.run_id, uri)
+        log.info("sweep parent run %s in %s", self._parent["run_id"], self._parent["tracking_uri"])
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._close_parent(None)
@@ -86,37 +79,19 @@ class SweepTrackingCallback(Callback):
         if job_return.status != JobStatus.FAILED or not config.tracking.enabled:
             return
         try:
-            self._record_failed_job(config, job_return)
+            from omegaconf import OmegaConf
+
+            from vlaeval.tracking.sweeps import record_failed_job
+
+            multirun = str(config.hydra.mode) == "RunMode.MULTIRUN"
+            record_failed_job(
+                config.tracking, str(config.job.name), error=describe(job_return._return_value),
+                output_dir=str(config.hydra.runtime.output_dir), overrides=list(config.hydra.overrides.task),
+                sweep_dir=str(Path(str(config.hydra.sweep.dir)).resolve()) if multirun else None,
+                job_num=int(config.hydra.job.num) if multirun else None,
+                plain_cfg=cast(Dict[str, Any], OmegaConf.to_container(job_return.cfg, resolve=False)))
         except Exception as error:  # never mask the job's own error
             log.warning("could not record the failed job in MLflow: %s", error)
-
-    def _record_failed_job(self, config: DictConfig, job_return: Any) -> None:
-        from mlflow.tracking import MlflowClient
-
-        from vlaeval import tracking
-        from vlaeval.tracking import RunLogger, flatten, mask_secrets
-
-        uri = tracking.resolve_uri(config.tracking)
-        sweep_dir = str(Path(str(config.hydra.sweep.dir)).resolve()) if str(config.hydra.mode) == "RunMode.MULTIRUN" else None
-        parent = tracking.read_parent_run(sweep_dir)
-        client = MlflowClient(tracking_uri=uri)
-        experiment_id = tracking.get_or_create_experiment(client, tracking.experiment_name(config.tracking, str(config.job.name)))
-        error = job_return._return_value
-        tags = {"vlaeval.run_kind": "job", "vlaeval.job": str(config.job.name),
-                "vlaeval.error": f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}",
-                "hydra.output_dir": str(config.hydra.runtime.output_dir),
-                "hydra.overrides": " ".join(config.hydra.overrides.task)}
-        if parent:
-            tags["mlflow.parentRunId"] = parent["run_id"]
-            tags["hydra.sweep_dir"] = sweep_dir
-            tags["hydra.job_num"] = str(config.hydra.job.num)
-        run = client.create_run(experiment_id, tags=tags)
-        logger = RunLogger(client, run.info.run_id)
-        from omegaconf import OmegaConf
-
-        plain = OmegaConf.to_container(job_return.cfg, resolve=False)
-        logger.log_params(mask_secrets(flatten(plain)))
-        client.set_terminated(run.info.run_id, status="FAILED")
 
     # ---------------------------------------------------------------- parent
     def _close_parent(self, forced_status: Optional[str]) -> None:
@@ -124,58 +99,12 @@ class SweepTrackingCallback(Callback):
             return
         self._closed = True
         try:
-            from mlflow.tracking import MlflowClient
+            from vlaeval.tracking.sweeps import close_sweep_parent
 
-            client = MlflowClient(tracking_uri=self._parent["tracking_uri"])
-            children = client.search_runs([self._parent["experiment_id"]],
-                                          filter_string=f"tags.`mlflow.parentRunId` = '{self._parent['run_id']}'",
-                                          max_results=10_000)
-            failed = [c for c in children if c.info.status != "FINISHED"]
-            status = forced_status or ("FAILED" if failed else "FINISHED")
-            rows = summary_rows(children, SUMMARY_COLUMNS.get(self._parent["job"], DEFAULT_COLUMNS))
-            text = render_summary(rows)
-            sweep_dir = Path(self._parent["sweep_dir"])
-            summary_json = atomic_write_json(sweep_dir / "sweep_summary.json", rows)
-            summary_md = atomic_write_text(sweep_dir / "sweep_summary.md", text)
-            client.log_artifact(self._parent["run_id"], str(summary_json))
-            client.log_artifact(self._parent["run_id"], str(summary_md))
-            from mlflow.entities import Metric
-
-            now = int(time.time() * 1000)
-            client.log_batch(self._parent["run_id"], metrics=[
-                Metric("sweep.jobs", float(len(children)), now, 0),
-                Metric("sweep.failed_jobs", float(len(failed)), now, 0),
-                Metric("sweep.gate_passed_jobs", float(sum(r.get("gate.pass") == "true" for r in rows)), now, 0),
-            ])
-            client.set_terminated(self._parent["run_id"], status=status)
+            rows = close_sweep_parent(self._parent, forced_status, SUMMARY_COLUMNS.get(self._parent["job"], DEFAULT_COLUMNS))
             print_summary_table(rows)
         except Exception as error:
             log.error("could not close the sweep parent run %s: %s", self._parent["run_id"], error)
-
-
-def summary_rows(children: List[Any], columns: Any) -> List[Dict[str, Any]]:
-    rows = []
-    for child in sorted(children, key=lambda r: int(r.data.tags.get("hydra.job_num", 10**9))):
-        tags, metrics = child.data.tags, child.data.metrics
-        row: Dict[str, Any] = {"job": tags.get("hydra.job_num"), "run_id": child.info.run_id,
-                               "status": child.info.status, "overrides": tags.get("hydra.overrides", "")}
-        for header, kind, key in columns:
-            value = tags.get(key) if kind == "tag" else metrics.get(key)
-            row[header] = round(value, 4) if isinstance(value, float) else value
-        gate_metrics = {k[len("gate."):]: v for k, v in metrics.items() if k.startswith("gate.")}
-        row["gate_checks_passed"] = f"{int(sum(gate_metrics.values()))}/{len(gate_metrics)}" if gate_metrics else None
-        row["error"] = tags.get("vlaeval.error")
-        rows.append(row)
-    return rows
-
-
-def render_summary(rows: List[Dict[str, Any]]) -> str:
-    if not rows:
-        return "no child runs\n"
-    headers = list(rows[0])
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join("" if r[h] is None else str(r[h]) for h in headers) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 def print_summary_table(rows: List[Dict[str, Any]]) -> None:

@@ -7,8 +7,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from vlaeval.config import UserInputError
+from vlaeval.errors import UserInputError
 
+# Exit codes (README "Exit codes"): 0 done; 2 bad input (one line, nothing written); 3 the result is
+# saved but the tracking store failed (job=sync uploads it); a job may ask for its own through
+# result["exit_code"]: job=reproduce 4 when the run did not reproduce; job=gauntlet with
+# gauntlet.exit_code_from_recommendation=true 10 NEEDS_REVIEW, 11 DO_NOT_LAUNCH. A sweep's jobs never
+# exit early: their codes are in their results.
 EXIT_BAD_INPUT = 2
 EXIT_TRACKING = 3
 
@@ -41,9 +46,21 @@ def run_job(cfg: DictConfig) -> float | None:
     except TrackingError as error:
         console.print_error(str(error))
         raise SystemExit(EXIT_TRACKING) from None
+    code = result.get("exit_code") if isinstance(result, dict) else None
+    if code and not _in_multirun():
+        raise SystemExit(int(code))
     # A number Hydra sweepers can optimise: 1.0 when every gate check passed.
     checks = result.get("checks") if isinstance(result, dict) else None
     return float(all(checks.values())) if checks else None
+
+
+def _in_multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
+    except Exception:
+        return False
 
 
 def _clean_cache(cfg: DictConfig) -> None:

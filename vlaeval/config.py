@@ -1,36 +1,40 @@
-"""Structured-config schemas, registered in Hydra's ConfigStore.
+"""Structured-config schemas, registered in Hydra's ConfigStore: the one place defaults live.
 
-`conf/config.yaml` lists `config_schema` first in its defaults, so every group file is merged
-into a typed node: a misspelt key or a wrong type fails at compose time, before any work.
-Checks that need more than a type (ranges, cross-references) live in each job's `validate`.
-Importing this module must stay cheap: no mlflow, no torch.
+The rule (docs/architecture.md): a schema dataclass here carries every setting's type and default;
+a `_target_` component's schema is generated from its constructor's signature
+(vlaeval.components); an option file in conf/ names only what differs from the schema, with a
+comment saying why. Closed choice sets are Enums (vlaeval.choices), so a value outside the set fails
+when Hydra composes the config; so does a misspelt key or a wrong type. Checks that need more than
+a type (ranges, cross-references) live in each job's validation, before any work.
+Importing this module must stay cheap: no mlflow, no torch, no numpy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from vlaeval.choices import (
+    DEFAULT_BET_RULE,
+    AlarmFwer,
+    BetRule,
+    CheckpointKind,
+    ClusterOrder,
+    DataLabel,
+    Estimand,
+    EstimatorKind,
+    Preflight,
+    StratumKind,
+    TestMode,
+    TrainableSubset,
+)
+from vlaeval.errors import UserInputError, require
 
-class UserInputError(ValueError):
-    """Bad input: reported as one line naming the problem and the fix, before any work starts."""
-
-
-class DataLabel(str, Enum):
-    REPLAYED = "REPLAYED"
-    SIMULATED = "SIMULATED"
-    COUNTERFACTUAL = "COUNTERFACTUAL"
-
-
-class ClusterOrder(str, Enum):
-    # The e-processes control the conditional mean given the past: clusters must come in random
-    # order for the result to be about the stratum's mean (README "What Delta is").
-    shuffled = "shuffled"  # a seeded random permutation of the source's clusters (the default)
-    as_given = "as_given"  # the source's order, declared random by the user (recorded in lineage)
+__all__ = ["ClusterOrder", "DataLabel", "GauntletConfig", "StratumConfig", "UserInputError", "VlaevalConfig",
+           "check_known_keys", "register_configs", "require", "to_plain"]
 
 
 @dataclass
@@ -65,7 +69,7 @@ class StratumConfig:
     cluster_size: int = 20
     data_label: DataLabel = DataLabel.SIMULATED
     related: List[str] = field(default_factory=list)  # promoted when this stratum regresses
-    kind: str = "global"  # "safety" strata get the stricter review margin in the recommendation
+    kind: StratumKind = StratumKind.general  # a label carried to the report and the recommendation's reasons
     catastrophic_halt: bool = False  # a certified catastrophic regression here halts the gauntlet
     margin_delta: Optional[float] = None  # null: gauntlet.margin_delta
     required: bool = False  # absent from the outcome source: NEEDS_REVIEW (else only reported)
@@ -78,6 +82,9 @@ class GauntletConfig:
     seed: int = 11
     alpha: float = 0.05
     margin_delta: float = 0.02
+    # 0.05, not the prototype's 0.03 (whose margin was 0.005): three points beyond the 0.02 margin, so
+    # a halting stratum can tell a catastrophic regression from a plain one within its units; a gap
+    # of one point would need about 1/0.01 * log(1/alpha_cat) ~ 500 clusters (job=plan shows it).
     catastrophic_delta: float = 0.05
     batch_units: int = 2000
     budget_units: int = 80_000
@@ -91,56 +98,23 @@ class GauntletConfig:
     order_seed: Optional[int] = None
     # The sequential test (README "What the e-process guarantees"; defaults chosen by
     # benchmarks/seqtest_efficiency.py).
-    test_mode: str = "exact"  # exact betting e-processes; "asymptotic" and "group_sequential" are opt-in, labelled
-    bet_rule: str = "blend"  # see vlaeval.seqtest.BET_RULES
+    test_mode: TestMode = TestMode.exact  # asymptotic and group_sequential are opt-in and labelled
+    bet_rule: BetRule = DEFAULT_BET_RULE
     # Fraction c of the largest bet that keeps wealth non-negative on [-1, 1]; null: the
     # size-adaptive cap 1 - 0.2 / (the stratum's smallest planned cluster size), one per stratum.
     bet_cap: Optional[float] = None
-    estimand: str = "cluster"  # "cluster": mean of cluster means; "unit": scenario-weighted mean
-    alarm_fwer: str = "bonferroni"  # REGRESSION alarms at alpha / n_strata ("none": alpha each)
-    burn_in_clusters: int = 30  # asymptotic mode only: no decision before this many clusters
+    estimand: Estimand = Estimand.cluster  # cluster: mean of cluster means; unit: scenario-weighted mean
+    alarm_fwer: AlarmFwer = AlarmFwer.bonferroni  # alarms (REGRESSION, halts) at alpha / (K + H); none: alpha each
+    burn_in_clusters: int = 30  # the approximate modes decide nothing before this many clusters
     cs_grid_step: float = 0.001  # resolution of the confidence sequence; must divide every margin
-    preflight: str = "warn"  # the planner before any unit is spent: warn | error | off
+    preflight: Preflight = Preflight.warn  # the planner before any unit is spent
     assumed_effect: float = 0.0  # the planner's and pre-flight's assumed Delta
     plan_replications: int = 200  # simulated runs per stratum in the plan
     use_cache: bool = True
     require_clean_code: bool = False  # lineage invalid when the git tree has uncommitted changes
     plot: bool = True
-
-
-@dataclass
-class OutcomesConfig:
-    _target_: str = "vlaeval.gauntlet.outcomes.SyntheticOutcomes"
-    path: Optional[str] = None  # outcomes=file: CSV or Parquet of paired scenario outcomes
-    # outcomes=file: "file" evaluates the strata the file holds (configured ones absent from it are
-    # reported); "config" refuses a stratum the config lacks.
-    strata: Optional[str] = None
-
-
-DEFAULT_TASKS = ["reach-v3", "push-v3", "pick-place-v3", "peg-insert-side-v3", "disassemble-v3", "stick-pull-v3"]
-
-
-@dataclass
-class DataConfig:
-    name: str = "metaworld"
-    # Easy tasks mixed with ones whose scripted experts themselves fail now and then, so that
-    # evaluations can tell two policies apart.
-    tasks: List[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
-    episodes_per_task: int = 12
-    max_steps: int = 150
-    action_noise: float = 0.1  # std of the seeded perturbation of executed expert actions
-    seed: int = 0
-    horizon: int = 4  # H: the target chunk is the next H expert actions
-
-
-@dataclass
-class ModelConfig:
-    _target_: str = "vlaeval.policy.TinyVLA"
-    encoder_hidden: int = 256
-    conditioning_dim: int = 128
-    head_hidden: int = 256
-    head_layers: int = 3
-    time_embedding_dim: int = 32
+    # A CI launch gate: exit 0 for LAUNCH, 10 for NEEDS_REVIEW, 11 for DO_NOT_LAUNCH (README "Exit codes").
+    exit_code_from_recommendation: bool = False
 
 
 @dataclass
@@ -166,7 +140,7 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
-    kind: str = "builtin"  # builtin: train on first use, cached by config hash; path: use `path`
+    kind: CheckpointKind = CheckpointKind.builtin  # builtin: train on first use, cached by config hash; path: `path`
     path: Optional[str] = None
 
 
@@ -184,14 +158,14 @@ class GradientsConfig:
     # 512 seeds: the split-half reliability of gradient RMS measured 0.65 / 0.76 / 0.82 with
     # 128 / 256 / 384 seeds on the default policy (benchmarks/per_sample_gradients.py).
     seeds: List[int] = "${range:5000,5512}"  # type: ignore[assignment]
-    trainable: str = "action_head"  # or "all"
+    trainable: TrainableSubset = TrainableSubset.action_head
     batch_size: int = 4096  # (anchor, seed) pairs per backward pass
     epoch: int = 0
 
 
 @dataclass
 class EstimatorConfig:
-    kind: str = "sobol"  # iid | midpoint_antithetic | stratified | sobol (vlaeval.residual.estimators)
+    kind: EstimatorKind = EstimatorKind.sobol  # see vlaeval.residual.estimators
     # M: (t, eps) draws per anchor and estimator seed. With 4 seeds, 256 head evaluations per
     # anchor: enough for sobol to rank anchors as well as 512 iid samples (benchmarks/residual_audit.py).
     samples_per_estimator: int = 64
@@ -231,11 +205,18 @@ class GateConfig:
 class ReproduceConfig:
     run_id: Optional[str] = None  # an MLflow run id, or a local run directory
     job_overrides: List[str] = field(default_factory=list)  # applied on top of the saved config
+    # `_target_` prefixes besides vlaeval.'s own that a saved config may name (your own components).
+    trusted_targets: List[str] = field(default_factory=list)
 
 
 @dataclass
 class HistoryConfig:
-    limit: int = 20
+    limit: int = 20  # newest runs listed
+    run_id: Optional[str] = None  # show this run in full: a vlaeval run id or an MLflow run id
+    candidate_version: Optional[str] = None  # list only runs of this candidate
+    recommendation: Optional[str] = None  # list only LAUNCH, DO_NOT_LAUNCH or NEEDS_REVIEW runs
+    # Folders searched for runs MLflow does not have (tracking disabled, or queued for job=sync).
+    local_paths: List[str] = field(default_factory=lambda: ["outputs", "multirun_sweeps"])
 
 
 @dataclass
@@ -253,9 +234,11 @@ class VlaevalConfig:
     gauntlet: GauntletConfig = field(default_factory=GauntletConfig)
     strata: Dict[str, StratumConfig] = field(default_factory=dict)
     effects: Dict[str, float] = field(default_factory=dict)
-    outcomes: OutcomesConfig = field(default_factory=OutcomesConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    # `_target_` components: each option's schema comes from its target's signature
+    # (vlaeval.components); a user's own component is checked against its signature at start.
+    outcomes: Any = field(default_factory=dict)
+    data: Any = field(default_factory=dict)
+    model: Any = field(default_factory=dict)
     flow: FlowConfig = field(default_factory=FlowConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -270,7 +253,10 @@ class VlaevalConfig:
 
 
 def register_configs() -> None:
+    from vlaeval.components import register_builtin_components
+
     ConfigStore.instance().store(name="config_schema", node=VlaevalConfig)
+    register_builtin_components()
     # ${range:5000,5256} -> [5000, ..., 5255]: long seed lists on the command line.
     OmegaConf.register_new_resolver("range", lambda start, stop: list(range(int(start), int(stop))), replace=True)
 
@@ -278,14 +264,30 @@ def register_configs() -> None:
 register_configs()
 
 
-def require(condition: bool, message: str) -> None:
-    """Raise a one-line UserInputError unless `condition` holds."""
-    if not condition:
-        raise UserInputError(message)
-
-
 def to_plain(cfg: Any) -> Any:
     """Resolved plain-Python view of an OmegaConf node (enums as their names)."""
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+
+def check_known_keys(cfg: Any, where: str = "") -> None:
+    """Every key of a typed node is a field of its schema. Hydra's `+key=value` adds a key even to a
+    typed node, so `+gauntlet.margin_detla=0.01` would otherwise run with the margin unchanged."""
+    import difflib
+
+    from omegaconf import DictConfig
+
+    if not isinstance(cfg, DictConfig):
+        return
+    schema = OmegaConf.get_type(cfg)
+    keys = [str(key) for key in cfg.keys()]
+    if schema is not None and is_dataclass(schema):
+        known = [f.name for f in fields(schema)]
+        for key in keys:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                raise UserInputError(f"{where}{key} is not a setting of {where.rstrip('.') or 'the config'}"
+                                     + (f"; did you mean {where}{close[0]}?" if close else f" (known: {', '.join(known)})"))
+    for key in keys:
+        if OmegaConf.is_missing(cfg, key) or OmegaConf.is_interpolation(cfg, key):
+            continue
+        check_known_keys(cfg._get_node(key), f"{where}{key}.")

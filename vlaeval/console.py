@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import sys
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+import time
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+log = logging.getLogger("vlaeval")
 # Piped output (CI logs, files) gets a wide fixed width instead of rich's 80 columns.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 error_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
@@ -33,19 +37,51 @@ def fmt(value: Any, spec: str = ".4g") -> str:
     return str(value)
 
 
+PLAIN_PROGRESS_EVERY_S = 30.0  # a line at least this often in a non-terminal log
+PLAIN_PROGRESS_AFTER_S = 5.0  # and at each tenth of the work once it has run this long (quick work stays quiet)
+
+
 @contextlib.contextmanager
 def unit_progress(description: str, total: int) -> Iterator[Callable[..., None]]:
-    """A progress bar over units; yields update(completed=..., description=...)."""
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console, transient=True,
-                        disable=not console.is_terminal)
-    with progress:
-        task = progress.add_task(description, total=total)
+    """Progress over units; yields update(completed=..., total=..., description=...). A terminal
+    gets a rich progress bar; a log (Slurm, CI, `| tee`) gets a plain line at every tenth of the
+    work once it has run 5 s, and at least every 30 s, so long work is never silent."""
+    if console.is_terminal:
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=console, transient=True)
+        with progress:
+            task = progress.add_task(description, total=total)
 
-        def update(completed: Optional[int] = None, description: Optional[str] = None) -> None:
-            progress.update(task, completed=completed, description=description or progress.tasks[task].description)
+            def update(completed: Optional[int] = None, description: Optional[str] = None,
+                       total: Optional[int] = None) -> None:
+                progress.update(task, completed=completed, total=total,
+                                description=description or progress.tasks[task].description)
 
-        yield update
+            yield update
+        return
+    state: Dict[str, Any] = {"total": max(int(total), 1), "tenth": 0, "last": time.monotonic(),
+                             "start": time.monotonic(), "description": description, "done": 0}
+
+    def plain_update(completed: Optional[int] = None, description: Optional[str] = None,
+                     total: Optional[int] = None) -> None:
+        if total is not None:
+            state["total"] = max(int(total), 1)
+        if description is not None:
+            state["description"] = description
+        if completed is None:
+            return
+        state["done"] = int(completed)
+        tenth = min(10, int(10 * state["done"] / state["total"]))
+        now = time.monotonic()
+        slow = now - state["start"] >= PLAIN_PROGRESS_AFTER_S
+        if (tenth > state["tenth"] and slow) or now - state["last"] >= PLAIN_PROGRESS_EVERY_S:
+            state["tenth"], state["last"] = max(tenth, state["tenth"]), now
+            line = (f"[progress] {state['description']}: {state['done']:,}/{state['total']:,} "
+                    f"({state['done'] / state['total']:.0%}, {now - state['start']:.0f} s)")
+            console.print(line, markup=False)
+            log.info(line)
+
+    yield plain_update
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
@@ -57,13 +93,25 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
     return t
 
 
+def _plain_text(renderable: Any) -> str:
+    """What a renderable prints, without colour or markup (for the run's log file)."""
+    buffer = Console(file=io.StringIO(), width=160, color_system=None, highlight=False)
+    buffer.print(renderable)
+    return buffer.file.getvalue().rstrip()  # type: ignore[attr-defined]
+
+
 def show(renderable: Any) -> None:
+    """Print to the console, and the same text to the `vlaeval` logger: Hydra writes it to the run's
+    <job>.log (main.log), so the log holds what the console showed."""
     console.print(renderable)
+    if log.isEnabledFor(logging.INFO):
+        log.info(_plain_text(renderable))
 
 
 def print_error(message: str) -> None:
     # The message is literal text: paths and overrides hold brackets rich would read as markup.
     error_console.print(f"[bold red]error:[/bold red] {escape(message)}", markup=True, soft_wrap=True)
+    log.info("error: %s", message)  # to the run's log file only (the console handler shows warnings and up)
 
 
 def print_checks(title: str, checks: Mapping[str, bool]) -> None:

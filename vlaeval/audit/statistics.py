@@ -10,7 +10,7 @@ second moment of the importance-weighted gradient estimator relative to uniform 
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from scipy.stats import kendalltau, rankdata, spearmanr
@@ -158,7 +158,7 @@ def alignment_audit(scores: np.ndarray, gradient_rms: np.ndarray, mean_losses: n
     scores = require_proposal_scores(scores)
     gradient_rms = np.asarray(gradient_rms, dtype=np.float64)
     mean_losses = np.asarray(mean_losses, dtype=np.float64)
-    kwargs = dict(alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power)
+    kwargs: Dict[str, Any] = dict(alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power)
     rho = spearmanr(scores, gradient_rms)
     tau = kendalltau(scores, gradient_rms)
     out: Dict[str, Any] = {
@@ -182,8 +182,9 @@ def alignment_audit(scores: np.ndarray, gradient_rms: np.ndarray, mean_losses: n
                                                           keep_null_distributions=keep_null_distributions, **kwargs),
     }
     if per_seed_gradient_rms is not None and per_seed_losses is not None and np.shape(per_seed_gradient_rms)[0] >= 4:
-        out["baseline_comparison"] = cross_fitted_baseline(scores, per_seed_gradient_rms, per_seed_losses,
-                                                           bootstrap_seed=bootstrap_seed, **kwargs)
+        out["baseline_comparison"] = cross_fitted_baseline(scores, per_seed_gradient_rms, per_seed_losses, alpha=alpha,
+                                                           percentile_epsilon=percentile_epsilon,
+                                                           proposal_power=proposal_power, bootstrap_seed=bootstrap_seed)
         attainable = out["baseline_comparison"]["attainable_oracle_ratio"]
         residual = out["baseline_comparison"]["residual"]["second_moment_ratio"]
         out["proposal"]["attainable_oracle_ratio"] = attainable
@@ -242,7 +243,7 @@ def cross_fitted_baseline(scores: np.ndarray, per_seed_gradient_rms: np.ndarray,
         raise ValueError("per-seed gradient RMS and losses must both have shape (seeds >= 4, anchors)")
     half = rms.shape[0] // 2
     a, b = slice(0, half), slice(half, 2 * half)
-    kwargs = dict(alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power)
+    kwargs: Dict[str, Any] = dict(alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power)
     folds = [(_half_rms(rms, a), loss[b].mean(axis=0), loss[a].mean(axis=0), _half_rms(rms, b)),
              (_half_rms(rms, b), loss[a].mean(axis=0), loss[b].mean(axis=0), _half_rms(rms, a))]
     n = scores.size
@@ -250,7 +251,8 @@ def cross_fitted_baseline(scores: np.ndarray, per_seed_gradient_rms: np.ndarray,
     def ratio(weights: np.ndarray, target: np.ndarray) -> np.ndarray:
         return information_to_baseline_ratio(target, proposal_distribution(weights, **kwargs))
 
-    rows = {"residual": [], "training_loss": [], "training_loss_shared_draws": [], "oracle": []}
+    rows: Dict[str, List[Tuple[float, float]]] = {"residual": [], "training_loss": [], "training_loss_shared_draws": [],
+                                                  "oracle": []}
     rng = np.random.default_rng(bootstrap_seed)
     resample = rng.integers(0, n, size=(bootstrap, n))
     boot_rho, boot_ratio = [], []

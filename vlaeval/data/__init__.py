@@ -1,6 +1,7 @@
 """Datasets with stable sampling traces: built-in Meta-World demonstrations and their anchors."""
 
 from vlaeval.data.anchors import AnchorSet, build_anchors, sample_order
-from vlaeval.data.metaworld import Demonstrations, load_or_build_demonstrations
+from vlaeval.data.metaworld import Demonstrations, MetaWorldDemonstrations, load_or_build_demonstrations
 
-__all__ = ["AnchorSet", "Demonstrations", "build_anchors", "load_or_build_demonstrations", "sample_order"]
+__all__ = ["AnchorSet", "Demonstrations", "MetaWorldDemonstrations", "build_anchors", "load_or_build_demonstrations",
+           "sample_order"]

@@ -17,12 +17,12 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, cast
 
 import numpy as np
 
 from vlaeval.artifacts import atomic_write_json, atomic_write_npz, read_json, sha256_json, stable_seed
-from vlaeval.config import UserInputError, require
+from vlaeval.errors import UserInputError, require
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,9 @@ TRAIN_VARIANTS = range(0, 25)
 HELD_OUT_VARIANTS = range(25, 50)
 OBS_DIM = 39
 ACTION_DIM = 4
+# Easy tasks mixed with ones whose scripted experts themselves fail now and then, so that
+# evaluations can tell two policies apart.
+DEFAULT_TASKS = ("reach-v3", "push-v3", "pick-place-v3", "peg-insert-side-v3", "disassemble-v3", "stick-pull-v3")
 
 # A natural-language instruction per task (the stand-in for a VLA's language input).
 INSTRUCTIONS: Dict[str, str] = {
@@ -204,7 +207,7 @@ def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str],
     finally:
         runner.close()
     lengths = np.array([len(e["actions"]) for e in episodes], dtype=np.int64)
-    arrays = {
+    arrays: Dict[str, np.ndarray] = {
         "observations": np.concatenate([e["observations"] for e in episodes]).astype(np.float32),
         "actions": np.concatenate([e["actions"] for e in episodes]).astype(np.float32),
         "episode_start": np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64),
@@ -232,7 +235,7 @@ def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str],
 def _data_fields(data: Any) -> Dict[str, Any]:
     from omegaconf import DictConfig, OmegaConf
 
-    plain = OmegaConf.to_container(data, resolve=True) if isinstance(data, DictConfig) else dict(vars(data))
+    plain = cast(Dict[str, Any], OmegaConf.to_container(data, resolve=True)) if isinstance(data, DictConfig) else dict(vars(data))
     # The horizon shapes anchors, not episodes: it does not change the recorded data.
     return {k: v for k, v in plain.items() if k not in ("horizon",)}
 
@@ -242,6 +245,29 @@ def dataset_key(data: Any) -> str:
 
     return sha256_json({"schema": DATASET_SCHEMA_VERSION, "config": _data_fields(data),
                         "metaworld": getattr(metaworld, "__version__", "unknown")})
+
+
+class MetaWorldDemonstrations:
+    """data=metaworld: expert episodes recorded from Meta-World's scripted policies, cached by the
+    settings that decide them (every setting but the horizon). `load` returns the demonstrations;
+    horizon is the length H of the target action chunk the anchors carry."""
+
+    def __init__(self, tasks: Sequence[str] = DEFAULT_TASKS, episodes_per_task: int = 12, max_steps: int = 150,
+                 action_noise: float = 0.1, seed: int = 0, horizon: int = 4, name: str = "metaworld") -> None:
+        self.name = str(name)
+        self.tasks = [str(t) for t in tasks]
+        self.episodes_per_task = int(episodes_per_task)
+        self.max_steps = int(max_steps)
+        self.action_noise = float(action_noise)
+        self.seed = int(seed)
+        self.horizon = int(horizon)
+
+    def validate(self) -> None:
+        validate_data_config(self)
+
+    def load(self, cache_dir: str | os.PathLike,
+             progress: Optional[Callable[[int, int, str], None]] = None) -> tuple[Demonstrations, bool]:
+        return load_or_build_demonstrations(self, cache_dir, progress)
 
 
 def load_or_build_demonstrations(data: Any, cache_dir: str | os.PathLike,

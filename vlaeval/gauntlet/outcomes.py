@@ -22,7 +22,9 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from vlaeval.artifacts import sha256_file, stable_seed
-from vlaeval.config import StratumConfig, UserInputError, require
+from vlaeval.choices import StrataFrom
+from vlaeval.config import StratumConfig
+from vlaeval.errors import UserInputError, require
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.seqtest.simulation import FRESH_FRACTION, RATE_RANGE, SCENE_SD
 from vlaeval.seqtest.units import cluster_offsets
@@ -103,10 +105,10 @@ def planned_cluster_sizes(spec: StratumConfig) -> np.ndarray:
 
 
 def synthetic_paired_outcomes(stratum: str, spec: StratumConfig, effect: float, seed: int) -> StratumOutcomes:
-    """The seed's paired generator, vectorised: a shared uniform per scenario decides both
+    """The prototype's paired generator, vectorised: a shared uniform per scenario decides both
     policies' outcomes (paired), a per-cluster scene offset moves the success rate, and 4% of
     the candidate's scenarios draw a fresh uniform. The generator is seeded by a stable digest of
-    the stratum name (the seed used hash(), which Python salts per process)."""
+    the stratum name (the prototype used hash(), which Python salts per process)."""
     n = int(spec.units)
     rng = np.random.default_rng([int(seed), stable_seed("gauntlet-stratum", stratum)])
     u = rng.random(n)
@@ -121,12 +123,9 @@ def synthetic_paired_outcomes(stratum: str, spec: StratumConfig, effect: float, 
 
 
 class SyntheticOutcomes:
-    """The seed's synthetic paired generator with planted per-stratum effects, cached."""
+    """The prototype's synthetic paired generator with planted per-stratum effects, cached."""
 
     holds_outcomes = False  # produced on request: the planner simulates instead
-
-    def __init__(self, path: Optional[str] = None, strata: Optional[str] = None) -> None:
-        self.path = path  # unused, like strata: the schema is shared with FileOutcomes
 
     def available_strata(self) -> Optional[List[str]]:
         return None  # it generates any configured stratum
@@ -167,9 +166,6 @@ class SyntheticOutcomes:
         return StratumOutcomes.from_arrays(arrays), status
 
 
-STRATA_FROM = ("file", "config")
-
-
 class FileOutcomes:
     """Paired outcomes from a CSV or Parquet file with columns
     stratum, scenario_id, cluster_id, baseline, candidate (outcomes 0/1).
@@ -183,13 +179,13 @@ class FileOutcomes:
 
     holds_outcomes = True  # its outcomes exist before the gauntlet: the planner may read them
 
-    def __init__(self, path: Optional[str] = None, strata: Optional[str] = "file") -> None:
+    def __init__(self, path: str, strata: StrataFrom = StrataFrom.file) -> None:
         require(path is not None and str(path) not in ("", "???"),
                 "outcomes=file needs a file: add outcomes.path=<file.csv|file.parquet>")
-        strata = "file" if strata is None else str(strata)
-        require(strata in STRATA_FROM, f"outcomes.strata={strata!r} is unknown; use one of {', '.join(STRATA_FROM)}")
+        require(str(strata) in StrataFrom.values(),
+                f"outcomes.strata={str(strata)!r} is unknown; use one of {', '.join(StrataFrom.values())}")
         self.path = Path(str(path))
-        self.strata_from = strata
+        self.strata_from = StrataFrom(str(strata))
         self._by_stratum: Dict[str, StratumOutcomes] | None = None
         self._sha256: str | None = None
 

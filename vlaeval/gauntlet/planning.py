@@ -170,8 +170,8 @@ def observed_needs(settings: GauntletConfig, plan: StratumPlan, delta: float, al
                    replications: int, rng: np.random.Generator, looks: np.ndarray) -> Dict[str, Any]:
     """Clusters to a decision at the observed effect: the stratum's own cluster means, resampled
     (an estimate for planning only -- the test itself never looks at this)."""
-    observed = plan.observed_cluster_means
-    sizes = plan.cluster_sizes
+    observed, sizes = plan.observed_cluster_means, plan.cluster_sizes
+    assert observed is not None and sizes is not None, "observed needs are planned only for strata with outcomes"
     effect = float(np.dot(observed, sizes) / sizes.sum()) if settings.estimand == "unit" else float(observed.mean())
     floor = information_floor(observed, delta, settings.alpha if effect > -delta else alarm)
     horizon = int(min(max(3 * floor if math.isfinite(floor) else 0, 4 * sizes.size, 50), HORIZON_CAP_CLUSTERS))

@@ -42,7 +42,8 @@ def launch_recommendation(
             blockers.append(f"{name}: REGRESSION (delta {r['delta_estimate']:+.4f}, "
                             f"CS [{cs['lower']:+.3f}, {cs['upper']:+.3f}])")
         elif decision == DECISION_INSUFFICIENT:
-            review.append(f"{name}: undecided after {r['units_evaluated']} units "
+            kind = " (a safety stratum)" if r.get("kind") == "safety" else ""
+            review.append(f"{name}{kind}: undecided after {r['units_evaluated']} units "
                           f"(CS [{cs['lower']:+.3f}, {cs['upper']:+.3f}])")
     for name in not_evaluated:
         review.append(f"{name}: not evaluated" + (" (halted)" if halted else " (budget exhausted)"))

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from vlaeval.config import GauntletConfig, StratumConfig, UserInputError
+from vlaeval.choices import AlarmFwer
+from vlaeval.config import GauntletConfig, StratumConfig
+from vlaeval.errors import UserInputError
 
 
 @dataclass
@@ -71,4 +73,4 @@ def alarm_alpha(settings: GauntletConfig, strata: Mapping[str, StratumConfig]) -
     """Level of each alarm: alpha / (K + H) with the Bonferroni split over the K REGRESSION alarms
     and the H catastrophic halts, so the chance of any false alarm stays <= alpha; alpha each
     without it. A halt is decided at min(alpha / 2, this level) (see the sequential test)."""
-    return settings.alpha / alarm_count(strata) if settings.alarm_fwer == "bonferroni" else settings.alpha
+    return settings.alpha / alarm_count(strata) if settings.alarm_fwer == AlarmFwer.bonferroni else settings.alpha

@@ -23,20 +23,23 @@ from vlaeval.gauntlet.inputs import GauntletInputs, gauntlet_inputs
 from vlaeval.gauntlet.lineage import build_lineage
 from vlaeval.gauntlet.planning import plan_gauntlet
 from vlaeval.gauntlet.plots import plot_trajectories
-from vlaeval.gauntlet.recommendation import LAUNCH
+from vlaeval.gauntlet.recommendation import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW
+from vlaeval.gauntlet.report import print_summary
 from vlaeval.gauntlet.scheduler import BatchProgress, order_seed, run_gauntlet
-from vlaeval.jobs.common import now_ms, output_dir, publish
 from vlaeval.provenance import code_version
+from vlaeval.runs import now_ms, output_dir, publish
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION
 from vlaeval.tracking import config_sha256
 
 JOB = "gauntlet"
+RECOMMENDATION_EXIT_CODES = {LAUNCH: 0, NEEDS_REVIEW: 10, DO_NOT_LAUNCH: 11}  # gauntlet.exit_code_from_recommendation
+COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures before run()
 TRAJECTORY_FILE = "trajectories.npz"
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
-    inputs = gauntlet_inputs(cfg)
+    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
     settings = inputs.settings
     for line in inputs.resolved.notices:
         console.show(f"notice: {line}")
@@ -60,7 +63,6 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
 
         result = run_gauntlet(settings, inputs.strata, inputs.effects, inputs.source, cache, lineage,
                               absent=inputs.resolved.absent, required_absent=inputs.required_absent, on_batch=on_batch)
-    result["gauntlet_id"] = f"gauntlet-{lineage['config_sha256'][:12]}"
     result["preflight"] = preflight
     result["notices"] = inputs.resolved.notices
     for path in result["cache"]["corrupt_entries"]:
@@ -69,10 +71,13 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     plots = [plot_trajectories(result, output_dir(cfg) / "gauntlet_trajectories.png")] if settings.plot else []
     metrics, checks, tags, history = tracking_view(result)
     trajectories = save_trajectories(result, output_dir(cfg) / TRAJECTORY_FILE)
-    result = publish(cfg, JOB, result, started_ms=started_ms, run_name=result["gauntlet_id"],
+    result = publish(cfg, JOB, result, started_ms=started_ms,
+                     run_name=f"gauntlet {settings.candidate_version} vs {settings.baseline_version}",
                      metrics=metrics, checks=checks, tags=tags, history=history, plots=plots, code=code,
                      extra_artifacts=[(trajectories, None)])
     print_summary(result)
+    if settings.exit_code_from_recommendation:
+        result["exit_code"] = RECOMMENDATION_EXIT_CODES[result["recommendation"]["recommendation"]]
     return result
 
 
@@ -125,7 +130,6 @@ def tracking_view(result: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, b
         "recommendation": rec["recommendation"],
         "halted": str(result["halted"]).lower(),
         "gauntlet.processed_order": ",".join(result["processed_order"]),
-        "gauntlet.id": result["gauntlet_id"],
         "gauntlet.test_mode": result["test_mode"],
         "gauntlet.alarm_alpha": f"{result['multiplicity']['alarm_alpha']:.6g}",
     }
@@ -166,56 +170,3 @@ def tracking_view(result: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, b
         "replayed_data_evaluated": "REPLAYED" in rec["data_labels"],
     }
     return metrics, checks, tags, history
-
-
-def evalue(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}"
-
-
-def rate(interval: Dict[str, Any] | None) -> str:
-    if not interval or interval.get("rate") is None:
-        return "-"
-    return f"{interval['rate']:.3f} [{interval['lower']:.3f}, {interval['upper']:.3f}]"
-
-
-MODE_LABEL = {"exact": "", "asymptotic": "ASYMPTOTIC", "group_sequential": "GROUP-SEQUENTIAL"}
-
-
-def print_summary(result: Dict[str, Any]) -> None:
-    """The strata table, events and recommendation (also for results saved by older versions)."""
-    label = MODE_LABEL.get(result["test_mode"], result["test_mode"].upper())
-    cs_title = f"{1 - result['strata'][0]['alpha']:.0%} CS" if result["strata"] else "CS"
-    cs_title += f" ({label})" if label else ""
-    rows = []
-    for s in result["strata"]:
-        cs = s["confidence_sequence"]
-        rates = s.get("success_rates", {})
-        rows.append((s["priority"], s["stratum"], s["data_label"], f"{s['planted_effect']:+.3f}", s["decision"],
-                     f"{s['units_evaluated']}/{s['unit_limit']}", s["units_saved_by_early_stop"],
-                     rate(rates.get("baseline")), rate(rates.get("candidate")),
-                     f"{s['delta_estimate']:+.4f}" if s["delta_estimate"] is not None else "-",
-                     f"[{cs['lower']:+.3f}, {cs['upper']:+.3f}]",
-                     evalue(s["e_value_regression"]), evalue(s["e_value_pass"]), s["cache"]))
-    for name in result["not_evaluated"]:
-        rows.append(("", name, "", "", "not evaluated", "", "", "", "", "", "", "", "", ""))
-    for name in result.get("absent_strata", []):
-        rows.append(("", name, "", "", "absent", "", "", "", "", "", "", "", "", ""))
-    console.show(console.table(
-        f"Launch gauntlet {result['candidate_version']} vs {result['baseline_version']}"
-        + (f"  [{label} test mode: not exact]" if label else ""),
-        ["#", "stratum", "data", "planted", "decision", "units", "saved", "baseline (95% CI)", "candidate (95% CI)",
-         "delta", cs_title, "e(reg)", "e(pass)", "cache"],
-        rows))
-    for e in result["events"]:
-        console.show(f"  {e['event']}: {e['detail']}")
-    rec = result["recommendation"]
-    console.show(f"recommendation: {console.styled(rec['recommendation'])}   "
-                 f"units evaluated {result['scale']['units_evaluated']} of {result['scale']['total_units_defined']}   "
-                 f"lineage {'valid' if result['lineage_valid'] else 'INVALID'}")
-    for line in rec["blockers"]:
-        console.show(f"  blocker: {line}")
-    for line in rec["review_reasons"]:
-        console.show(f"  review: {line}")
-    if result.get("result_path"):
-        console.show(f"result: {result['result_path']}" +
-                     (f"   mlflow run: {result['mlflow_run_id']}" if result.get("mlflow_run_id") else ""))

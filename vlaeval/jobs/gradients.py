@@ -15,12 +15,13 @@ import numpy as np
 from omegaconf import DictConfig
 
 from vlaeval import console
-from vlaeval.config import require
+from vlaeval.errors import require
 from vlaeval.provenance import code_version
-from vlaeval.jobs.common import load_data_and_policy, now_ms, publish
 from vlaeval.residual.artifact import build_gradient_artifact
+from vlaeval.runs import load_data_and_policy, now_ms, publish
 
 JOB = "gradients"
+COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
 ARTIFACT_FILE = "gradient_artifact.json"
 
 
@@ -32,7 +33,6 @@ def validate_gradients(cfg: DictConfig) -> None:
     duplicated = sorted({s for s in seeds if seeds.count(s) > 1})
     require(not duplicated, f"gradients.seeds repeats {duplicated}; each gradient seed must be unique")
     require(g.num_anchors >= 4, f"gradients.num_anchors={g.num_anchors} must be >= 4 (the audit needs at least four)")
-    require(g.trainable in ("action_head", "all"), f"gradients.trainable={g.trainable!r} must be 'action_head' or 'all'")
     require(g.batch_size >= 1, f"gradients.batch_size={g.batch_size} must be >= 1")
     require(str(cfg.device) == "cpu" or str(cfg.device).startswith("cuda"), f"device={cfg.device!r} must be cpu or cuda[:N]")
 
@@ -41,7 +41,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
     validate_gradients(cfg)
     data, handle = load_data_and_policy(cfg)
-    artifact = build_gradient_artifact(cfg, data, handle)
+    artifact = build_gradient_artifact(cfg.gradients, cfg.flow, str(cfg.device), data, handle)
     reliability, runtime = artifact["reliability"], artifact["gradient_runtime"]
     rms = np.array([a["gradient_rms"] for a in artifact["anchors"]])
     metrics = {"gradients.split_half_spearman": reliability["split_half_spearman"],
@@ -50,7 +50,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                "gradients.anchors": float(rms.size), "gradients.seeds": float(len(cfg.gradients.seeds)),
                "timing.gradient_seconds": runtime["elapsed_seconds"]}
     result = publish(cfg, JOB, {"artifact": artifact}, started_ms=started_ms, run_name=f"gradients-{handle.sha256[:12]}",
-                     metrics=metrics, checks={}, tags={"checkpoint.sha256": handle.sha256}, code=code_version(),
+                     metrics=metrics, checks={}, tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256}, code=code_version(),
                      artifact_file=ARTIFACT_FILE)
     console.show(f"gradient artifact: {rms.size} anchors x {len(cfg.gradients.seeds)} seeds over "
                  f"{artifact['parameter_count']:,} {cfg.gradients.trainable} parameters in {runtime['elapsed_seconds']:.2f} s; "

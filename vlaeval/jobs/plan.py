@@ -18,15 +18,16 @@ from omegaconf import DictConfig
 from vlaeval import console
 from vlaeval.gauntlet.inputs import gauntlet_inputs
 from vlaeval.gauntlet.planning import plan_gauntlet
-from vlaeval.jobs.common import now_ms, publish
 from vlaeval.provenance import code_version
+from vlaeval.runs import now_ms, publish
 
 JOB = "plan"
+COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures before run()
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
-    inputs = gauntlet_inputs(cfg)
+    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
     settings = inputs.settings
     for line in inputs.resolved.notices:
         console.show(f"notice: {line}")

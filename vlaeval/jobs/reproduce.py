@@ -1,10 +1,12 @@
 """job=reproduce: re-run a logged run from its saved config and compare the numbers.
 
 Fetch the run's saved `.hydra/config.yaml` (from MLflow by run id, or from a local run
-directory), refuse `_target_` values outside `vlaeval.` (a saved config is untrusted input),
-validate it against today's schema, warn when the code version differs, re-run the same job into
-<this run's output dir>/rerun, and print original vs re-run for each key metric, gate check and
-decision: identical or differs.
+directory), refuse `_target_` values outside `vlaeval.` and the prefixes in
+reproduce.trusted_targets (a saved config is untrusted input), validate it against today's schema,
+warn when the code version differs, re-run the same job into <this run's output dir>/rerun, and
+print original vs re-run for each key metric, gate check and decision: identical or differs, and
+whether the input data changed (its digest). The comparison is logged to the re-run's MLflow run;
+the job exits 4 when the run did not reproduce.
 """
 
 from __future__ import annotations
@@ -12,20 +14,24 @@ from __future__ import annotations
 import math
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_json, atomic_write_text, read_json
-from vlaeval.config import UserInputError, VlaevalConfig, require
+from vlaeval.config import VlaevalConfig
+from vlaeval.errors import UserInputError, first_line, require
+from vlaeval.jobs import dispatch
 from vlaeval.provenance import code_version
-from vlaeval.jobs import job_runner
-from vlaeval.jobs.common import RESULT_FILE, VOLATILE_METRIC_PREFIXES, output_dir
+from vlaeval.runs import RESULT_FILE, VOLATILE_METRIC_PREFIXES, output_dir
 
+JOB = "reproduce"
 REPRODUCIBLE_JOBS = ("gauntlet", "train", "evaluate", "gradients", "residual_audit")
 TRUSTED_TARGET_PREFIX = "vlaeval."
-COMPARED_TAG_PREFIXES = ("recommendation", "halted", "gate.pass", "stratum.", "config.sha256", "checkpoint.sha256")
+COMPARED_TAG_PREFIXES = ("recommendation", "halted", "gate.pass", "gate.failed", "stratum.", "config.sha256",
+                         "checkpoint.sha256", "data.manifest_sha256")
+EXIT_NOT_REPRODUCED = 4
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
@@ -33,7 +39,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     require(source is not None and str(source).strip() != "",
             "job=reproduce needs reproduce.run_id=<MLflow run id or local run directory>")
     saved, original = load_original(cfg, str(source))
-    refuse_untrusted_targets(saved)
+    refuse_untrusted_targets(saved, list(cfg.reproduce.trusted_targets))
     rerun_cfg = rerun_config(cfg, saved)
     job_name = str(rerun_cfg.job.name)
     require(job_name in REPRODUCIBLE_JOBS,
@@ -44,8 +50,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         console.show(f"[yellow]warning:[/yellow] {w}")
     rerun_dir = Path(str(rerun_cfg.paths.output_dir))
     atomic_write_text(rerun_dir / ".hydra" / "config.yaml", OmegaConf.to_yaml(rerun_cfg))
-    rerun = job_runner(job_name)(rerun_cfg)
-    _tag_reproduction(cfg, rerun, str(source))
+    rerun = dispatch(rerun_cfg)
 
     comparisons = compare(original, rerun)
     all_identical = all(c["verdict"] == "identical" for c in comparisons)
@@ -53,12 +58,26 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         f"Reproduction of {source} ({job_name})", ["key", "original", "re-run", "verdict"],
         [(c["key"], _show(c["original"]), _show(c["rerun"]), c["verdict"]) for c in comparisons]))
     differing = sum(c["verdict"] != "identical" for c in comparisons)
+    data_change = next((c for c in comparisons if c["key"] == "data.manifest_sha256" and c["verdict"] != "identical"), None)
+    if data_change is not None:
+        console.show(f"[yellow]the input data changed[/yellow]: manifest digest {str(data_change['original'])[:16]}... "
+                     f"then, {str(data_change['rerun'])[:16]}... now -- the numbers cannot be expected to match")
     console.show(f"{len(comparisons) - differing} identical, {differing} differ"
-                 + ("" if all_identical else "  <- NOT reproduced"))
+                 + ("" if all_identical else "  <- NOT reproduced (exit code 4)"))
     report = {"source": str(source), "job": job_name, "warnings": warnings, "all_identical": all_identical,
-              "comparisons": comparisons, "rerun_result": rerun.get("result_path"),
-              "rerun_mlflow_run_id": rerun.get("mlflow_run_id")}
-    atomic_write_json(output_dir(cfg) / "reproduce.json", report)
+              "data_changed": data_change is not None, "comparisons": comparisons,
+              "rerun_result": rerun.get("result_path"), "rerun_mlflow_run_id": rerun.get("mlflow_run_id")}
+    report_path = atomic_write_json(output_dir(cfg) / "reproduce.json", report)
+    if rerun.get("mlflow_run_id"):
+        from vlaeval.tracking.queries import annotate_run
+
+        annotate_run(cfg.tracking, rerun["mlflow_run_id"], artifacts=[report_path],
+                     tags={"vlaeval.reproduced_from": str(source), "reproduce.verdict":
+                           "identical" if all_identical else "differs"},
+                     metrics={"reproduce.identical": float(len(comparisons) - differing),
+                              "reproduce.differs": float(differing)})
+    if not all_identical:
+        report["exit_code"] = EXIT_NOT_REPRODUCED
     return report
 
 
@@ -75,26 +94,12 @@ def load_original(cfg: DictConfig, source: str) -> Tuple[DictConfig, Dict[str, A
         metrics.update({f"gate.{k}": float(v) for k, v in result.get("checks", {}).items()})
         return _load_yaml(config_path), {"metrics": metrics, "tags": result.get("tags", {})}
     require(cfg.tracking.enabled, f"{source} is not a directory and tracking is disabled: cannot look up an MLflow run")
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+    from vlaeval.tracking.queries import saved_run
 
-    from vlaeval.tracking import resolve_uri
-
-    uri = resolve_uri(cfg.tracking)
-    client = MlflowClient(tracking_uri=uri)
-    try:
-        mlflow_run = client.get_run(source)
-    except MlflowException as error:
-        raise UserInputError(f"no MLflow run {source!r} in {uri} ({str(error).splitlines()[0]}); "
-                             "pass a run id from the MLflow UI or a local run directory") from None
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = client.download_artifacts(source, "hydra/config.yaml", tmp)
-        except Exception as error:
-            raise UserInputError(f"MLflow run {source} has no hydra/config.yaml artifact ({type(error).__name__}); "
-                                 "it was not logged by vlaeval with tracking.log_artifacts=true") from None
-        saved = _load_yaml(Path(path))
-    return saved, {"metrics": dict(mlflow_run.data.metrics), "tags": dict(mlflow_run.data.tags)}
+        path, metrics, tags = saved_run(cfg.tracking, source, Path(tmp))
+        saved = _load_yaml(path)
+    return saved, {"metrics": metrics, "tags": tags}
 
 
 def _load_yaml(path: Path) -> DictConfig:
@@ -103,7 +108,7 @@ def _load_yaml(path: Path) -> DictConfig:
     except Exception as error:
         raise UserInputError(f"saved config {path} is not valid YAML ({type(error).__name__})") from None
     require(isinstance(loaded, DictConfig), f"saved config {path} is not a mapping")
-    return loaded
+    return cast(DictConfig, loaded)
 
 
 def _walk_targets(node: Any, where: str = "") -> Iterator[Tuple[str, Any]]:
@@ -119,12 +124,15 @@ def _walk_targets(node: Any, where: str = "") -> Iterator[Tuple[str, Any]]:
             yield from _walk_targets(value, f"{where}.{i}")
 
 
-def refuse_untrusted_targets(saved: DictConfig) -> None:
+def refuse_untrusted_targets(saved: DictConfig, trusted: Sequence[str] = ()) -> None:
+    """A saved config names classes to build: only vlaeval's own and the prefixes the user trusts."""
+    prefixes = (TRUSTED_TARGET_PREFIX, *[str(t) for t in trusted])
     plain = OmegaConf.to_container(saved, resolve=False)
     for path, target in _walk_targets(plain):
-        if not (isinstance(target, str) and target.startswith(TRUSTED_TARGET_PREFIX)):
+        if not (isinstance(target, str) and target.startswith(prefixes)):
             raise UserInputError(f"saved config sets {path}={target!r}, outside the {TRUSTED_TARGET_PREFIX!r} "
-                                 "namespace: refused (a saved config is untrusted input)")
+                                 "namespace: refused (a saved config is untrusted input); if you trust that code, "
+                                 f"add reproduce.trusted_targets=[{str(target).split('.')[0]}.]")
 
 
 def rerun_config(cfg: DictConfig, saved: DictConfig) -> DictConfig:
@@ -137,13 +145,13 @@ def rerun_config(cfg: DictConfig, saved: DictConfig) -> DictConfig:
         if overrides:
             rerun = OmegaConf.merge(rerun, OmegaConf.from_dotlist(overrides))
     except Exception as error:
-        raise UserInputError(f"saved config does not fit today's schema ({str(error).splitlines()[0]}); "
+        raise UserInputError(f"saved config does not fit today's schema ({first_line(error)}); "
                              "reproduce it with the vlaeval version that made it") from None
     rerun.paths.output_dir = str(output_dir(cfg) / "rerun")
     rerun.paths.cache_dir = cfg.paths.cache_dir
     rerun.tracking = cfg.tracking
     rerun.reproduce = OmegaConf.structured(VlaevalConfig().reproduce)
-    return rerun
+    return cast(DictConfig, rerun)
 
 
 def version_warnings(original_tags: Mapping[str, Any]) -> List[str]:
@@ -182,14 +190,3 @@ def _compare_one(key: str, a: Any, b: Any) -> Dict[str, Any]:
 
 def _show(value: Any) -> str:
     return "-" if value is None else (repr(float(value)) if isinstance(value, (int, float)) else str(value))
-
-
-def _tag_reproduction(cfg: DictConfig, rerun: Mapping[str, Any], source: str) -> None:
-    run_id: Optional[str] = rerun.get("mlflow_run_id")
-    if not run_id:
-        return
-    from mlflow.tracking import MlflowClient
-
-    from vlaeval.tracking import resolve_uri
-
-    MlflowClient(tracking_uri=resolve_uri(cfg.tracking)).set_tag(run_id, "vlaeval.reproduced_from", source)

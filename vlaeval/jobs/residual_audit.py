@@ -10,33 +10,31 @@ decide the gate; save the result, plot, log to MLflow, print the gate table.
 
 from __future__ import annotations
 
-import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
-import torch
 from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
 from vlaeval.audit.plots import plot_audit
-from vlaeval.config import UserInputError, require
 from vlaeval.data.anchors import TRACE_FIELDS, draw
-from vlaeval.jobs.common import load_data_and_policy, now_ms, output_dir, publish
+from vlaeval.errors import UserInputError, require
+from vlaeval.memory import PeakMemory
 from vlaeval.provenance import code_version
 from vlaeval.residual.artifact import cached_gradient_artifact, load_gradient_artifact
 from vlaeval.residual.estimators import DESCRIPTIONS, UNBIASED, score_anchors
+from vlaeval.runs import load_data_and_policy, now_ms, output_dir, publish
 
 JOB = "residual_audit"
+COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
 RESULT_SCHEMA_VERSION = 2  # 2: fair training-loss baseline (cross-fitted), attainable oracle
 
 
 def validate_audit(cfg: DictConfig) -> None:
     e, a, g = cfg.estimator, cfg.audit, cfg.gate
-    require(e.kind in UNBIASED, f"estimator.kind={e.kind!r} is unknown; use one of {', '.join(sorted(UNBIASED))}")
     m = int(e.samples_per_estimator)
     require(m >= 2 and m % 2 == 0, f"estimator.samples_per_estimator={m} must be an even number >= 2")
     seeds = [int(s) for s in e.seeds]
@@ -86,14 +84,6 @@ def per_seed_values(anchors: List[Dict[str, Any]]) -> Tuple[np.ndarray | None, n
     return (rms, loss) if ok else (None, None)
 
 
-def peak_memory() -> Dict[str, Any]:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return {"kind": "cuda", "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
-                "peak_reserved_bytes": int(torch.cuda.max_memory_reserved())}
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"kind": "process_rss", "peak_rss_bytes": int(rss if sys.platform == "darwin" else rss * 1024)}
-
-
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
     validate_audit(cfg)
@@ -106,14 +96,15 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         check_seed_separation(estimator_seeds, list(cfg.gradients.seeds))
     data, handle = load_data_and_policy(cfg)
     if given is None:
-        metadata, artifact_anchors = cached_gradient_artifact(cfg, data, handle)
+        metadata, artifact_anchors = cached_gradient_artifact(cfg.gradients, cfg.flow, str(cfg.device),
+                                                               str(cfg.paths.cache_dir), data, handle)
     if metadata["checkpoint_sha256"] is not None and metadata["checkpoint_sha256"] != handle.sha256:
         raise UserInputError(f"checkpoint {handle.path} (sha256 {handle.sha256[:12]}...) differs from the gradient "
                              f"artifact's ({str(metadata['checkpoint_sha256'])[:12]}...); use the checkpoint it was made with")
     anchor_index, traces = recover_anchors(data, artifact_anchors)
 
     started = time.perf_counter()
-    with console.unit_progress(f"scoring ({cfg.estimator.kind})", anchor_index.size) as update:
+    with PeakMemory(str(cfg.device)) as peak, console.unit_progress(f"scoring ({cfg.estimator.kind})", anchor_index.size) as update:
         scores = score_anchors(handle.model, data.anchors, anchor_index, data.instruction_table,
                                kind=str(cfg.estimator.kind), seeds=estimator_seeds, samples_per_estimator=int(cfg.estimator.samples_per_estimator),
                                anchor_batch_size=int(cfg.estimator.anchor_batch_size), flow=cfg.flow,
@@ -170,7 +161,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         },
         "score_runtime": {"elapsed_seconds": elapsed, "seconds_per_anchor": elapsed / anchor_index.size,
                           "anchors_per_second": anchor_index.size / elapsed, "device": str(cfg.device),
-                          **peak_memory()},
+                          **peak.report()},
         "repeatability": rep,
         "alignment": alignment,
         "leave_one_out_robustness": robustness,
@@ -184,9 +175,11 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     metrics = headline_metrics(result)
     tags = {"gate.status": gate["status"], "gate.eligible_for_500_step_ablation": str(gate["eligible_for_500_step_ablation"]).lower(),
             "estimator.kind": str(cfg.estimator.kind), "estimator.unbiased": str(UNBIASED[str(cfg.estimator.kind)]).lower(),
-            "checkpoint.sha256": handle.sha256}
-    result = publish(cfg, JOB, result, started_ms=started_ms, run_name=f"audit-{cfg.estimator.kind}-{handle.sha256[:8]}",
-                     metrics=metrics, checks=gate["checks"], tags=tags, plots=plots, code=code_version())
+            "checkpoint.sha256": handle.sha256,
+            "data.manifest_sha256": data.demonstrations.manifest_sha256}
+    result = publish(cfg, JOB, result, started_ms=started_ms, run_name=f"audit {cfg.estimator.kind} {handle.sha256[:8]}",
+                     metrics=metrics, checks=gate["checks"], tags=tags, plots=plots, code=code_version(),
+                     gate_pass=gate["eligible_for_500_step_ablation"])
     print_summary(result)
     return result
 

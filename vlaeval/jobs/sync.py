@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 
 from vlaeval import console, tracking
 from vlaeval.artifacts import atomic_write_json, read_json
-from vlaeval.config import require
-from vlaeval.jobs.common import output_dir
+from vlaeval.errors import describe, require
+from vlaeval.runs import output_dir
 
 SYNCED_FILE = "mlflow_synced.json"
 
@@ -39,7 +39,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             atomic_write_json(pending.parent / SYNCED_FILE, {"tracking_uri": shown_uri, **row})
             pending.unlink()
         except Exception as error:
-            row["status"] = f"failed: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            row["status"] = f"failed: {describe(error)}"
         rows.append(row)
     report = {"tracking_uri": shown_uri, "searched": [str(r) for r in roots], "runs": rows,
               "uploaded": sum(r["status"] == "uploaded" for r in rows),

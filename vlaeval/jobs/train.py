@@ -7,22 +7,24 @@ it closed-loop beside the scripted expert, and log the loss curve and success ra
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, BinaryIO, Dict
 
 from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes
-from vlaeval.config import require
-from vlaeval.provenance import code_version
-from vlaeval.jobs.common import load_data, now_ms, output_dir, publish
-from vlaeval.jobs.evaluate import evaluation_view, plot_success, print_evaluation, validate_evaluate
-from vlaeval.policy.builtin import checkpoint_key, train_and_save
+from vlaeval.errors import require
+from vlaeval.policy.builtin import PolicySpec, checkpoint_key, train_and_save
 from vlaeval.policy.checkpoint import sidecar_path
+from vlaeval.policy.evaluation import evaluation_view, plot_success, print_evaluation, validate_evaluate
 from vlaeval.policy.rollout import evaluate_closed_loop
+from vlaeval.provenance import code_version
+from vlaeval.runs import load_data, now_ms, output_dir, publish
 
 JOB = "train"
+COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
 
 
 def validate_train(cfg: DictConfig) -> None:
@@ -41,10 +43,10 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     data = load_data(cfg)
     out = output_dir(cfg)
     with console.unit_progress("training", int(cfg.train.steps)) as update:
-        handle = train_and_save(cfg, data, out / "model.pt",
+        handle = train_and_save(PolicySpec.of(cfg), data, out / "model.pt",
                                 lambda step, loss: update(completed=step, description=f"training loss {loss:.4f}"))
     # The run's checkpoint also fills the builtin cache slot for this config.
-    slot = cfg.paths.cache_dir + f"/checkpoints/{checkpoint_key(cfg, data)}"
+    slot = cfg.paths.cache_dir + f"/checkpoints/{checkpoint_key(PolicySpec.of(cfg), data)}"
     _copy_checkpoint(handle.path, slot)
     metrics_train = handle.sidecar["metrics"]
     result: Dict[str, Any] = {
@@ -77,7 +79,10 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     return result
 
 
+def _write_all(data: bytes, handle: BinaryIO) -> None:
+    handle.write(data)
+
+
 def _copy_checkpoint(path: Path, slot: str) -> None:
     for source in (path, sidecar_path(path)):
-        data = Path(source).read_bytes()
-        atomic_write_bytes(Path(slot) / Path(source).name, lambda handle, data=data: handle.write(data))
+        atomic_write_bytes(Path(slot) / Path(source).name, partial(_write_all, Path(source).read_bytes()))

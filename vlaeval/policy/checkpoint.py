@@ -10,12 +10,12 @@ from __future__ import annotations
 import io
 import pickle
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, BinaryIO, Dict, Mapping, Optional
 
 import torch
 
 from vlaeval.artifacts import atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file
-from vlaeval.config import UserInputError, require
+from vlaeval.errors import UserInputError, first_line, require
 
 CHECKPOINT_SCHEMA_VERSION = 1
 
@@ -29,11 +29,21 @@ def save_checkpoint(model: torch.nn.Module, path: Path, sidecar: Mapping[str, An
     buffer = io.BytesIO()
     torch.save({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, buffer)
     data = buffer.getvalue()
-    atomic_write_bytes(path, lambda handle: handle.write(data))
+
+    def write(handle: BinaryIO) -> None:
+        handle.write(data)
+
+    atomic_write_bytes(path, write)
     written = {"schema_version": CHECKPOINT_SCHEMA_VERSION, **sidecar, "sha256": sha256_bytes(data),
                "file": path.name}
     atomic_write_json(sidecar_path(path), written)
     return written
+
+
+def not_a_checkpoint(path: Path, error: BaseException) -> UserInputError:
+    return UserInputError(f"checkpoint {path} is not a readable torch.save file ({type(error).__name__} while reading it: "
+                          f"{first_line(error, 60)}); pass the .pt file a training run wrote "
+                          "(torch.save(model.state_dict(), path))")
 
 
 def load_state_dict(path: Path) -> tuple[Dict[str, torch.Tensor], Optional[Dict[str, Any]], str]:
@@ -47,11 +57,12 @@ def load_state_dict(path: Path) -> tuple[Dict[str, torch.Tensor], Optional[Dict[
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        raise UserInputError(f"checkpoint {path} holds pickled code or objects, refused (weights-only loading: "
-                             f"{str(error).splitlines()[0][:120]}); save model.state_dict() instead") from None
+        if "weights only" in str(error).lower() or "weights_only" in str(error).lower():
+            raise UserInputError(f"checkpoint {path} holds pickled code or objects, refused by weights-only loading "
+                                 f"({first_line(error, 100)}); save model.state_dict() instead") from None
+        raise not_a_checkpoint(path, error) from None
     except Exception as error:
-        raise UserInputError(f"checkpoint {path} cannot be read ({type(error).__name__}); it is corrupt "
-                             "or not a torch.save file") from None
+        raise not_a_checkpoint(path, error) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserInputError(f"checkpoint {path} is not a state_dict of tensors; save model.state_dict()")
     return state, sidecar, digest

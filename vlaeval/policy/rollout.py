@@ -47,7 +47,7 @@ def evaluate_closed_loop(model: torch.nn.Module, tasks: List[str], instruction_t
 
             expert = runner.expert(task)
             per_task[task]["policy"].append(_run(runner, task, ep["variant"], policy_act, int(evaluate.max_steps)))
-            per_task[task]["expert"].append(_run(runner, task, ep["variant"], lambda obs: [expert.get_action(obs)],
+            per_task[task]["expert"].append(_run(runner, task, ep["variant"], lambda obs, expert=expert: [expert.get_action(obs)],
                                                  int(evaluate.max_steps)))
             if progress is not None:
                 progress(i + 1, len(plan), task)

@@ -45,6 +45,8 @@ class TinyVLA(nn.Module):
                  head_layers: int = 3, time_embedding_dim: int = 32) -> None:
         super().__init__()
         self.vocab = list(vocab)
+        self.obs_mean: torch.Tensor
+        self.obs_std: torch.Tensor
         self.obs_dim, self.action_dim, self.horizon = int(obs_dim), int(action_dim), int(horizon)
         self.time_embedding_dim = int(time_embedding_dim)
         self.register_buffer("obs_mean", torch.zeros(obs_dim))

@@ -13,8 +13,9 @@ import numpy as np
 from omegaconf import DictConfig
 
 from vlaeval.artifacts import atomic_write_json, sha256_file, sha256_json
-from vlaeval.config import UserInputError, require, to_plain
+from vlaeval.config import to_plain
 from vlaeval.data.anchors import TRACE_FIELDS, draw
+from vlaeval.errors import UserInputError, require
 from vlaeval.residual.gradients import gradient_measurements, split_half_reliability
 
 log = logging.getLogger(__name__)
@@ -23,37 +24,38 @@ ARTIFACT_SCHEMA_VERSION = 1
 REQUIRED_ANCHOR_FIELDS = ("gradient_rms", "mean_gradient_loss", "sampling_trace")
 
 
-def build_gradient_artifact(cfg: DictConfig, data: Any, handle: Any) -> Dict[str, Any]:
-    anchor_index, traces = draw(data.anchors, int(cfg.gradients.num_anchors), int(cfg.gradients.epoch))
-    require(anchor_index.size == int(cfg.gradients.num_anchors),
-            f"gradients.num_anchors={cfg.gradients.num_anchors} exceeds the dataset's {len(data.anchors)} anchors")
-    seeds = [int(s) for s in cfg.gradients.seeds]
+def build_gradient_artifact(gradients: DictConfig, flow: DictConfig, device: str, data: Any, handle: Any) -> Dict[str, Any]:
+    """The artifact for the `gradients` and `flow` config sections, on `device`."""
+    anchor_index, traces = draw(data.anchors, int(gradients.num_anchors), int(gradients.epoch))
+    require(anchor_index.size == int(gradients.num_anchors),
+            f"gradients.num_anchors={gradients.num_anchors} exceeds the dataset's {len(data.anchors)} anchors")
+    seeds = [int(s) for s in gradients.seeds]
     started = time.perf_counter()
-    measured = gradient_measurements(handle.model, data.anchors, anchor_index, data.instruction_table, seeds, cfg.flow,
-                                     trainable=str(cfg.gradients.trainable), batch_size=int(cfg.gradients.batch_size),
-                                     device=str(cfg.device))
+    measured = gradient_measurements(handle.model, data.anchors, anchor_index, data.instruction_table, seeds, flow,
+                                     trainable=str(gradients.trainable), batch_size=int(gradients.batch_size),
+                                     device=str(device))
     elapsed = time.perf_counter() - started
-    p = measured["parameter_count"]
-    per_seed_rms = np.sqrt(measured["sq_norms"] / p)
-    gradient_rms = np.sqrt(measured["sq_norms"].mean(axis=0) / p)
-    mean_loss = measured["losses"].mean(axis=0)
+    p = measured.parameter_count
+    per_seed_rms = np.sqrt(measured.sq_norms / p)
+    gradient_rms = measured.rms()
+    mean_loss = measured.losses.mean(axis=0)
     artifact = {
         "schema_version": ARTIFACT_SCHEMA_VERSION,
         "checkpoint_sha256": handle.sha256,
         "manifest_sha256": data.demonstrations.manifest_sha256,
         "dataset_name": data.demonstrations.name,
-        "trainable": str(cfg.gradients.trainable),
+        "trainable": str(gradients.trainable),
         "parameter_count": p,
         "gradient_rms_definition": "sqrt(mean over seeds and trainable parameter entries of the squared per-sample "
                                    "gradient of the flow-matching loss)",
         "seed_separation": {"gradient_seeds": seeds},
-        "gradient_runtime": {"elapsed_seconds": elapsed, "pairs": int(measured["sq_norms"].size),
-                             "method": "batched per-layer ghost norms (exact)", "device": str(cfg.device)},
-        "reliability": split_half_reliability(measured["sq_norms"], p),
+        "gradient_runtime": {"elapsed_seconds": elapsed, "pairs": int(measured.sq_norms.size),
+                             "method": "batched per-layer ghost norms (exact)", "device": str(device)},
+        "reliability": split_half_reliability(measured.sq_norms, p),
         "anchors": [
             {"gradient_rms": float(gradient_rms[i]), "mean_gradient_loss": float(mean_loss[i]),
              "sampling_trace": traces[i],
-             "per_seed": {"gradient_rms": per_seed_rms[:, i].tolist(), "loss": measured["losses"][:, i].tolist()}}
+             "per_seed": {"gradient_rms": per_seed_rms[:, i].tolist(), "loss": measured.losses[:, i].tolist()}}
             for i in range(anchor_index.size)],
     }
     return {**artifact, "content_sha256": content_digest(artifact)}
@@ -64,19 +66,19 @@ def content_digest(artifact: Dict[str, Any]) -> str:
     return sha256_json({k: v for k, v in artifact.items() if k != "content_sha256"})
 
 
-def cached_gradient_artifact(cfg: DictConfig, data: Any, handle: Any) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+def cached_gradient_artifact(gradients: DictConfig, flow: DictConfig, device: str, cache_dir: str, data: Any,
+                             handle: Any) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """(metadata, anchors) of the artifact for this checkpoint and gradients config, as
     load_gradient_artifact reads them; built and cached on first use."""
-    plain = to_plain(cfg)
-    key = sha256_json({"checkpoint": handle.sha256, "gradients": plain["gradients"], "flow": plain["flow"],
+    key = sha256_json({"checkpoint": handle.sha256, "gradients": to_plain(gradients), "flow": to_plain(flow),
                        "schema": ARTIFACT_SCHEMA_VERSION})
-    path = Path(cfg.paths.cache_dir) / "gradients" / f"{key}.json"
+    path = Path(cache_dir) / "gradients" / f"{key}.json"
     if path.is_file():
         try:
             return load_gradient_artifact(path)
         except UserInputError as error:  # a damaged cache entry is reported and rebuilt, never trusted
             log.warning("cached gradient artifact rejected, rebuilding it: %s", error)
-    atomic_write_json(path, build_gradient_artifact(cfg, data, handle))
+    atomic_write_json(path, build_gradient_artifact(gradients, flow, device, data, handle))
     return load_gradient_artifact(path)
 
 

@@ -5,7 +5,7 @@ under the training distribution of (t, eps). Each estimator draws M (t, eps) pai
 estimator seed and averages the losses; they differ in how the pairs are drawn:
 
     iid                  plain Monte Carlo from the training distribution (unbiased baseline)
-    midpoint_antithetic  the seed's: M/2 fixed midpoint quantiles of the Beta time distribution,
+    midpoint_antithetic  the prototype's: M/2 fixed midpoint quantiles of the Beta time distribution,
                          each with an antithetic noise pair (eps, -eps). BIASED: fixed midpoints
                          never visit the high-loss ends of t; its low variance comes from fixing t
     stratified           randomly shifted stratification of t (one uniform draw per stratum of the
@@ -91,6 +91,12 @@ class ResidualScores:
 
 
 @torch.no_grad()
+def _per_draw(x: torch.Tensor, seeds: int, samples: int) -> torch.Tensor:
+    """Rows of x (one per anchor) repeated for every (seed, sample) draw, seed-major: (s*b*m, ...)."""
+    b = x.shape[0]
+    return x[None, :, None].expand(seeds, b, samples, *x.shape[1:]).reshape(seeds * b * samples, *x.shape[1:])
+
+
 def score_anchors(model: Any, anchors: AnchorSet, anchor_index: np.ndarray, instruction_table: torch.Tensor, *,
                   kind: str, seeds: Sequence[int], samples_per_estimator: int, anchor_batch_size: int, flow: Any,
                   device: str = "cpu", progress: Optional[Callable[[int, int], None]] = None) -> ResidualScores:
@@ -106,11 +112,10 @@ def score_anchors(model: Any, anchors: AnchorSet, anchor_index: np.ndarray, inst
         b = stop - start
         batch = anchor_batch(anchors, anchor_index[start:stop], instruction_table, device)
         conditioning = model.encode(batch)  # once per anchor, shared by all seeds and samples
-        expand = lambda x: x[None, :, None].expand(s, b, m, *x.shape[1:]).reshape(s * b * m, *x.shape[1:])  # noqa: E731
-        actions, mask = expand(batch["target_actions"]), expand(batch["target_mask"])
+        actions, mask = _per_draw(batch["target_actions"], s, m), _per_draw(batch["target_mask"], s, m)
         t = t_all[:, start:stop].reshape(-1).to(device)
         noise = noise_all[:, start:stop].reshape(-1, *chunk).to(device)
-        velocity = model.velocity(expand(conditioning), noisy_actions(actions, noise, t), t)
+        velocity = model.velocity(_per_draw(conditioning, s, m), noisy_actions(actions, noise, t), t)
         losses[:, start:stop] = per_sample_loss(velocity, actions, noise, mask).reshape(s, b, m).double().cpu().numpy()
         if progress is not None:
             progress(stop, k)

@@ -10,6 +10,7 @@ g_i at once (sample i's output reaches only loss_i). No per-sample gradient is m
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
@@ -18,8 +19,8 @@ from scipy.stats import spearmanr
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.data.anchors import AnchorSet
-from vlaeval.policy.training import anchor_batch, flow_matching_losses
 from vlaeval.policy.flow import sample_flow_time
+from vlaeval.policy.training import anchor_batch, flow_matching_losses
 
 
 @contextlib.contextmanager
@@ -58,7 +59,7 @@ def per_sample_sq_grad_norms_loop(model: Any, parameters: Sequence[torch.nn.Para
         one = {k: v[i:i + 1] for k, v in batch.items()}
         loss = flow_matching_losses(model, one, t[i:i + 1], noise[i:i + 1])[0]
         grads = torch.autograd.grad(loss, list(parameters))
-        sq.append(sum(g.pow(2).sum() for g in grads).detach())
+        sq.append(torch.stack([g.pow(2).sum() for g in grads]).sum().detach())
         losses.append(loss.detach())
     return torch.stack(sq), torch.stack(losses)
 
@@ -72,10 +73,25 @@ def gradient_draws(seed: int, count: int, horizon: int, action_dim: int, flow: A
     return torch.from_numpy(t), torch.from_numpy(noise)
 
 
+@dataclass(frozen=True)
+class GradientMeasurements:
+    """Per (seed, anchor) pair: squared per-sample gradient norm over the trainable parameters and
+    the flow-matching loss, both shape (seeds, anchors); and how many parameter entries were trainable."""
+
+    sq_norms: np.ndarray
+    losses: np.ndarray
+    parameter_count: int
+
+    def rms(self) -> np.ndarray:
+        """Gradient RMS per anchor: sqrt(mean over seeds and parameter entries of the squared gradient)."""
+        return np.sqrt(self.sq_norms.mean(axis=0) / self.parameter_count)
+
+
 def gradient_measurements(model: Any, anchors: AnchorSet, anchor_index: np.ndarray, instruction_table: torch.Tensor,
                           seeds: Sequence[int], flow: Any, *, trainable: str, batch_size: int,
-                          device: str = "cpu", method: str = "batched") -> Dict[str, np.ndarray]:
-    """Squared gradient norms and losses, shape (seeds, anchors), for (anchor, seed) pairs."""
+                          device: str = "cpu", method: str = "batched") -> GradientMeasurements:
+    """Squared gradient norms and losses for every (seed, anchor) pair (`method="loop"` is the
+    one-backward-per-sample reference the batched method must equal)."""
     torch.use_deterministic_algorithms(True)
     model = model.to(device).eval()
     trainable_params = {id(p) for p in model.trainable_parameters(trainable)}
@@ -101,9 +117,9 @@ def gradient_measurements(model: Any, anchors: AnchorSet, anchor_index: np.ndarr
     for p in model.parameters():
         p.requires_grad_(True)
     shape = (len(seeds), k)
-    return {"sq_norms": torch.cat(sq_out).double().numpy().reshape(shape),
-            "losses": torch.cat(loss_out).double().numpy().reshape(shape),
-            "parameter_count": sum(p.numel() for p in parameters)}
+    return GradientMeasurements(sq_norms=torch.cat(sq_out).double().numpy().reshape(shape),
+                                losses=torch.cat(loss_out).double().numpy().reshape(shape),
+                                parameter_count=sum(p.numel() for p in parameters))
 
 
 def split_half_reliability(sq_norms: np.ndarray, parameter_count: int) -> Dict[str, Any]:

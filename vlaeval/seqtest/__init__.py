@@ -2,6 +2,7 @@
 
 from vlaeval.seqtest.eprocess import BET_RULES, log_wealth_paths, size_adaptive_cap
 from vlaeval.seqtest.group_sequential import GroupSequentialTest, obf_spending, one_sided_boundaries
+from vlaeval.seqtest.modes import make_sequential_test
 from vlaeval.seqtest.sequential import (
     CATASTROPHIC,
     CATASTROPHIC_UNDECIDED,
@@ -19,7 +20,6 @@ from vlaeval.seqtest.sequential import (
     AsymptoticSequentialTest,
     PairedSequentialTest,
     catastrophic_message,
-    make_sequential_test,
     on_grid,
     planned_looks_of,
 )

@@ -31,6 +31,8 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vlaeval.choices import BetRule
+
 UPPER = "upper"  # bets that the mean exceeds the margin (PASS side at m = -delta)
 LOWER = "lower"  # bets that the mean falls below the margin (REGRESSION side at m = -delta)
 
@@ -38,8 +40,8 @@ LOWER = "lower"  # bets that the mean falls below the margin (REGRESSION side at
 # between the policies, weight 1) with this variance, so the first bets are small.
 PRIOR_VARIANCE = 0.25
 
-PLUG_IN_RULES = ("agrapa", "prpl", "blend")
-BET_RULES = ("agrapa", "prpl", "blend", "ons")
+BET_RULES = BetRule.values()
+PLUG_IN_RULES = tuple(rule for rule in BET_RULES if rule != BetRule.ons)
 
 ONS_STEP = 2.0 / (2.0 - np.log(3.0))  # Cutkosky & Orabona's exp-concavity constant
 
@@ -261,12 +263,13 @@ def log_wealth_paths(
         raise ValueError(f"unknown bet rule {rule!r}; use one of {BET_RULES}")
     x = np.atleast_2d(np.asarray(x, dtype=np.float64))
     w = None if weights is None else np.broadcast_to(np.asarray(weights, dtype=np.float64), x.shape)
-    y = payoffs(x, margin, side, w)
+    m = np.asarray(margin, dtype=np.float64)
+    y = payoffs(x, m, side, w)
     if rule == "ons":
         start = np.zeros(x.shape[:-1])
-        logs, _, _ = ons_log_factors(y, start, np.ones_like(start), bet_caps(margin, side, cap_fraction))
+        logs, _, _ = ons_log_factors(y, start, np.ones_like(start), bet_caps(m, side, cap_fraction))
     else:
-        bets = plug_in_bets(predictable_moments(x, MomentState(), w), np.float64(margin), side, rule=rule,
+        bets = plug_in_bets(predictable_moments(x, MomentState(), w), m, side, rule=rule,
                             cap_fraction=cap_fraction, alpha=alpha)
         logs = log_factors(bets, y)
     return np.cumsum(logs, axis=-1)

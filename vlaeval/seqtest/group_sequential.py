@@ -30,6 +30,7 @@ from scipy.signal import fftconvolve
 from scipy.special import ndtr
 from scipy.stats import norm
 
+from vlaeval.seqtest.eprocess import MomentState
 from vlaeval.seqtest.sequential import MODE_GROUP_SEQUENTIAL, _SequentialTest, asymptotic_running, running_extreme
 
 GRID_STEP = 0.002  # spacing of the score grid (the score's sd is at most 1)
@@ -59,18 +60,17 @@ def one_sided_boundaries(fractions: Sequence[float], alpha: float) -> np.ndarray
     bounds = np.empty(tau.size)
     mass: Optional[np.ndarray] = None  # probability mass of S_{k-1} on the grid, paths still running
     previous = 0.0
+    def crossing(c: float, sd: float, mass: Optional[np.ndarray]) -> float:
+        """P(S_k >= c, no earlier crossing): from the start, or from the masses still running."""
+        return float(norm.sf(c / sd)) if mass is None else float(np.dot(mass, ndtr((centres - c) / sd)))
+
     for k, (t, pi) in enumerate(zip(tau, spent)):
-        sd = np.sqrt(t - previous)
-        if mass is None:
-            def crossing(c: float) -> float:
-                return float(norm.sf(c / sd))
-        else:
-            def crossing(c: float, mass: np.ndarray = mass) -> float:
-                return float(np.dot(mass, ndtr((centres - c) / sd)))
+        sd = float(np.sqrt(t - previous))
         if pi <= 1e-15:
             c = np.inf
         else:
-            c = brentq(lambda v: crossing(v) - pi, -GRID_SPAN * 2, GRID_SPAN * 2, xtol=1e-10)
+            c = brentq(lambda v, sd=sd, mass=mass, pi=pi: crossing(v, sd, mass) - pi, -GRID_SPAN * 2, GRID_SPAN * 2,
+                       xtol=1e-10)
         bounds[k] = c / np.sqrt(t)
         # Masses of S_k on the grid, cells at or above the boundary removed (those paths stopped).
         if mass is None:
@@ -132,7 +132,7 @@ class GroupSequentialTest(_SequentialTest):
                             "cs": one_sided_boundaries(fractions, self.alpha / 2.0)}
         if self.catastrophic_delta is not None:
             self._boundaries["catastrophic"] = one_sided_boundaries(fractions, self.catastrophic_alpha)
-        self._moments_state = None
+        self._moments_state: Optional[MomentState] = None
         self._bounds = {"cs_lower": -1.0, "cs_upper": 1.0, "catastrophic_upper": 1.0}
 
     def _settings(self) -> Dict[str, Any]:
@@ -143,8 +143,6 @@ class GroupSequentialTest(_SequentialTest):
 
     def _advance(self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
                  ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
-        from vlaeval.seqtest.eprocess import MomentState
-
         look = len(self._looks)
         after = self._clusters + x.size
         if look >= self.planned_looks.size or after != self.planned_looks[look]:

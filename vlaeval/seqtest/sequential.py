@@ -49,6 +49,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vlaeval.choices import DEFAULT_BET_RULE as DEFAULT_BET_RULE_CHOICE
+from vlaeval.choices import Estimand, TestMode
 from vlaeval.seqtest.eprocess import (
     BET_RULES,
     LOWER,
@@ -67,15 +69,13 @@ CATASTROPHIC = "CATASTROPHIC"
 NOT_CATASTROPHIC = "NOT_CATASTROPHIC"
 CATASTROPHIC_UNDECIDED = "UNDECIDED"
 
-MODE_EXACT = "exact"
-MODE_ASYMPTOTIC = "asymptotic"
-MODE_GROUP_SEQUENTIAL = "group_sequential"
-MODES = (MODE_EXACT, MODE_ASYMPTOTIC, MODE_GROUP_SEQUENTIAL)
-ESTIMANDS = ("cluster", "unit")
+MODE_EXACT = TestMode.exact.value
+MODE_ASYMPTOTIC = TestMode.asymptotic.value
+MODE_GROUP_SEQUENTIAL = TestMode.group_sequential.value
+MODES = TestMode.values()
+ESTIMANDS = Estimand.values()
 
-# Chosen by benchmarks/seqtest_efficiency.py (the README's table): the rule and cap with the
-# smallest worst-case ratio of median clusters-to-decision over the information floor.
-DEFAULT_BET_RULE = "blend"
+DEFAULT_BET_RULE = DEFAULT_BET_RULE_CHOICE.value  # chosen by benchmarks/seqtest_efficiency.py (vlaeval.choices)
 DEFAULT_BET_CAP: Optional[float] = None  # the size-adaptive cap 1 - 0.2 / (smallest planned cluster size)
 
 CS_FIRST_CHUNK = 8  # clusters in the first confidence-sequence sub-chunk of a batch (then doubling)
@@ -165,9 +165,10 @@ class _SequentialTest:
                              f"{self.min_cluster_size}, the smallest size the bet cap was fixed for")
         weights = None
         if self.estimand == "unit":
-            if np.any(sizes > self.max_cluster_size):
-                raise ValueError(f"a cluster is larger than max_cluster_size={self.max_cluster_size}")
-            weights = sizes / self.max_cluster_size
+            largest = int(self.max_cluster_size or 0)  # set whenever the estimand is unit (checked in __init__)
+            if np.any(sizes > largest):
+                raise ValueError(f"a cluster is larger than max_cluster_size={largest}")
+            weights = sizes / largest
         seen, seen_units = self._clusters, self._units
         firsts, series = self._advance(x, weights, sizes)
         units_after = seen_units + np.cumsum(sizes).astype(np.int64)
@@ -395,7 +396,7 @@ class PairedSequentialTest(_SequentialTest):
             part = x[start:start + chunk]
             w = None if weights is None else weights[start:start + chunk]
             moments = predictable_moments(part, state, w)
-            common = dict(rule=self.bet_rule, cap_fraction=self.cap_fraction, alpha=self.alpha, weights=w)
+            common: Dict[str, Any] = dict(rule=self.bet_rule, cap_fraction=self.cap_fraction, alpha=self.alpha, weights=w)
             up_first, up_paths = self._upper.update(
                 part, moments, threshold_log=self._upper_thresholds, keep=range(self._n_upper),
                 active=np.concatenate((np.ones(self._n_upper, bool), alive)), **common)
@@ -428,14 +429,14 @@ class PairedSequentialTest(_SequentialTest):
         counts = seen + np.arange(1, x.size + 1)
         series = {key: np.concatenate(parts) for key, parts in kept.items()}
         series["cs_lower"], series["cs_upper"] = hull_bounds(self._grid, self._grid_rejected_after, counts)
-        if halting:
+        if self.catastrophic_delta is not None:
             _, series["catastrophic_upper"] = hull_bounds(self._grid, self._cat_rejected_after, counts)
             below = np.flatnonzero(series["catastrophic_upper"] <= -self.catastrophic_delta + 1e-12)
             firsts["catastrophic"] = int(below[0]) if below.size else -1
         return firsts, series
 
     def e_values(self) -> Dict[str, Optional[float]]:
-        out = {
+        out: Dict[str, Optional[float]] = {
             "e_value_regression": wealth(self._lower.log_wealth[0]),
             "e_value_pass": wealth(self._upper.log_wealth[0]),
             "peak_wealth_regression": wealth(self._lower.log_peak_wealth[0]),
@@ -535,22 +536,6 @@ class AsymptoticSequentialTest(_SequentialTest):
             if key in series:
                 self._bounds[key] = float(series[key][-1])
         return firsts, series
-
-
-def make_sequential_test(mode: str, delta: float, alpha: float, **kwargs: Any) -> _SequentialTest:
-    """The test for `mode`; keywords that belong to another mode are dropped (bet_rule/bet_cap:
-    exact; burn_in_clusters: the approximate modes; tuning_clusters: asymptotic; planned_looks:
-    group_sequential)."""
-    from vlaeval.seqtest.group_sequential import GroupSequentialTest
-
-    own = {MODE_EXACT: (PairedSequentialTest, ("bet_rule", "bet_cap")),
-           MODE_ASYMPTOTIC: (AsymptoticSequentialTest, ("burn_in_clusters", "tuning_clusters")),
-           MODE_GROUP_SEQUENTIAL: (GroupSequentialTest, ("planned_looks", "burn_in_clusters"))}
-    if mode not in own:
-        raise ValueError(f"unknown test mode {mode!r}; use one of {MODES}")
-    cls, keys = own[mode]
-    foreign = {k for _, other in own.values() for k in other} - set(keys)
-    return cls(delta, alpha, **{k: v for k, v in kwargs.items() if k not in foreign})
 
 
 def catastrophic_message(snapshot: Dict[str, Any]) -> str:

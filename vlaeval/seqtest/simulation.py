@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 from scipy.optimize import minimize_scalar
@@ -151,13 +151,14 @@ def first_crossing(log_values: np.ndarray, threshold: float) -> np.ndarray:
     return np.where(crossed.any(axis=-1), crossed.argmax(axis=-1) + 1, NEVER)
 
 
-def exact_decision_times(x: np.ndarray, delta: float, alpha: float, *, rule: str, cap: float,
+def exact_decision_times(x: np.ndarray, delta: float, alpha: float, *, rule: str, cap: Union[float, np.ndarray],
                          alarm_alpha: Optional[float] = None, weights: Optional[np.ndarray] = None
                          ) -> Dict[str, np.ndarray]:
     """Clusters until PASS and until REGRESSION for each replication (rows of x), as the exact
-    test would declare them if the other decision did not stop it first."""
+    test would declare them if the other decision did not stop it first. `cap` is the stratum's one
+    cap, or (to measure what a per-cluster cap would have done) an array of x's shape."""
     alarm_alpha = alpha if alarm_alpha is None else alarm_alpha
-    common = dict(rule=rule, cap_fraction=cap, alpha=alpha, weights=weights)
+    common: Dict[str, Any] = dict(rule=rule, cap_fraction=cap, alpha=alpha, weights=weights)
     return {
         "pass": first_crossing(log_wealth_paths(x, -delta, UPPER, **common), math.log(1.0 / alpha)),
         "regression": first_crossing(log_wealth_paths(x, -delta, LOWER, **common), math.log(1.0 / alarm_alpha)),

@@ -1,8 +1,11 @@
-"""What every job does at its edges: typed views of the config, the local result, tracking."""
+"""What every job does at its edges: the run directory, the built-in data and policy with progress,
+the local result (written atomically first) and its tracking. Jobs (vlaeval/jobs/) import this;
+no job imports another job."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -28,24 +31,38 @@ def output_dir(cfg: DictConfig) -> Path:
 
 
 def load_data(cfg: DictConfig) -> Any:
-    """The built-in demonstrations and anchors (recorded on first use, with a progress bar)."""
+    """The data component's demonstrations and anchors (recorded on first use, with progress)."""
     from vlaeval import console
     from vlaeval.policy.builtin import prepare_data
 
     with console.unit_progress("demonstrations", 1) as update:
-        return prepare_data(cfg, lambda done, total, task: update(completed=done, description=f"recording {task} ({total})"))
+        def progress(done: int, total: int, task: str) -> None:
+            update(completed=done, total=total, description=f"recording {task}")
+
+        return prepare_data(cfg.data, str(cfg.paths.cache_dir), progress)
 
 
 def load_data_and_policy(cfg: DictConfig) -> Tuple[Any, Any]:
     """Demonstrations and the policy the checkpoint group names (checkpoint=builtin trains it on
-    first use, with a progress bar)."""
+    first use, with progress)."""
     from vlaeval import console
-    from vlaeval.policy.builtin import obtain_policy
+    from vlaeval.policy.builtin import PolicySpec, obtain_policy
 
     data = load_data(cfg)
     with console.unit_progress("training on first use", int(cfg.train.steps)) as update:
-        handle = obtain_policy(cfg, data, lambda step, loss: update(completed=step, description=f"loss {loss:.4f}"))
+        handle = obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data,
+                               lambda step, loss: update(completed=step, description=f"loss {loss:.4f}"))
     return data, handle
+
+
+def sweep_run_name(run_name: str) -> str:
+    """A sweep job's run is named after what it swept (`audit-sobol #2 estimator.seeds=[...]`), so
+    children are told apart in the MLflow runs table; a single run keeps its name."""
+    runtime = tracking.hydra_runtime()
+    if runtime.get("job_num") is None:
+        return run_name
+    swept = [o for o in runtime.get("overrides", []) if not o.lstrip("+~").startswith("sweep=")]
+    return f"{run_name} #{runtime['job_num']} {' '.join(swept)}".strip()[:240]
 
 
 def typed(node: Any) -> Any:
@@ -63,19 +80,25 @@ def publish(
     metrics: Mapping[str, Optional[float]],
     checks: Mapping[str, bool],
     tags: Mapping[str, Any],
-    history: Mapping[str, Sequence[Tuple[int, Optional[float]]]] = (),
+    history: Optional[Mapping[str, Sequence[Tuple[int, Optional[float]]]]] = None,
     plots: Sequence[Path] = (),
     code: Mapping[str, Any],
     extra_artifacts: Sequence[Tuple[Path, Optional[str]]] = (),
     artifact_file: Optional[str] = None,
+    gate_pass: Optional[bool] = None,
 ) -> Dict[str, Any]:
     """Write the result locally (atomic) first, then log the run to MLflow (spooled for job=sync
     if the store cannot be reached). With `artifact_file`, result["artifact"] is also written on
-    its own under that name (e.g. the gradient artifact)."""
+    its own under that name (e.g. the gradient artifact). Every result carries a unique run id
+    (`run_id`, tag `vlaeval.run_id`), tracked or not; `gate_pass` overrides the gate.pass tag's
+    all-checks-passed (a smoke audit passes its checks but is no certificate)."""
     plain = to_plain(cfg)
     out = output_dir(cfg)
-    all_tags = tracking.standard_tags(plain, code, tags)
-    result.update(job=job_name, metrics=dict(metrics), checks=dict(checks),
+    run_id = uuid.uuid4().hex
+    all_tags = tracking.standard_tags(plain, code, {"vlaeval.run_id": run_id, **tracking.gate_tags(checks, gate_pass),
+                                                    **tags})
+    metrics = {**metrics, "timing.job_s": (now_ms() - started_ms) / 1000.0}
+    result.update(run_id=run_id, job=job_name, tracked=bool(cfg.tracking.enabled), metrics=dict(metrics), checks=dict(checks),
                   tags={k: v for k, v in all_tags.items() if v is not None},
                   config_sha256=all_tags["config.sha256"])
     artifacts = [(out / ".hydra", "hydra")] + [(p, "plots") for p in plots] + list(extra_artifacts)
@@ -86,9 +109,9 @@ def publish(
     result_path = atomic_write_json(out / RESULT_FILE, result)
     artifacts.insert(0, (result_path, None))
     if cfg.tracking.enabled:
-        record = tracking.build_record(cfg.tracking, job_name, run_name=run_name, start_time_ms=started_ms,
+        record = tracking.build_record(cfg.tracking, job_name, run_name=sweep_run_name(run_name), start_time_ms=started_ms,
                                        plain_cfg=plain, metrics=metrics, checks=checks, tags=all_tags,
-                                       history=history, artifacts=artifacts, base_dir=out,
+                                       history=history or {}, artifacts=artifacts, base_dir=out,
                                        cache_dir=str(cfg.paths.cache_dir))
         result["mlflow_run_id"] = tracking.record_run(cfg.tracking, record, out, result_path)
     result["result_path"] = str(result_path)

@@ -77,6 +77,7 @@ def postgres_server() -> Iterator[str]:
     """A throw-away PostgreSQL cluster with database `mlflow`; yields its SQLAlchemy URI."""
     bindir = postgres_bindir()
     need(bindir is not None, "PostgreSQL (Debian package postgresql)")
+    assert bindir is not None
     root = Path(tempfile.mkdtemp(prefix="vlaeval-pg-"))
     data, port = root / "data", free_port()
     if os.geteuid() == 0:
@@ -129,7 +130,7 @@ class S3Server:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=20)
         self._log.close()
@@ -156,7 +157,7 @@ class MlflowServer:
             env.update({"MLFLOW": str(mlflow), "VLAEVAL_BACKEND_STORE_URI": self.backend_uri,
                         "VLAEVAL_ARTIFACTS_DESTINATION": str(self.artifacts), "VLAEVAL_SERVER_HOST": "127.0.0.1",
                         "VLAEVAL_SERVER_PORT": str(self.port), "VLAEVAL_SERVER_WORKERS": "1"})
-            command = [str(Path(__file__).resolve().parents[1] / "scripts" / "tracking_server.sh")]
+            command = [str(Path(__file__).resolve().parents[2] / "scripts" / "tracking_server.sh")]
         else:
             command = [str(mlflow), "server", "--backend-store-uri", self.backend_uri, "--serve-artifacts",
                        "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port",

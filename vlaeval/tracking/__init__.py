@@ -15,9 +15,10 @@ import re
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
 from vlaeval.artifacts import atomic_write_json, sha256_json
+from vlaeval.errors import describe, first_line
 
 PARENT_RUN_FILE = ".vlaeval_parent_run.json"
 # A run that could not reach the tracking store waits here, beside its result, for job=sync.
@@ -69,13 +70,11 @@ def config_sha256(plain_cfg: Mapping[str, Any]) -> str:
     return sha256_json({k: v for k, v in plain_cfg.items() if k not in VOLATILE_SECTIONS})
 
 
-LONG_LIST = 8  # a list of more scalars than this is one param, not one per element
-
-
 def compact_list(values: Sequence[Any]) -> str:
-    """A long list of scalars as one readable param value: an integer progression as the range it
-    is (gradient seeds: 'range(5000, 5512)'), anything else as JSON, cut to MLflow's limit."""
-    if len(values) > 1 and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    """A list of scalars as one readable param value: an integer progression of more than two as
+    the range it is (gradient seeds: 'range(5000, 5512)'), anything else as JSON, cut to MLflow's
+    limit."""
+    if len(values) > 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         step = values[1] - values[0]
         if step != 0 and all(b - a == step for a, b in zip(values, values[1:])):
             stop = values[-1] + step
@@ -88,9 +87,10 @@ def compact_list(values: Sequence[Any]) -> str:
 
 
 def flatten(value: Any, prefix: str = "") -> Dict[str, Any]:
-    """{'a': {'b': [1, 2]}} -> {'a.b.0': 1, 'a.b.1': 2}; MLflow rejects 'a[0]'-style keys. A list
-    of more than LONG_LIST scalars stays one param (see compact_list): 512 seeds are one row."""
-    if isinstance(value, (list, tuple)) and prefix and len(value) > LONG_LIST \
+    """{'a': {'b': [1, {'c': 2}]}} -> {'a.b.0': 1, 'a.b.1.c': 2}; MLflow rejects 'a[0]'-style keys.
+    A list of scalars is one param (see compact_list), whatever its length, so a swept list is one
+    column: estimator.seeds = [9300, ...], 512 gradient seeds = range(5000, 5512)."""
+    if isinstance(value, (list, tuple)) and prefix and value \
             and not any(isinstance(v, (Mapping, list, tuple)) for v in value):
         return {prefix: compact_list(value)}
     if isinstance(value, Mapping):
@@ -141,7 +141,7 @@ def hydra_runtime() -> Dict[str, Any]:
         hc = HydraConfig.get()
     except Exception:
         return {}
-    info = {"output_dir": hc.runtime.output_dir, "mode": str(hc.mode),
+    info: Dict[str, Any] = {"output_dir": hc.runtime.output_dir, "mode": str(hc.mode),
             "overrides": list(hc.overrides.task)}
     if str(hc.mode) == "RunMode.MULTIRUN":
         info["sweep_dir"] = str(Path(hc.sweep.dir).resolve())
@@ -192,9 +192,9 @@ class RunLogger:
             self.client.log_batch(self.run_id, metrics=list(chunk))
 
     def log_checks(self, checks: Mapping[str, bool]) -> None:
-        """Each check as a 0/1 metric gate.<name>, and the tag gate.pass."""
+        """Each check as a 0/1 metric gate.<name> (the gate.pass and gate.failed tags come with the
+        run's tags, see gate_tags)."""
         self.log_metrics({f"gate.{name}": float(bool(ok)) for name, ok in checks.items()})
-        self.set_tags({"gate.pass": str(all(checks.values())).lower()})
 
     def log_artifact(self, path: str | Path, artifact_path: Optional[str] = None) -> None:
         path = Path(path)
@@ -269,12 +269,12 @@ def stored_artifact(path: Path, artifact_path: Optional[str], roots: Mapping[str
 
 def artifact_source(entry: Mapping[str, Any], roots: Mapping[str, Path]) -> Path:
     """The file behind a stored artifact; a (tampered) entry that escapes its root is refused."""
-    destination = entry.get("artifact_path") or ""
+    destination = str(entry.get("artifact_path") or "")
     if destination.startswith("/") or ".." in Path(destination).parts:
         raise TrackingError(f"queued artifact destination {destination!r} escapes the run's artifact root; refused")
-    root = roots.get(entry.get("root"))
+    root = roots.get(str(entry.get("root")))
     source = (root / entry["path"]).resolve() if root is not None else None
-    if source is None or not source.is_relative_to(root.resolve()):
+    if root is None or source is None or not source.is_relative_to(root.resolve()):
         raise TrackingError(f"queued artifact {entry.get('path')!r} escapes its folder ({entry.get('root')}); refused")
     return source
 
@@ -321,12 +321,14 @@ def upload_record(uri: str, record: Dict[str, Any], base_dir: Path,
             logger.log_history({k: [(s, v) for s, v in points] for k, points in record["history"].items()})
         if record["checks"]:
             logger.log_checks(record["checks"])
+            if "gate.pass" not in record["tags"]:  # a record queued by an older version
+                logger.set_tags(gate_tags(record["checks"]))
         for path, artifact_path in sources:
             logger.log_artifact(path, artifact_path)
         client.set_terminated(run_id, status="FINISHED")
     except BaseException as error:
         with contextlib.suppress(Exception):
-            logger.set_tags({"vlaeval.error": f"{type(error).__name__}: {_first_line(error)}"})
+            logger.set_tags({"vlaeval.error": describe(error)})
             client.set_terminated(run_id, status="FAILED")
         raise
     return run_id
@@ -346,7 +348,7 @@ def record_run(tracking_cfg: Any, record: Dict[str, Any], base_dir: Path, result
     try:
         run_id = upload_record(uri, record, base_dir, on_created=remember)
     except Exception as error:
-        raise TrackingError(f"MLflow tracking at {redact_uri(uri)} failed ({type(error).__name__}: {_first_line(error)[:200]}); "
+        raise TrackingError(f"MLflow tracking at {redact_uri(uri)} failed ({type(error).__name__}: {first_line(error, 200)}); "
                             f"the result is saved at {result_path} and the run is queued in {pending}: upload it "
                             f"with `python main.py job=sync sync.paths=[{base_dir}]` once the store is back") from error
     pending.unlink(missing_ok=True)
@@ -376,12 +378,16 @@ def get_or_create_experiment(client: Any, name: str) -> str:
         return experiment.experiment_id
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+def gate_tags(checks: Mapping[str, bool], passed: Optional[bool] = None) -> Dict[str, str]:
+    """gate.pass (all checks passed, unless the job says otherwise, e.g. a smoke audit that is no
+    certificate) and gate.failed: the failed checks' names, or "none" -- one readable column that
+    compares a sweep's gate outcomes in the MLflow runs table."""
+    failed = [name for name, ok in checks.items() if not ok]
+    ok = all(checks.values()) if passed is None else bool(passed)
+    return {"gate.pass": str(ok).lower(), "gate.failed": ", ".join(failed) if failed else "none"}
 
 
-def standard_tags(plain_cfg: Mapping[str, Any], code: Mapping[str, Any], extra: Mapping[str, Any] = ()) -> Dict[str, Any]:
+def standard_tags(plain_cfg: Mapping[str, Any], code: Mapping[str, Any], extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     runtime = hydra_runtime()
     tags = {
         "vlaeval.run_kind": "job",
@@ -394,20 +400,5 @@ def standard_tags(plain_cfg: Mapping[str, Any], code: Mapping[str, Any], extra: 
         "hydra.job_num": runtime.get("job_num"),
         "hydra.overrides": " ".join(runtime.get("overrides", [])) or None,
     }
-    tags.update(dict(extra))
+    tags.update(dict(extra or {}))
     return tags
-
-
-def search_job_runs(tracking_cfg: Any, job_name: str, limit: int) -> Tuple[Any, List[Any]]:
-    """(client, runs) of a job's experiment, newest first, sweep parents left out."""
-    from mlflow.tracking import MlflowClient
-
-    uri = resolve_uri(tracking_cfg)
-    ensure_store(uri)
-    client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name(experiment_name(tracking_cfg, job_name))
-    if experiment is None:
-        return client, []
-    runs = client.search_runs([experiment.experiment_id], filter_string="tags.`vlaeval.run_kind` != 'sweep_parent'",
-                              order_by=["attributes.start_time DESC"], max_results=limit)
-    return client, list(runs)

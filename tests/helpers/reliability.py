@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, List
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 # "set-up": a deployment checked end to end (no fault injected) -- listed, not counted as a fault.
 KINDS = ("bad input", "fault", "set-up")
 # pytest's temporary folders, and an xdist worker's sub-folder in them (popen-gw0/): the same text

@@ -1,0 +1,47 @@
+"""Composing conf/ in-process, and the small presets the tests use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+import vlaeval.config  # noqa: F401  (registers the schemas)
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+MAIN = REPO / "main.py"
+
+# A residual audit in seconds: two tasks, a small policy trained briefly, 16 anchors x 16 seeds.
+AUDIT_SMALL = ["data=tiny", "model=tiny_vla_small", "train.steps=40", "train.batch_size=32", "train.log_every=10",
+               "gradients.num_anchors=16", "gradients.seeds=${range:100,116}", "gate=smoke", "audit.permutations=500"]
+GAUNTLET_SMALL = ["strata=small", "gauntlet.plot=false"]
+
+
+def compose_config(overrides: Sequence[str] = (), *, output_dir: Optional[Path] = None,
+                   cache_dir: Optional[Path] = None) -> DictConfig:
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        cfg = compose("config", overrides=list(overrides))
+    with open_dict(cfg):
+        if output_dir is not None:
+            cfg.paths.output_dir = str(output_dir)
+        if cache_dir is not None:
+            cfg.paths.cache_dir = str(cache_dir)
+    return cfg
+
+
+def typed_gauntlet(cfg: DictConfig):
+    settings = OmegaConf.to_object(cfg.gauntlet)
+    strata = {k: OmegaConf.to_object(v) for k, v in cfg.strata.items()}
+    effects = {str(k): float(v) for k, v in cfg.effects.items()}
+    return settings, strata, effects
+
+
+def builtin_policy(cfg: DictConfig):
+    """(data, policy handle) the way the jobs obtain them: recorded and trained on first use."""
+    from vlaeval.policy.builtin import PolicySpec, obtain_policy, prepare_data
+
+    data = prepare_data(cfg.data, str(cfg.paths.cache_dir))
+    return data, obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data)

@@ -1,0 +1,109 @@
+"""Every closed choice set of the configuration, as string Enums (no dependencies).
+
+The structured-config schemas (vlaeval/config.py) type their fields with these, so a value outside
+the set fails when Hydra composes the config, before any work; the library functions that take
+the same choices validate against the same Enums. A member compares equal to its value
+("exact" == TestMode.exact) and prints as it ("exact", not "TestMode.exact").
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Tuple, Type, TypeVar
+
+C = TypeVar("C", bound="Choice")
+
+
+class Choice(str, Enum):
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @classmethod
+    def values(cls) -> Tuple[str, ...]:
+        return tuple(str(member.value) for member in cls)
+
+    @classmethod
+    def parse(cls: Type[C], value: object, what: str) -> C:
+        """The member for `value`, or a ValueError naming the choices (for library callers)."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            raise ValueError(f"{what}={value!r} is unknown; use one of {', '.join(cls.values())}") from None
+
+
+class TestMode(Choice):
+    __test__ = False  # not a pytest test class
+    exact = "exact"  # betting e-processes: valid at every sample size (the default)
+    asymptotic = "asymptotic"  # opt-in, labelled: asymptotic confidence sequences
+    group_sequential = "group_sequential"  # opt-in, labelled: O'Brien-Fleming spending over planned batches
+
+
+class BetRule(Choice):
+    agrapa = "agrapa"
+    prpl = "prpl"
+    blend = "blend"
+    ons = "ons"
+
+
+# Chosen by benchmarks/seqtest_efficiency.py (docs/seqtest_efficiency.md): the smallest worst-case
+# ratio of median clusters-to-decision over the information floor among caps below 1.
+DEFAULT_BET_RULE = BetRule.blend
+
+
+class Estimand(Choice):
+    cluster = "cluster"  # the mean of cluster means
+    unit = "unit"  # the scenario-weighted mean
+
+
+class AlarmFwer(Choice):
+    bonferroni = "bonferroni"  # each alarm at alpha / (K + H)
+    none = "none"  # each alarm at alpha
+
+
+class Preflight(Choice):
+    warn = "warn"
+    error = "error"
+    off = "off"
+
+
+class ClusterOrder(Choice):
+    # The e-processes control the conditional mean given the past: clusters must come in random
+    # order for the result to be about the stratum's mean (README "What the guarantee is about").
+    shuffled = "shuffled"  # a seeded random permutation of the source's clusters (the default)
+    as_given = "as_given"  # the source's order, declared random by the user (recorded in lineage)
+
+
+class StrataFrom(Choice):
+    file = "file"  # an outcome file's strata are evaluated; configured ones it lacks are reported
+    config = "config"  # a stratum the config lacks is refused
+
+
+class StratumKind(Choice):
+    safety = "safety"  # safety strata: an undecided one is flagged as such in the review reasons
+    general = "general"
+
+
+class EstimatorKind(Choice):
+    iid = "iid"
+    midpoint_antithetic = "midpoint_antithetic"
+    stratified = "stratified"
+    sobol = "sobol"
+
+
+class TrainableSubset(Choice):
+    action_head = "action_head"
+    all = "all"
+
+
+class CheckpointKind(Choice):
+    builtin = "builtin"  # train on first use, cached by config hash
+    path = "path"  # a given weights-only checkpoint
+
+
+class DataLabel(Choice):
+    REPLAYED = "REPLAYED"
+    SIMULATED = "SIMULATED"
+    COUNTERFACTUAL = "COUNTERFACTUAL"

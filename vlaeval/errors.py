@@ -1,0 +1,37 @@
+"""The user-error type and its one-line form (no dependencies: every module may import it).
+
+A UserInputError is bad input -- a config value, a file, an artifact -- reported as one line that
+names the problem and the fix, before any work starts (vlaeval.cli turns it into exit code 2).
+"""
+
+from __future__ import annotations
+
+
+class UserInputError(ValueError):
+    """Bad input: reported as one line naming the problem and the fix, before any work starts."""
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise a one-line UserInputError unless `condition` holds."""
+    if not condition:
+        raise UserInputError(message)
+
+
+def first_line(error: BaseException | str, limit: int | None = None) -> str:
+    """The first non-empty line of an error's message (its type name when the message is empty),
+    cut at a word boundary to `limit` characters with an ellipsis."""
+    text = str(error).strip()
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    if not line:
+        line = type(error).__name__ if isinstance(error, BaseException) else ""
+    if limit is not None and len(line) > limit:
+        cut = line[:limit].rsplit(" ", 1)[0] if " " in line[:limit] else line[:limit]
+        line = cut.rstrip(" ,;:") + "..."
+    return line
+
+
+def describe(error: BaseException) -> str:
+    """'TypeName: first line' of an error, for logs and run tags."""
+    line = first_line(error)
+    name = type(error).__name__
+    return name if line == name else f"{name}: {line}"
