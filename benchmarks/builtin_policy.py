@@ -31,20 +31,36 @@ def main() -> None:
         handle = obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data)
         train_s = time.perf_counter() - started
         started = time.perf_counter()
-        evaluation = evaluate_closed_loop(handle.model, data.demonstrations.tasks, data.instruction_table,
-                                          cfg.evaluate, cfg.flow)
+        evaluation = evaluate_closed_loop(
+            handle.model, data.demonstrations.tasks, data.instruction_table, cfg.evaluate, cfg.flow
+        )
         eval_s = time.perf_counter() - started
     manifest = data.demonstrations.manifest
-    print(f"dataset: {manifest['episodes']} episodes, {manifest['steps']} steps, {len(manifest['tasks'])} tasks, "
-          f"expert success in the demonstrations {manifest['expert_success_rate']:.2f}: built in {build_s:.1f} s")
-    print(f"training: {handle.sidecar['metrics']['steps']} steps, final loss {handle.sidecar['metrics']['final_loss']:.4f}: "
-          f"{train_s:.1f} s")
+    print(
+        f"dataset: {manifest['episodes']} episodes, {manifest['steps']} steps, {len(manifest['tasks'])} tasks, "
+        f"expert success in the demonstrations {manifest['expert_success_rate']:.2f}: built in {build_s:.1f} s"
+    )
+    print(
+        f"training: {handle.sidecar['metrics']['steps']} steps, final loss {handle.sidecar['metrics']['final_loss']:.4f}: "
+        f"{train_s:.1f} s"
+    )
     print(f"closed-loop evaluation ({args.episodes} held-out episodes per task): {eval_s:.1f} s")
     for task, row in evaluation["per_task"].items():
         print(f"  {task:22s} policy {row['policy_success_rate']:.2f}   expert {row['expert_success_rate']:.2f}")
-    print(f"  {'all':22s} policy {evaluation['policy_success_rate']:.2f}   expert {evaluation['expert_success_rate']:.2f}")
-    atomic_write_json(args.out, {"dataset_build_seconds": build_s, "train_seconds": train_s, "eval_seconds": eval_s,
-                                 "dataset": manifest, "train": handle.sidecar["metrics"], "evaluation": evaluation})
+    print(
+        f"  {'all':22s} policy {evaluation['policy_success_rate']:.2f}   expert {evaluation['expert_success_rate']:.2f}"
+    )
+    atomic_write_json(
+        args.out,
+        {
+            "dataset_build_seconds": build_s,
+            "train_seconds": train_s,
+            "eval_seconds": eval_s,
+            "dataset": manifest,
+            "train": handle.sidecar["metrics"],
+            "evaluation": evaluation,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,11 @@ def prototype_style_gauntlet(settings, strata, effects, cache_dir: Path) -> Dict
         else:
             o = synthetic_paired_outcomes(name, spec, effect, settings.seed)
             clusters = np.repeat(np.arange(o.cluster_sizes.size), o.cluster_sizes)
-            vectors = {"baseline": o.baseline.astype(int).tolist(), "candidate": o.candidate.astype(int).tolist(),
-                       "clusters": clusters.astype(int).tolist()}
+            vectors = {
+                "baseline": o.baseline.astype(int).tolist(),
+                "candidate": o.candidate.astype(int).tolist(),
+                "clusters": clusters.astype(int).tolist(),
+            }
             atomic_write_text(path, json.dumps(vectors))
         b = np.asarray(vectors["baseline"], dtype=np.float64)
         c = np.asarray(vectors["candidate"], dtype=np.float64)
@@ -67,8 +70,13 @@ def prototype_style_gauntlet(settings, strata, effects, cache_dir: Path) -> Dict
         limit = min(len(vectors["baseline"]), budget_left)
         if name == settings.nominal_stratum:
             limit = min(limit, nominal_allowance)
-        test = PairedSequentialTest(settings.margin_delta, settings.alpha, bet_rule=settings.bet_rule,
-                                    bet_cap=settings.bet_cap, cs_grid_step=settings.cs_grid_step)
+        test = PairedSequentialTest(
+            settings.margin_delta,
+            settings.alpha,
+            bet_rule=settings.bet_rule,
+            bet_cap=settings.bet_cap,
+            cs_grid_step=settings.cs_grid_step,
+        )
         used = 0
         while used < limit:
             end = min(used + settings.batch_units, limit)
@@ -96,8 +104,12 @@ def vectorised_gauntlet(settings, strata, effects, cache_dir: Path, use_cache: b
     started = time.perf_counter()
     result = run_gauntlet(settings, strata, effects, SyntheticOutcomes(), cache, LINEAGE)
     elapsed = time.perf_counter() - started
-    return {"units_evaluated": result["scale"]["units_evaluated"], "wall_s": elapsed,
-            "cache": result["cache"], "recommendation": result["recommendation"]["recommendation"]}
+    return {
+        "units_evaluated": result["scale"]["units_evaluated"],
+        "wall_s": elapsed,
+        "cache": result["cache"],
+        "recommendation": result["recommendation"]["recommendation"],
+    }
 
 
 def measure(label, overrides, repeats):
@@ -106,25 +118,45 @@ def measure(label, overrides, repeats):
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         # cold = cache empty (outcomes generated and written); warm = every stratum a cache hit
-        base_cold = prototype_style_gauntlet(settings, strata, effects, (tmp / "json-cache").mkdir() or tmp / "json-cache")
-        base_warm = min((prototype_style_gauntlet(settings, strata, effects, tmp / "json-cache") for _ in range(repeats)),
-                        key=lambda r: r["wall_s"])
+        base_cold = prototype_style_gauntlet(
+            settings, strata, effects, (tmp / "json-cache").mkdir() or tmp / "json-cache"
+        )
+        base_warm = min(
+            (prototype_style_gauntlet(settings, strata, effects, tmp / "json-cache") for _ in range(repeats)),
+            key=lambda r: r["wall_s"],
+        )
         new_cold = vectorised_gauntlet(settings, strata, effects, tmp / "npz-cache", True)
-        new_warm = min((vectorised_gauntlet(settings, strata, effects, tmp / "npz-cache", True) for _ in range(repeats)),
-                       key=lambda r: r["wall_s"])
-        nocache = min((vectorised_gauntlet(settings, strata, effects, tmp / "unused", False) for _ in range(repeats)),
-                      key=lambda r: r["wall_s"])
-    for name, r in (("baseline_cold", base_cold), ("baseline_warm", base_warm), ("vectorised_cold", new_cold),
-                    ("vectorised_warm", new_warm), ("vectorised_no_cache", nocache)):
-        rows[name] = {"units_evaluated": r["units_evaluated"], "wall_s": r["wall_s"],
-                      "units_per_second": r["units_evaluated"] / r["wall_s"]}
+        new_warm = min(
+            (vectorised_gauntlet(settings, strata, effects, tmp / "npz-cache", True) for _ in range(repeats)),
+            key=lambda r: r["wall_s"],
+        )
+        nocache = min(
+            (vectorised_gauntlet(settings, strata, effects, tmp / "unused", False) for _ in range(repeats)),
+            key=lambda r: r["wall_s"],
+        )
+    for name, r in (
+        ("baseline_cold", base_cold),
+        ("baseline_warm", base_warm),
+        ("vectorised_cold", new_cold),
+        ("vectorised_warm", new_warm),
+        ("vectorised_no_cache", nocache),
+    ):
+        rows[name] = {
+            "units_evaluated": r["units_evaluated"],
+            "wall_s": r["wall_s"],
+            "units_per_second": r["units_evaluated"] / r["wall_s"],
+        }
     total = sum(s.units for s in strata.values())
     summary = {
-        "gauntlet": label, "total_units_defined": total, "overrides": list(overrides), "runs": rows,
+        "gauntlet": label,
+        "total_units_defined": total,
+        "overrides": list(overrides),
+        "runs": rows,
         "speedup_vs_baseline_cold": base_cold["wall_s"] / new_cold["wall_s"],
         "speedup_vs_baseline_warm": base_warm["wall_s"] / new_warm["wall_s"],
         "cache_hit_rerun_speedup": new_cold["wall_s"] / new_warm["wall_s"],
-        "warm_cache": new_warm["cache"], "recommendation": new_warm["recommendation"],
+        "warm_cache": new_warm["cache"],
+        "recommendation": new_warm["recommendation"],
     }
     return summary
 
@@ -139,20 +171,37 @@ def main() -> None:
     if not args.quick:
         # Every stratum planted exactly at the margin (Delta = -0.002): no test can decide, so the
         # whole 10M-unit budget is evaluated -- the worst case for throughput.
-        at_margin = [f"+effects.{name}=-0.002" for name in ("safety_critical", "historical_regressions", "new_odd",
-                                                              "distribution_shift", "rare_events", "nominal")]
-        cases.append(("large (10M units, all evaluated)", ["strata=large", "gauntlet=large",
-                                                           "gauntlet.nominal_base_allowance=4000000", *at_margin]))
+        at_margin = [
+            f"+effects.{name}=-0.002"
+            for name in (
+                "safety_critical",
+                "historical_regressions",
+                "new_odd",
+                "distribution_shift",
+                "rare_events",
+                "nominal",
+            )
+        ]
+        cases.append(
+            (
+                "large (10M units, all evaluated)",
+                ["strata=large", "gauntlet=large", "gauntlet.nominal_base_allowance=4000000", *at_margin],
+            )
+        )
     results = []
     for label, overrides in cases:
         summary = measure(label, overrides, args.repeats if not overrides else 1)
         results.append(summary)
-        print(f"\n{label}: {summary['total_units_defined']:,} units defined, recommendation {summary['recommendation']}")
+        print(
+            f"\n{label}: {summary['total_units_defined']:,} units defined, recommendation {summary['recommendation']}"
+        )
         print(f"  {'run':22s} {'units evaluated':>16s} {'wall s':>9s} {'units/s':>12s}")
         for name, r in summary["runs"].items():
             print(f"  {name:22s} {r['units_evaluated']:16,d} {r['wall_s']:9.3f} {r['units_per_second']:12,.0f}")
-        print(f"  speed-up vs prototype-style baseline: cold {summary['speedup_vs_baseline_cold']:.1f}x, "
-              f"warm {summary['speedup_vs_baseline_warm']:.1f}x; cache-hit re-run {summary['cache_hit_rerun_speedup']:.2f}x")
+        print(
+            f"  speed-up vs prototype-style baseline: cold {summary['speedup_vs_baseline_cold']:.1f}x, "
+            f"warm {summary['speedup_vs_baseline_warm']:.1f}x; cache-hit re-run {summary['cache_hit_rerun_speedup']:.2f}x"
+        )
     atomic_write_json(args.out, results)
     print(f"\nwritten {args.out}")
 

@@ -45,8 +45,11 @@ from vlaeval.residual.estimators import UNBIASED, draw_pairs, score_anchors
 
 
 def ratio_for(scores, r, gamma, alpha=0.2, eps=0.1):
-    return float(information_to_baseline_ratio(r, proposal_distribution(scores, alpha=alpha, percentile_epsilon=eps,
-                                                                        proposal_power=gamma)))
+    return float(
+        information_to_baseline_ratio(
+            r, proposal_distribution(scores, alpha=alpha, percentile_epsilon=eps, proposal_power=gamma)
+        )
+    )
 
 
 def cross_fitted_ratio(scores, r, grid, splits=200, seed=0):
@@ -55,7 +58,7 @@ def cross_fitted_ratio(scores, r, grid, splits=200, seed=0):
     held_out, chosen = [], []
     for _ in range(splits):
         perm = rng.permutation(scores.size)
-        a, b = perm[: scores.size // 2], perm[scores.size // 2:]
+        a, b = perm[: scores.size // 2], perm[scores.size // 2 :]
         best = min(grid, key=lambda g: ratio_for(scores[a], r[a], g))
         chosen.append(best)
         held_out.append(ratio_for(scores[b], r[b], best) / ratio_for(scores[b], r[b], 0.0))  # relative to uniform on b
@@ -75,7 +78,7 @@ def naive_loop(model, anchors, index, table, seeds, m, flow):
                 total = 0.0
                 for j in range(m):
                     tt = torch.tensor([t[j]], dtype=torch.float32)
-                    nn_ = torch.from_numpy(noise[j:j + 1].astype(np.float32))
+                    nn_ = torch.from_numpy(noise[j : j + 1].astype(np.float32))
                     v = model.velocity(model.encode(batch), noisy_actions(batch["target_actions"], nn_, tt), tt)
                     total += float(per_sample_loss(v, batch["target_actions"], nn_, batch["target_mask"])[0])
                 out[s, a] = total / m
@@ -83,46 +86,73 @@ def naive_loop(model, anchors, index, table, seeds, m, flow):
 
 
 def print_proposal(proposal, gamma_star, fair) -> None:
-    print(f"2. proposal (default estimator's scores): ratio gamma=1 {proposal['gamma_1']:.3f}, gamma=1/2 "
-          f"{proposal['gamma_half']:.3f}, cross-fitted {proposal['cross_fitted_relative_to_uniform']:.3f} "
-          f"(median gamma {gamma_star}), in-sample oracle {proposal['oracle']:.3f}; reference score gamma=1 "
-          f"{proposal['reference_score_gamma_1']:.3f}, gamma=1/2 {proposal['reference_score_gamma_half']:.3f}")
-    print(f"   on equal footing ({fair['seeds_per_half']} gradient seeds per half, two folds): residual rho "
-          f"{fair['residual']['spearman']:.3f} ratio {fair['residual']['second_moment_ratio']:.3f}; training loss on "
-          f"independent draws rho {fair['training_loss']['spearman']:.3f} ratio {fair['training_loss']['second_moment_ratio']:.3f}; "
-          f"on shared draws (inflated) rho {fair['training_loss_shared_draws']['spearman']:.3f} ratio "
-          f"{fair['training_loss_shared_draws']['second_moment_ratio']:.3f}; attainable oracle "
-          f"{fair['attainable_oracle_ratio']:.3f}; residual - loss: rho {fair['spearman_difference']:+.3f} "
-          f"{fair['spearman_difference_ci95']}, ratio {fair['second_moment_ratio_difference']:+.3f} "
-          f"{fair['second_moment_ratio_difference_ci95']}; beats the loss: {fair['score_beats_training_loss']}")
+    print(
+        f"2. proposal (default estimator's scores): ratio gamma=1 {proposal['gamma_1']:.3f}, gamma=1/2 "
+        f"{proposal['gamma_half']:.3f}, cross-fitted {proposal['cross_fitted_relative_to_uniform']:.3f} "
+        f"(median gamma {gamma_star}), in-sample oracle {proposal['oracle']:.3f}; reference score gamma=1 "
+        f"{proposal['reference_score_gamma_1']:.3f}, gamma=1/2 {proposal['reference_score_gamma_half']:.3f}"
+    )
+    print(
+        f"   on equal footing ({fair['seeds_per_half']} gradient seeds per half, two folds): residual rho "
+        f"{fair['residual']['spearman']:.3f} ratio {fair['residual']['second_moment_ratio']:.3f}; training loss on "
+        f"independent draws rho {fair['training_loss']['spearman']:.3f} ratio {fair['training_loss']['second_moment_ratio']:.3f}; "
+        f"on shared draws (inflated) rho {fair['training_loss_shared_draws']['spearman']:.3f} ratio "
+        f"{fair['training_loss_shared_draws']['second_moment_ratio']:.3f}; attainable oracle "
+        f"{fair['attainable_oracle_ratio']:.3f}; residual - loss: rho {fair['spearman_difference']:+.3f} "
+        f"{fair['spearman_difference_ci95']}, ratio {fair['second_moment_ratio_difference']:+.3f} "
+        f"{fair['second_moment_ratio_difference_ci95']}; beats the loss: {fair['score_beats_training_loss']}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replicates", type=int, default=20)
     parser.add_argument("--skip-demo", action="store_true")
-    parser.add_argument("--proposal-only", action="store_true", help="section 2 only (no estimator replicates, timing, demo)")
+    parser.add_argument(
+        "--proposal-only", action="store_true", help="section 2 only (no estimator replicates, timing, demo)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "residual_audit.json")
     args = parser.parse_args()
     cfg, data, handle = default_policy()
-    _, artifact = cached_gradient_artifact(cfg.gradients, cfg.flow, str(cfg.device), str(cfg.paths.cache_dir), data, handle)
+    _, artifact = cached_gradient_artifact(
+        cfg.gradients, cfg.flow, str(cfg.device), str(cfg.paths.cache_dir), data, handle
+    )
     index, _ = recover_anchors(data, artifact)
     r = np.array([a["gradient_rms"] for a in artifact])
     score = lambda kind, seeds, m, batch=64: score_anchors(  # noqa: E731
-        handle.model, data.anchors, index, data.instruction_table, kind=kind, seeds=seeds,
-        samples_per_estimator=m, anchor_batch_size=batch, flow=cfg.flow)
+        handle.model,
+        data.anchors,
+        index,
+        data.instruction_table,
+        kind=kind,
+        seeds=seeds,
+        samples_per_estimator=m,
+        anchor_batch_size=batch,
+        flow=cfg.flow,
+    )
 
     reference = score("iid", list(range(90_000, 90_004)), 256).estimator_residuals.mean(axis=0)  # 1024 per anchor
     rows = {}
-    configs = ([(k, 8, 4) for k in ("iid", "midpoint_antithetic", "stratified", "sobol")]
-               + [("iid", 32, 4), ("iid", 128, 4), ("sobol", 64, 4)]) if not args.proposal_only else []
+    configs = (
+        (
+            [(k, 8, 4) for k in ("iid", "midpoint_antithetic", "stratified", "sobol")]
+            + [("iid", 32, 4), ("iid", 128, 4), ("sobol", 64, 4)]
+        )
+        if not args.proposal_only
+        else []
+    )
     for kind, m, n_seeds in configs:
         label = f"{kind} ({m * n_seeds} evals)"
-        reps = [score(kind, list(range(1000 + 100 * i, 1000 + 100 * i + n_seeds)), m).estimator_residuals for i in range(args.replicates)]
+        reps = [
+            score(kind, list(range(1000 + 100 * i, 1000 + 100 * i + n_seeds)), m).estimator_residuals
+            for i in range(args.replicates)
+        ]
         means = np.array([x.mean(axis=0) for x in reps])  # (R, anchors)
-        split = [spearmanr(x[: n_seeds // 2].mean(0), x[n_seeds // 2:].mean(0)).statistic for x in reps]
+        split = [spearmanr(x[: n_seeds // 2].mean(0), x[n_seeds // 2 :].mean(0)).statistic for x in reps]
         rows[label] = {
-            "kind": kind, "unbiased": UNBIASED[kind], "head_evaluations_per_anchor": m * n_seeds,
+            "kind": kind,
+            "unbiased": UNBIASED[kind],
+            "head_evaluations_per_anchor": m * n_seeds,
             "relative_bias": float(np.mean((means.mean(axis=0) - reference) / reference)),
             "variance": means.var(axis=0, ddof=1),
             "split_half_repeatability": float(np.mean(split)),
@@ -134,20 +164,34 @@ def main() -> None:
     for row in rows.values():
         row.pop("variance")
 
-    default_scores = score(str(cfg.estimator.kind), [int(s) for s in cfg.estimator.seeds],
-                           int(cfg.estimator.samples_per_estimator)).estimator_residuals.mean(axis=0)
+    default_scores = score(
+        str(cfg.estimator.kind), [int(s) for s in cfg.estimator.seeds], int(cfg.estimator.samples_per_estimator)
+    ).estimator_residuals.mean(axis=0)
     grid = [round(g, 2) for g in np.arange(0.0, 1.55, 0.05)]
     cross, gamma_star = cross_fitted_ratio(default_scores, r, grid)
-    proposal = {"gamma_1": ratio_for(default_scores, r, 1.0), "gamma_half": ratio_for(default_scores, r, 0.5),
-                "cross_fitted_relative_to_uniform": cross, "cross_fitted_gamma_median": gamma_star,
-                "oracle": oracle_ratio(r), "reference_score_gamma_1": ratio_for(reference, r, 1.0),
-                "reference_score_gamma_half": ratio_for(reference, r, 0.5),
-                "training_loss_shared_draws_gamma_half": ratio_for(np.array([a["mean_gradient_loss"] for a in artifact]), r, 0.5)}
+    proposal = {
+        "gamma_1": ratio_for(default_scores, r, 1.0),
+        "gamma_half": ratio_for(default_scores, r, 0.5),
+        "cross_fitted_relative_to_uniform": cross,
+        "cross_fitted_gamma_median": gamma_star,
+        "oracle": oracle_ratio(r),
+        "reference_score_gamma_1": ratio_for(reference, r, 1.0),
+        "reference_score_gamma_half": ratio_for(reference, r, 0.5),
+        "training_loss_shared_draws_gamma_half": ratio_for(
+            np.array([a["mean_gradient_loss"] for a in artifact]), r, 0.5
+        ),
+    }
     per_seed_rms, per_seed_loss = per_seed_values(artifact)
     assert per_seed_rms is not None and per_seed_loss is not None, "vlaeval's own artifact carries per-seed values"
-    fair = cross_fitted_baseline(default_scores, per_seed_rms, per_seed_loss, alpha=float(cfg.audit.alpha),
-                                 percentile_epsilon=float(cfg.audit.percentile_epsilon),
-                                 proposal_power=float(cfg.audit.proposal_power), bootstrap_seed=int(cfg.audit.permutation_seed))
+    fair = cross_fitted_baseline(
+        default_scores,
+        per_seed_rms,
+        per_seed_loss,
+        alpha=float(cfg.audit.alpha),
+        percentile_epsilon=float(cfg.audit.percentile_epsilon),
+        proposal_power=float(cfg.audit.proposal_power),
+        bootstrap_seed=int(cfg.audit.permutation_seed),
+    )
     proposal["baseline_comparison"] = fair
     if args.proposal_only:
         print_proposal(proposal, gamma_star, fair)
@@ -156,16 +200,23 @@ def main() -> None:
 
     seeds4, m8 = [int(s) for s in cfg.estimator.seeds], int(cfg.estimator.samples_per_estimator)
     timing = {}
-    for name, fn in (("batched (64 anchors per pass)", lambda: score(str(cfg.estimator.kind), seeds4, m8, 64)),
-                     ("one anchor at a time (the prototype)", lambda: score(str(cfg.estimator.kind), seeds4, m8, 1)),
-                     ("naive: re-encode per sample", lambda: naive_loop(handle.model, data.anchors, index,
-                                                                         data.instruction_table, seeds4, m8, cfg.flow))):
+    for name, fn in (
+        ("batched (64 anchors per pass)", lambda: score(str(cfg.estimator.kind), seeds4, m8, 64)),
+        ("one anchor at a time (the prototype)", lambda: score(str(cfg.estimator.kind), seeds4, m8, 1)),
+        (
+            "naive: re-encode per sample",
+            lambda: naive_loop(handle.model, data.anchors, index, data.instruction_table, seeds4, m8, cfg.flow),
+        ),
+    ):
         fn()  # warm-up
         started = time.perf_counter()
         fn()
         timing[name] = index.size / (time.perf_counter() - started)
     # the prototype's own settings: 4 seeds x M = 8, where one anchor per pass is a batch of only 32
-    for name, batch in (("batched, prototype settings (M=8)", 64), ("one anchor at a time, prototype settings (M=8)", 1)):
+    for name, batch in (
+        ("batched, prototype settings (M=8)", 64),
+        ("one anchor at a time, prototype settings (M=8)", 1),
+    ):
         score(str(cfg.estimator.kind), seeds4, 8, batch)
         started = time.perf_counter()
         score(str(cfg.estimator.kind), seeds4, 8, batch)
@@ -173,35 +224,54 @@ def main() -> None:
     demo = {}
     if not args.skip_demo:
         with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "VLAEVAL_CACHE_DIR": f"{tmp}/cache", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
+            env = {
+                **os.environ,
+                "VLAEVAL_CACHE_DIR": f"{tmp}/cache",
+                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db",
+            }
             for label in ("cold (empty cache, new MLflow store)", "warm (everything cached)"):
                 started = time.perf_counter()
-                proc = subprocess.run([sys.executable, str(REPO / "main.py"), "job=residual_audit"], cwd=tmp, env=env,
-                                      capture_output=True, text=True)
+                proc = subprocess.run(
+                    [sys.executable, str(REPO / "main.py"), "job=residual_audit"],
+                    cwd=tmp,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
                 demo[label] = time.perf_counter() - started
                 assert proc.returncode == 0, proc.stderr[-2000:]
 
-    print(f"1. estimator quality on {index.size} anchors, {args.replicates} replicate seed sets, "
-          "reference = iid with 1024 evaluations per anchor")
-    print(f"   {'estimator':34s} {'unbiased':>8s} {'rel.bias':>9s} {'var.factor':>10s} {'split-half':>10s} "
-          f"{'rho(ref)':>9s} {'rho(grad)':>9s}")
+    print(
+        f"1. estimator quality on {index.size} anchors, {args.replicates} replicate seed sets, "
+        "reference = iid with 1024 evaluations per anchor"
+    )
+    print(
+        f"   {'estimator':34s} {'unbiased':>8s} {'rel.bias':>9s} {'var.factor':>10s} {'split-half':>10s} "
+        f"{'rho(ref)':>9s} {'rho(grad)':>9s}"
+    )
     for label, row in rows.items():
-        print(f"   {label:34s} {str(row['unbiased']):>8s} {row['relative_bias']:+9.3f} "
-              f"{row['variance_factor_over_iid_32']:10.2f} {row['split_half_repeatability']:10.3f} "
-              f"{row['spearman_with_reference']:9.3f} {row['spearman_with_gradient_rms']:9.3f}")
+        print(
+            f"   {label:34s} {str(row['unbiased']):>8s} {row['relative_bias']:+9.3f} "
+            f"{row['variance_factor_over_iid_32']:10.2f} {row['split_half_repeatability']:10.3f} "
+            f"{row['spearman_with_reference']:9.3f} {row['spearman_with_gradient_rms']:9.3f}"
+        )
     print_proposal(proposal, gamma_star, fair)
     t = timing
-    print(f"3. throughput (anchors/s), default settings ({len(seeds4)} seeds x M={m8}): batched {t['batched (64 anchors per pass)']:.0f}, "
-          f"one anchor at a time {t['one anchor at a time (the prototype)']:.0f} "
-          f"({t['batched (64 anchors per pass)'] / t['one anchor at a time (the prototype)']:.1f}x), naive re-encode per sample "
-          f"{t['naive: re-encode per sample']:.1f} ({t['batched (64 anchors per pass)'] / t['naive: re-encode per sample']:.0f}x); "
-          f"prototype settings (M=8): batched {t['batched, prototype settings (M=8)']:.0f}, one anchor at a time "
-          f"{t['one anchor at a time, prototype settings (M=8)']:.0f} "
-          f"({t['batched, prototype settings (M=8)'] / t['one anchor at a time, prototype settings (M=8)']:.1f}x)")
+    print(
+        f"3. throughput (anchors/s), default settings ({len(seeds4)} seeds x M={m8}): batched {t['batched (64 anchors per pass)']:.0f}, "
+        f"one anchor at a time {t['one anchor at a time (the prototype)']:.0f} "
+        f"({t['batched (64 anchors per pass)'] / t['one anchor at a time (the prototype)']:.1f}x), naive re-encode per sample "
+        f"{t['naive: re-encode per sample']:.1f} ({t['batched (64 anchors per pass)'] / t['naive: re-encode per sample']:.0f}x); "
+        f"prototype settings (M=8): batched {t['batched, prototype settings (M=8)']:.0f}, one anchor at a time "
+        f"{t['one anchor at a time, prototype settings (M=8)']:.0f} "
+        f"({t['batched, prototype settings (M=8)'] / t['one anchor at a time, prototype settings (M=8)']:.1f}x)"
+    )
     if demo:
         print("4. demo wall time: " + ", ".join(f"{k} {v:.1f} s" for k, v in demo.items()))
-    atomic_write_json(args.out, {"estimators": rows, "proposal": proposal, "throughput_anchors_per_second": timing,
-                                 "demo_seconds": demo})
+    atomic_write_json(
+        args.out,
+        {"estimators": rows, "proposal": proposal, "throughput_anchors_per_second": timing, "demo_seconds": demo},
+    )
 
 
 if __name__ == "__main__":

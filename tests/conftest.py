@@ -49,8 +49,12 @@ def pytest_sessionfinish(session, exitstatus):
         worker_output["reliability_records"] = json.dumps(reliability.records())
         return
     options = session.config.option
-    full_run = not options.keyword and not options.markexpr and not getattr(options, "deselect", None) \
+    full_run = (
+        not options.keyword
+        and not options.markexpr
+        and not getattr(options, "deselect", None)
         and all(Path(a).resolve() == REPO / "tests" for a in session.config.args)
+    )
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = bool(reporter and reporter.stats.get("skipped"))
     if exitstatus == 0 and full_run and not skipped and reliability.records():

@@ -46,11 +46,14 @@ def test_statistics_match_scipy_on_random_data():
     r = rng.lognormal(0, 1, 40)
     scores = r * rng.lognormal(0, 0.5, 40)
     losses = rng.lognormal(0, 1, 40)
-    out = alignment_audit(scores, r, losses, alpha=0.2, percentile_epsilon=0.1, permutation_count=200,
-                          permutation_seed=3)
+    out = alignment_audit(
+        scores, r, losses, alpha=0.2, percentile_epsilon=0.1, permutation_count=200, permutation_seed=3
+    )
     assert out["spearman_residual_vs_gradient_rms"] == pytest.approx(spearmanr(scores, r).statistic)
     assert out["kendall_residual_vs_gradient_rms"] == pytest.approx(kendalltau(scores, r).statistic)
-    assert out["training_loss_shared_draws"]["spearman_vs_gradient_rms"] == pytest.approx(spearmanr(losses, r).statistic)
+    assert out["training_loss_shared_draws"]["spearman_vs_gradient_rms"] == pytest.approx(
+        spearmanr(losses, r).statistic
+    )
     assert out["baseline_comparison"]["available"] is False  # no per-seed values given
     matrix = scores[None, :] * rng.lognormal(0, 0.3, (6, 40))
     rep = repeatability(matrix)
@@ -65,13 +68,25 @@ def test_vectorised_permutations_equal_a_loop():
     rng = np.random.default_rng(2)
     r = rng.lognormal(0, 1, 30)
     scores = r * rng.lognormal(0, 1, 30)
-    out = permutation_control(scores, r, alpha=0.2, percentile_epsilon=0.1, proposal_power=0.5,
-                              permutation_count=300, permutation_seed=11, keep_null_distributions=True)
+    out = permutation_control(
+        scores,
+        r,
+        alpha=0.2,
+        percentile_epsilon=0.1,
+        proposal_power=0.5,
+        permutation_count=300,
+        permutation_seed=11,
+        keep_null_distributions=True,
+    )
     perms = np.random.default_rng(11).permuted(np.tile(np.arange(30), (300, 1)), axis=1)
     loop_rho = np.array([spearmanr(scores[p], r).statistic for p in perms])
     np.testing.assert_allclose(out["null_spearman"], loop_rho, atol=1e-12)
-    loop_ratio = [information_to_baseline_ratio(r, proposal_distribution(scores[p], alpha=0.2, percentile_epsilon=0.1,
-                                                                          proposal_power=0.5)) for p in perms]
+    loop_ratio = [
+        information_to_baseline_ratio(
+            r, proposal_distribution(scores[p], alpha=0.2, percentile_epsilon=0.1, proposal_power=0.5)
+        )
+        for p in perms
+    ]
     np.testing.assert_allclose(out["null_second_moment"], loop_ratio, rtol=1e-12)
 
 
@@ -82,8 +97,9 @@ def test_permutation_pvalues_are_in_range_and_monotone():
     previous = None
     for strength in (0.0, 0.5, 1.0, 2.0, 4.0):  # stronger alignment -> larger rho -> smaller p
         scores = r**strength * noise
-        out = permutation_control(scores, r, alpha=0.2, percentile_epsilon=0.1, proposal_power=1.0,
-                                  permutation_count=2000, permutation_seed=5)
+        out = permutation_control(
+            scores, r, alpha=0.2, percentile_epsilon=0.1, proposal_power=1.0, permutation_count=2000, permutation_seed=5
+        )
         p = out["one_sided_pvalue_rho_at_least_observed"]
         assert 0 < p <= 1 and 0 < out["one_sided_pvalue_second_moment_at_most_observed"] <= 1
         if previous is not None:
@@ -94,10 +110,15 @@ def test_permutation_pvalues_are_in_range_and_monotone():
 
 def _gate_inputs(n, rho_rep, rho_align, ratio):
     rep = {"spearman": rho_rep}
-    alignment = {"spearman_residual_vs_gradient_rms": rho_align, "top25_overlap": 0.6,
-                 "proposal": {"information_to_baseline_ratio": ratio},
-                 "random_permutation_control": {"one_sided_pvalue_rho_at_least_observed": 0.001,
-                                                "one_sided_pvalue_second_moment_at_most_observed": 0.001}}
+    alignment = {
+        "spearman_residual_vs_gradient_rms": rho_align,
+        "top25_overlap": 0.6,
+        "proposal": {"information_to_baseline_ratio": ratio},
+        "random_permutation_control": {
+            "one_sided_pvalue_rho_at_least_observed": 0.001,
+            "one_sided_pvalue_second_moment_at_most_observed": 0.001,
+        },
+    }
     loo = {"all_spearman_positive": True, "all_second_moment_ratios_below_one": True}
     return dict(sample_count=n, repeatability=rep, alignment=alignment, robustness=loo)
 
@@ -117,12 +138,17 @@ def test_gate_logic_and_derived_check_names():
     assert small["status"] == "smoke_not_a_gate_certificate"
     custom = copy.deepcopy(formal)
     custom.score_gradient_spearman = 0.65
-    assert "score_gradient_spearman_at_least_0_65" in gate_decision(**_gate_inputs(64, 0.95, 0.7, 0.9), gate=custom)["checks"]
+    assert (
+        "score_gradient_spearman_at_least_0_65"
+        in gate_decision(**_gate_inputs(64, 0.95, 0.7, 0.9), gate=custom)["checks"]
+    )
 
 
 @pytest.fixture(scope="module")
 def small_policy(tmp_path_factory):
-    cfg = compose_config(AUDIT_SMALL, output_dir=tmp_path_factory.mktemp("out"), cache_dir=tmp_path_factory.mktemp("cache"))
+    cfg = compose_config(
+        AUDIT_SMALL, output_dir=tmp_path_factory.mktemp("out"), cache_dir=tmp_path_factory.mktemp("cache")
+    )
     return (cfg, *builtin_policy(cfg))
 
 
@@ -131,12 +157,20 @@ def test_unbiased_estimators_agree_with_a_high_sample_iid_reference(small_policy
     cfg, data, handle = small_policy
     index, _ = draw(data.anchors, 6, 0)
     common = dict(samples_per_estimator=8, anchor_batch_size=6, flow=cfg.flow)
-    reference = score_anchors(handle.model, data.anchors, index, data.instruction_table, kind="iid",
-                              seeds=list(range(50_000, 50_016)), **{**common, "samples_per_estimator": 512})
+    reference = score_anchors(
+        handle.model,
+        data.anchors,
+        index,
+        data.instruction_table,
+        kind="iid",
+        seeds=list(range(50_000, 50_016)),
+        **{**common, "samples_per_estimator": 512},
+    )
     ref_mean = reference.estimator_residuals.mean(axis=0)
     ref_se = reference.sample_losses.transpose(1, 0, 2).reshape(6, -1).std(axis=1) / np.sqrt(16 * 512)
-    estimate = score_anchors(handle.model, data.anchors, index, data.instruction_table, kind=kind,
-                             seeds=list(range(1, 401)), **common)
+    estimate = score_anchors(
+        handle.model, data.anchors, index, data.instruction_table, kind=kind, seeds=list(range(1, 401)), **common
+    )
     est_mean = estimate.estimator_residuals.mean(axis=0)
     est_se = estimate.estimator_residuals.std(axis=0, ddof=1) / np.sqrt(400)
     z = (est_mean - ref_mean) / np.sqrt(est_se**2 + ref_se**2)
@@ -146,9 +180,17 @@ def test_unbiased_estimators_agree_with_a_high_sample_iid_reference(small_policy
 def test_midpoint_estimator_is_declared_biased_and_repeats_its_times(small_policy):
     cfg, data, handle = small_policy
     index, _ = draw(data.anchors, 3, 0)
-    out = score_anchors(handle.model, data.anchors, index, data.instruction_table,
-                        kind="midpoint_antithetic", seeds=[1, 2], samples_per_estimator=8, anchor_batch_size=3,
-                        flow=cfg.flow)
+    out = score_anchors(
+        handle.model,
+        data.anchors,
+        index,
+        data.instruction_table,
+        kind="midpoint_antithetic",
+        seeds=[1, 2],
+        samples_per_estimator=8,
+        anchor_batch_size=3,
+        flow=cfg.flow,
+    )
     assert not UNBIASED["midpoint_antithetic"]
     np.testing.assert_array_equal(out.time_values[0, 0], out.time_values[1, 2])  # fixed midpoints everywhere
     assert np.all(out.time_values[0, 0, ::2] == out.time_values[0, 0, 1::2])  # each time used by an antithetic pair
@@ -168,10 +210,21 @@ def audit_run(tmp_path_factory):
     """One real audit run (small config) whose artifact the input-check tests mutate."""
     work = tmp_path_factory.mktemp("audit")
     env = {"VLAEVAL_CACHE_DIR": str(work / "cache")}
-    grad = run_main(["job=gradients", "tracking=disabled", *AUDIT_SMALL, f"hydra.run.dir={work / 'grad'}"], work, env=env)
+    grad = run_main(
+        ["job=gradients", "tracking=disabled", *AUDIT_SMALL, f"hydra.run.dir={work / 'grad'}"], work, env=env
+    )
     assert grad.returncode == 0, grad.stderr[-3000:]
-    audit = run_main(["job=residual_audit", "tracking=disabled", *AUDIT_SMALL, f"audit.gradient_artifact={work / 'grad' / 'gradient_artifact.json'}",
-                      f"hydra.run.dir={work / 'audit'}"], work, env=env)
+    audit = run_main(
+        [
+            "job=residual_audit",
+            "tracking=disabled",
+            *AUDIT_SMALL,
+            f"audit.gradient_artifact={work / 'grad' / 'gradient_artifact.json'}",
+            f"hydra.run.dir={work / 'audit'}",
+        ],
+        work,
+        env=env,
+    )
     assert audit.returncode == 0, audit.stderr[-3000:]
     return work, env, json.loads((work / "grad" / "gradient_artifact.json").read_text()), audit
 
@@ -181,11 +234,15 @@ def test_audit_job_end_to_end(audit_run):
     result = json.loads((work / "audit" / "result.json").read_text())
     assert result["status"] == "smoke_not_a_gate_certificate" and result["sample_count"] == 16
     assert result["score_definition"]["estimator"] == "sobol" and result["score_definition"]["unbiased"]
-    assert result["gradient_artifact"]["checkpoint_sha256"] == artifact["checkpoint_sha256"] == result["checkpoint_sha256"]
+    assert (
+        result["gradient_artifact"]["checkpoint_sha256"] == artifact["checkpoint_sha256"] == result["checkpoint_sha256"]
+    )
     assert len(result["anchors"][0]["estimator_residuals"]) == 4 and len(result["anchors"][0]["sample_losses"][0]) == 64
     assert [a["sampling_trace"] for a in result["anchors"]] == [a["sampling_trace"] for a in artifact["anchors"]]
     al = result["alignment"]
-    assert {"spearman_residual_vs_gradient_rms", "top25_overlap", "training_loss_shared_draws", "reliability"} <= set(al)
+    assert {"spearman_residual_vs_gradient_rms", "top25_overlap", "training_loss_shared_draws", "reliability"} <= set(
+        al
+    )
     baseline = al["baseline_comparison"]
     assert baseline["seeds_per_half"] == 8 and "score_beats_training_loss" in baseline
     assert "score_beats_training_loss" in result["gate"]["informational"]  # gate=smoke: informational
@@ -211,17 +268,33 @@ def _bad_artifact(audit_run, mutate, name):
 
 BAD_AUDIT_INPUTS = {
     "fewer than 4 anchors": (lambda a: {**a, "anchors": a["anchors"][:3]}, [], "must contain at least four anchors"),
-    "missing field": (lambda a: {**a, "anchors": [{k: v for k, v in x.items() if k != "gradient_rms"} for x in a["anchors"]]},
-                      [], "anchor 0 lacks gradient_rms"),
-    "non-finite gradient": (lambda a: json.dumps(a).replace(f'"gradient_rms": {a["anchors"][2]["gradient_rms"]}', '"gradient_rms": NaN', 1),
-                            [], "anchor 2 has gradient_rms=nan"),
-    "non-positive gradient": (lambda a: {**a, "anchors": [{**x, "gradient_rms": 0.0} for x in a["anchors"]]}, [],
-                              "anchor 0 has gradient_rms=0.0; it must be finite and > 0"),
+    "missing field": (
+        lambda a: {**a, "anchors": [{k: v for k, v in x.items() if k != "gradient_rms"} for x in a["anchors"]]},
+        [],
+        "anchor 0 lacks gradient_rms",
+    ),
+    "non-finite gradient": (
+        lambda a: json.dumps(a).replace(f'"gradient_rms": {a["anchors"][2]["gradient_rms"]}', '"gradient_rms": NaN', 1),
+        [],
+        "anchor 2 has gradient_rms=nan",
+    ),
+    "non-positive gradient": (
+        lambda a: {**a, "anchors": [{**x, "gradient_rms": 0.0} for x in a["anchors"]]},
+        [],
+        "anchor 0 has gradient_rms=0.0; it must be finite and > 0",
+    ),
     "truncated artifact": (lambda a: json.dumps(a)[:500], [], "is not valid JSON"),
     "checkpoint differs": (lambda a: {**a, "checkpoint_sha256": "0" * 64}, [], "differs from the gradient artifact's"),
-    "seed overlap": (lambda a: a, ["estimator.seeds=[100,9301,9302,9303]"], "estimator.seeds overlap the gradient artifact's"),
-    "trace mismatch": (lambda a: {**a, "anchors": [a["anchors"][0], a["anchors"][2], a["anchors"][1], *a["anchors"][3:]]}, [],
-                       "sample trace mismatch at position 1: global_draw_id"),
+    "seed overlap": (
+        lambda a: a,
+        ["estimator.seeds=[100,9301,9302,9303]"],
+        "estimator.seeds overlap the gradient artifact's",
+    ),
+    "trace mismatch": (
+        lambda a: {**a, "anchors": [a["anchors"][0], a["anchors"][2], a["anchors"][1], *a["anchors"][3:]]},
+        [],
+        "sample trace mismatch at position 1: global_draw_id",
+    ),
     "duplicate estimator seeds": (lambda a: a, ["estimator.seeds=[1,1,2,3]"], "estimator.seeds repeats [1]"),
     "odd estimator seed count": (lambda a: a, ["estimator.seeds=[1,2,3,4,5]"], "give an even number >= 4"),
     "too few estimator seeds": (lambda a: a, ["estimator.seeds=[1,2]"], "give an even number >= 4"),
@@ -235,8 +308,11 @@ def test_bad_audit_input_is_one_line_and_writes_nothing(audit_run, case):
     mutate, extra, needle = BAD_AUDIT_INPUTS[case]
     path = _bad_artifact(audit_run, mutate, case.replace(" ", "_"))
     before = set(work.rglob("*"))
-    proc = run_main(["job=residual_audit", "tracking=disabled", *AUDIT_SMALL, f"audit.gradient_artifact={path}", *extra],
-                    work, env=env)
+    proc = run_main(
+        ["job=residual_audit", "tracking=disabled", *AUDIT_SMALL, f"audit.gradient_artifact={path}", *extra],
+        work,
+        env=env,
+    )
     assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
@@ -248,8 +324,11 @@ def test_bad_audit_input_is_one_line_and_writes_nothing(audit_run, case):
 @pytest.mark.slow
 def test_reproduce_of_an_audit_gives_identical_numbers(audit_run):
     work, env, _, _ = audit_run
-    rep = run_main(["job=reproduce", "tracking=disabled", f"reproduce.run_id={work / 'audit'}",
-                    f"hydra.run.dir={work / 'rep'}"], work, env=env)
+    rep = run_main(
+        ["job=reproduce", "tracking=disabled", f"reproduce.run_id={work / 'audit'}", f"hydra.run.dir={work / 'rep'}"],
+        work,
+        env=env,
+    )
     assert rep.returncode == 0, rep.stderr[-3000:]
     report = json.loads((work / "rep" / "reproduce.json").read_text())
     assert report["all_identical"], [c for c in report["comparisons"] if c["verdict"] != "identical"]
@@ -262,8 +341,18 @@ def test_audit_sweep_logs_gate_checks_and_a_summary_to_mlflow(audit_run, store):
 
     work, env, _, _ = audit_run
     artifact = work / "grad" / "gradient_artifact.json"
-    proc = run_main(["-m", "job=residual_audit", "estimator=iid,midpoint_antithetic", *AUDIT_SMALL, f"audit.gradient_artifact={artifact}",
-                     "audit.plot=false"], work, env={**env, "MLFLOW_TRACKING_URI": store})
+    proc = run_main(
+        [
+            "-m",
+            "job=residual_audit",
+            "estimator=iid,midpoint_antithetic",
+            *AUDIT_SMALL,
+            f"audit.gradient_artifact={artifact}",
+            "audit.plot=false",
+        ],
+        work,
+        env={**env, "MLFLOW_TRACKING_URI": store},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Sweep summary" in proc.stdout and "midpoint_antithetic" in proc.stdout
     client = MlflowClient(tracking_uri=store)
@@ -283,8 +372,10 @@ def test_audit_sweep_logs_gate_checks_and_a_summary_to_mlflow(audit_run, store):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset,jobs,param", [("audit_seeds", 3, "estimator.seeds"),
-                                               ("audit_samples", 5, "estimator.samples_per_estimator")])
+@pytest.mark.parametrize(
+    "preset,jobs,param",
+    [("audit_seeds", 3, "estimator.seeds"), ("audit_samples", 5, "estimator.samples_per_estimator")],
+)
 def test_the_design_cards_sweeps_run_end_to_end(audit_run, migrated_store, tmp_path, preset, jobs, param):
     """+sweep=audit_seeds and +sweep=audit_samples as a user runs them (small): a FINISHED parent
     named after the preset, one child per value named after it, the swept value one param column,
@@ -298,13 +389,24 @@ def test_the_design_cards_sweeps_run_end_to_end(audit_run, migrated_store, tmp_p
     shutil.copy(migrated_store, db)
     store = f"sqlite:///{db}"
     artifact = work / "grad" / "gradient_artifact.json"
-    proc = run_main([f"+sweep={preset}", *AUDIT_SMALL, f"audit.gradient_artifact={artifact}", "audit.plot=false",
-                     "audit.permutations=200", f"hydra.sweep.dir={tmp_path / 'sweep'}"], work,
-                    env={**env, "MLFLOW_TRACKING_URI": store})
+    proc = run_main(
+        [
+            f"+sweep={preset}",
+            *AUDIT_SMALL,
+            f"audit.gradient_artifact={artifact}",
+            "audit.plot=false",
+            "audit.permutations=200",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        work,
+        env={**env, "MLFLOW_TRACKING_URI": store},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     client = MlflowClient(tracking_uri=store)
     sweep = check_sweep(client, "vlaeval-residual_audit", jobs, workdir=tmp_path)
-    assert sweep.parent.data.tags["vlaeval.sweep_preset"] == preset and preset in sweep.parent.data.tags["mlflow.runName"]
+    assert (
+        sweep.parent.data.tags["vlaeval.sweep_preset"] == preset and preset in sweep.parent.data.tags["mlflow.runName"]
+    )
     values = [child.data.params[param] for child in sweep.children]
     assert len(set(values)) == jobs, values  # one column shows what each child swept
     assert all(param.split(".")[-1] in c.data.tags["mlflow.runName"] for c in sweep.children)
@@ -320,7 +422,7 @@ def _shared_noise_artifact(seed=0, anchors=64, seeds=64):
     difficulty = rng.lognormal(0, 0.5, anchors)
     draw = rng.lognormal(0, 0.8, (seeds, anchors))  # the shared per-draw factor (flow time, noise)
     loss = difficulty * draw
-    rms = np.sqrt(difficulty) * draw ** 0.7 * rng.lognormal(0, 0.1, (seeds, anchors))
+    rms = np.sqrt(difficulty) * draw**0.7 * rng.lognormal(0, 0.1, (seeds, anchors))
     return difficulty, rms, loss
 
 
@@ -377,7 +479,10 @@ def test_strict_gate_requires_beating_the_training_loss_and_formal_reports_it():
     assert not strict["pass"] and strict["checks"]["score_beats_training_loss"] is False
     assert strict["preset"] == "strict" and "score_repeatability_spearman_at_least_0_90" in strict["checks"]
     inputs["alignment"]["baseline_comparison"] = {"available": False, "reason": "no per-seed values"}
-    assert gate_decision(**inputs, gate=compose_config(["gate=strict"]).gate)["checks"]["score_beats_training_loss"] is False
+    assert (
+        gate_decision(**inputs, gate=compose_config(["gate=strict"]).gate)["checks"]["score_beats_training_loss"]
+        is False
+    )
 
 
 @pytest.mark.parametrize("bad", [-0.1, np.nan, np.inf])
@@ -387,8 +492,15 @@ def test_negative_or_non_finite_scores_are_refused_by_the_proposal(bad):
     with pytest.raises(ValueError, match="must be finite and >= 0; score .* at index 4"):
         proposal_distribution(scores, alpha=0.2, percentile_epsilon=0.1)
     with pytest.raises(ValueError, match="at index 4"):
-        alignment_audit(scores, np.ones(20), np.ones(20), alpha=0.2, percentile_epsilon=0.1, permutation_count=10,
-                        permutation_seed=0)
+        alignment_audit(
+            scores,
+            np.ones(20),
+            np.ones(20),
+            alpha=0.2,
+            percentile_epsilon=0.1,
+            permutation_count=10,
+            permutation_seed=0,
+        )
 
 
 def test_sobol_points_use_full_double_precision():

@@ -24,19 +24,33 @@ BAD_INPUTS = {
     "unknown stratum in effects": (lambda w: ["+effects.moon_base=-0.1"], "effects.moon_base: unknown stratum"),
     "negative units": (lambda w: ["strata.nominal.units=-5"], "strata.nominal.units=-5 must be a positive"),
     "base rate above 1": (lambda w: ["strata.new_odd.base_rate=1.2"], "base_rate=1.2 must be a success rate in [0, 1]"),
-    "base rate below 0": (lambda w: ["strata.new_odd.base_rate=-0.1"], "base_rate=-0.1 must be a success rate in [0, 1]"),
+    "base rate below 0": (
+        lambda w: ["strata.new_odd.base_rate=-0.1"],
+        "base_rate=-0.1 must be a success rate in [0, 1]",
+    ),
     "cluster size 0": (lambda w: ["strata.rare_events.cluster_size=0"], "cluster_size=0 must be >= 1"),
     "alpha 0": (lambda w: ["gauntlet.alpha=0"], "gauntlet.alpha=0.0 must be in (0, 1)"),
     "alpha 1": (lambda w: ["gauntlet.alpha=1"], "gauntlet.alpha=1.0 must be in (0, 1)"),
-    "missing column": (lambda w: _outcome_file(w, lambda t: t.drop(columns=["candidate"])), "lacks column(s) candidate"),
-    "non-0/1 outcome": (lambda w: _outcome_file(w, lambda t: t.assign(baseline=t["baseline"].where(t.index != 4, 3))),
-                        "baseline=3 in row 4 is not a 0/1 outcome"),
-    "duplicate scenario id": (lambda w: _outcome_file(w, lambda t: t.assign(scenario_id="same")), "scenario_id 'same' appears more than once"),
+    "missing column": (
+        lambda w: _outcome_file(w, lambda t: t.drop(columns=["candidate"])),
+        "lacks column(s) candidate",
+    ),
+    "non-0/1 outcome": (
+        lambda w: _outcome_file(w, lambda t: t.assign(baseline=t["baseline"].where(t.index != 4, 3))),
+        "baseline=3 in row 4 is not a 0/1 outcome",
+    ),
+    "duplicate scenario id": (
+        lambda w: _outcome_file(w, lambda t: t.assign(scenario_id="same")),
+        "scenario_id 'same' appears more than once",
+    ),
     "unknown stratum in file (outcomes.strata=config)": (
         lambda w: _outcome_file(w, lambda t: t.assign(stratum="moon_base")) + ["outcomes.strata=config"],
-        "unknown stratum 'moon_base'"),
-    "confidence grid step not dividing a margin": (lambda w: ["gauntlet.cs_grid_step=0.003"],
-                                                   "gauntlet.margin_delta=0.02 is not a multiple of gauntlet.cs_grid_step=0.003"),
+        "unknown stratum 'moon_base'",
+    ),
+    "confidence grid step not dividing a margin": (
+        lambda w: ["gauntlet.cs_grid_step=0.003"],
+        "gauntlet.margin_delta=0.02 is not a multiple of gauntlet.cs_grid_step=0.003",
+    ),
     "file source without path": (lambda w: ["outcomes=file"], "outcomes=file needs a file"),
     "unknown job": (lambda w: ["job.name=launch_rocket"], "unknown job 'launch_rocket'"),
     "reproduce without run id": (lambda w: ["job=reproduce"], "job=reproduce needs reproduce.run_id"),
@@ -71,8 +85,11 @@ def test_identical_results_under_different_hash_seeds(workdir):
     results = []
     for hash_seed in ("0", "12345"):
         run_dir = workdir / f"run{hash_seed}"
-        proc = run_main(["tracking=disabled", "gauntlet.plot=false", "gauntlet.use_cache=false",
-                         f"hydra.run.dir={run_dir}"], workdir, env={"PYTHONHASHSEED": hash_seed})
+        proc = run_main(
+            ["tracking=disabled", "gauntlet.plot=false", "gauntlet.use_cache=false", f"hydra.run.dir={run_dir}"],
+            workdir,
+            env={"PYTHONHASHSEED": hash_seed},
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         results.append(json.loads((run_dir / "result.json").read_text()))
     assert _comparable(results[0]) == _comparable(results[1])
@@ -81,11 +98,16 @@ def test_identical_results_under_different_hash_seeds(workdir):
 
 def test_tracking_failure_keeps_the_result_and_says_where(workdir):
     run_dir = workdir / "run"
-    proc = run_main(["tracking.uri=http://127.0.0.1:9", "gauntlet.plot=false", f"hydra.run.dir={run_dir}"], workdir,
-                    env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"})
+    proc = run_main(
+        ["tracking.uri=http://127.0.0.1:9", "gauntlet.plot=false", f"hydra.run.dir={run_dir}"],
+        workdir,
+        env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"},
+    )
     assert proc.returncode == 3
     assert "MLflow tracking at http://127.0.0.1:9 failed" in proc.stderr
     assert str(run_dir / "result.json") in proc.stderr.replace("\n", "")
     saved = json.loads((run_dir / "result.json").read_text())
     assert saved["recommendation"]["recommendation"] == "LAUNCH"
-    record_outcome("tracking", "tracking URI with nothing listening", "exit 3; result.json saved and named in the error")
+    record_outcome(
+        "tracking", "tracking URI with nothing listening", "exit 3; result.json saved and named in the error"
+    )

@@ -68,52 +68,75 @@ def test_default_strata_are_the_prototype_priority_order():
     from vlaeval.gauntlet import priority_order
 
     _, strata, _ = typed_gauntlet(compose_config())
-    assert priority_order(strata) == ["safety_critical", "historical_regressions", "new_odd",
-                                      "distribution_shift", "rare_events", "nominal"]
+    assert priority_order(strata) == [
+        "safety_critical",
+        "historical_regressions",
+        "new_odd",
+        "distribution_shift",
+        "rare_events",
+        "nominal",
+    ]
     assert sum(s.units for s in strata.values()) == 100_000
     assert strata["safety_critical"].related == ["historical_regressions", "rare_events"]
 
 
-@pytest.mark.parametrize("override", [
-    "gauntlet.margn_delta=0.1",          # misspelt key
-    "strata.safety_critical.unitz=5",    # misspelt nested key
-    "tracking.urii=x",
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "gauntlet.margn_delta=0.1",  # misspelt key
+        "strata.safety_critical.unitz=5",  # misspelt nested key
+        "tracking.urii=x",
+    ],
+)
 def test_typo_fails_at_compose_time(override):
     with pytest.raises(ConfigCompositionException) as info:
         compose_config([override])
     assert isinstance(info.value.__cause__, (ConfigKeyError, ValidationError)) or "not in" in str(info.value.__cause__)
-    record_outcome("configs", f"typo {override}", "fails at compose time against the structured-config schema", kind="bad input")
+    record_outcome(
+        "configs", f"typo {override}", "fails at compose time against the structured-config schema", kind="bad input"
+    )
 
 
-@pytest.mark.parametrize("override", [
-    "gauntlet.alpha=abc",
-    "gauntlet.budget_units=lots",
-    "strata.nominal.data_label=GUESSED",
-    "tracking.enabled=maybe",
-    # every closed choice set is an Enum: a value outside it fails when the config is composed
-    "gauntlet.cluster_order=sorted",
-    "gauntlet.bet_rule=kelly",
-    "gauntlet.test_mode=bayesian",
-    "gauntlet.estimand=median",
-    "gauntlet.alarm_fwer=holm",
-    "gauntlet.preflight=maybe",
-    "strata.nominal.kind=global",
-    "checkpoint.kind=url",
-    "estimator.kind=magic",
-    "gradients.trainable=encoder",
-    "outcomes=file outcomes.strata=both",
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "gauntlet.alpha=abc",
+        "gauntlet.budget_units=lots",
+        "strata.nominal.data_label=GUESSED",
+        "tracking.enabled=maybe",
+        # every closed choice set is an Enum: a value outside it fails when the config is composed
+        "gauntlet.cluster_order=sorted",
+        "gauntlet.bet_rule=kelly",
+        "gauntlet.test_mode=bayesian",
+        "gauntlet.estimand=median",
+        "gauntlet.alarm_fwer=holm",
+        "gauntlet.preflight=maybe",
+        "strata.nominal.kind=global",
+        "checkpoint.kind=url",
+        "estimator.kind=magic",
+        "gradients.trainable=encoder",
+        "outcomes=file outcomes.strata=both",
+    ],
+)
 def test_wrong_type_fails_at_compose_time(override):
     with pytest.raises(ConfigCompositionException):
         compose_config(override.split())
-    record_outcome("configs", f"wrong type {override}", "fails at compose time against the structured-config schema",
-                   kind="bad input")
+    record_outcome(
+        "configs",
+        f"wrong type {override}",
+        "fails at compose time against the structured-config schema",
+        kind="bad input",
+    )
 
 
 def test_typo_on_the_command_line_is_a_clear_hydra_error(tmp_path):
-    proc = subprocess.run([sys.executable, str(MAIN), "gauntlet.margn_delta=0.1"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(MAIN), "gauntlet.margn_delta=0.1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "Key 'margn_delta' not in 'GauntletConfig'" in proc.stderr
     assert not (tmp_path / "outputs").exists()
@@ -121,8 +144,13 @@ def test_typo_on_the_command_line_is_a_clear_hydra_error(tmp_path):
 
 @pytest.mark.parametrize("args", [["--help"], ["--cfg", "job"]])
 def test_help_and_cfg_do_not_import_mlflow_or_torch(tmp_path, args):
-    proc = subprocess.run([sys.executable, "-X", "importtime", str(MAIN), *args], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", str(MAIN), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
     assert "hydra" in imported
@@ -156,10 +184,18 @@ def test_presets_name_only_what_differs_from_the_schema():
     from vlaeval import config as schemas
     from vlaeval.components import BUILTIN_COMPONENTS, SCHEMA_SUFFIX, schema_for
 
-    typed = {"gauntlet": schemas.GauntletConfig, "gate": schemas.GateConfig, "estimator": schemas.EstimatorConfig,
-             "checkpoint": schemas.CheckpointConfig, "tracking": schemas.TrackingConfig}
-    component_schemas = {f"{option}{SCHEMA_SUFFIX}": schema_for(target, group)
-                         for group, options in BUILTIN_COMPONENTS.items() for option, target in options.items()}
+    typed = {
+        "gauntlet": schemas.GauntletConfig,
+        "gate": schemas.GateConfig,
+        "estimator": schemas.EstimatorConfig,
+        "checkpoint": schemas.CheckpointConfig,
+        "tracking": schemas.TrackingConfig,
+    }
+    component_schemas = {
+        f"{option}{SCHEMA_SUFFIX}": schema_for(target, group)
+        for group, options in BUILTIN_COMPONENTS.items()
+        for option, target in options.items()
+    }
     checked = 0
     for path in sorted(CONF.glob("*/*.yaml")):
         group, raw = path.parent.name, yaml.safe_load(path.read_text()) or {}
@@ -171,12 +207,16 @@ def test_presets_name_only_what_differs_from_the_schema():
         elif group == "strata":
             for name, entry in raw.items():
                 for key, value in entry.items():
-                    assert value != _schema_default(schemas.StratumConfig, key), f"{path.name}: {name}.{key} repeats the default"
+                    assert value != _schema_default(schemas.StratumConfig, key), (
+                        f"{path.name}: {name}.{key} repeats the default"
+                    )
                     checked += 1
             continue
         else:
             continue
         for key, value in raw.items():
-            assert value != _schema_default(schema, key), f"{path.relative_to(CONF)}: {key}={value!r} repeats the schema's default"
+            assert value != _schema_default(schema, key), (
+                f"{path.relative_to(CONF)}: {key}={value!r} repeats the schema's default"
+            )
             checked += 1
     assert checked > 40

@@ -51,8 +51,9 @@ def _assert_every_file_is_whole(root: Path) -> int:
 def _start(args, cwd: Path, env: dict) -> subprocess.Popen:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "VLAEVAL_"))}
     full_env.update({"PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", **env})
-    return subprocess.Popen([sys.executable, str(MAIN), *args], cwd=cwd, env=full_env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, str(MAIN), *args], cwd=cwd, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 @pytest.mark.slow
@@ -61,8 +62,11 @@ def test_sigkill_mid_scoring_leaves_no_partial_output_and_the_rerun_completes(tm
     audit = AUDIT + ["estimator.samples_per_estimator=2048"]
     reference_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
     reference_dir.mkdir(), killed_dir.mkdir()
-    reference = run_main(audit + [f"hydra.run.dir={reference_dir / 'run'}"], reference_dir,
-                         env={"VLAEVAL_CACHE_DIR": str(reference_dir / "cache")})
+    reference = run_main(
+        audit + [f"hydra.run.dir={reference_dir / 'run'}"],
+        reference_dir,
+        env={"VLAEVAL_CACHE_DIR": str(reference_dir / "cache")},
+    )
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     cache = killed_dir / "cache"
@@ -82,7 +86,9 @@ def test_sigkill_mid_scoring_leaves_no_partial_output_and_the_rerun_completes(tm
     stale = cache / "gradients" / f".x.json.{socket.gethostname()}-{2**22 + 12345}.abcd{TEMP_SUFFIX}"
     stale.write_text('{"half": ')
 
-    rerun = run_main(audit + [f"hydra.run.dir={killed_dir / 'rerun'}"], killed_dir, env={"VLAEVAL_CACHE_DIR": str(cache)})
+    rerun = run_main(
+        audit + [f"hydra.run.dir={killed_dir / 'rerun'}"], killed_dir, env={"VLAEVAL_CACHE_DIR": str(cache)}
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert not stale.exists()
     expected = json.loads((reference_dir / "run" / "result.json").read_text())
@@ -90,9 +96,12 @@ def test_sigkill_mid_scoring_leaves_no_partial_output_and_the_rerun_completes(tm
     assert _stable_metrics(got) == _stable_metrics(expected)
     assert got["checks"] == expected["checks"]
     _assert_every_file_is_whole(killed_dir)
-    record_outcome("jobs", "residual audit SIGKILLed mid-scoring",
-                   f"no result.json, {checked} files left all whole (digests verified); the rerun reused the cache, "
-                   "removed a dead writer's temporary file, and gave the uninterrupted run's numbers")
+    record_outcome(
+        "jobs",
+        "residual audit SIGKILLed mid-scoring",
+        f"no result.json, {checked} files left all whole (digests verified); the rerun reused the cache, "
+        "removed a dead writer's temporary file, and gave the uninterrupted run's numbers",
+    )
 
 
 @pytest.mark.slow
@@ -105,15 +114,18 @@ def test_damaged_cached_gradient_artifact_is_reported_and_rebuilt(tmp_path):
     # One digit of one anchor's gradient RMS changed: still valid JSON, caught only by the digest.
     position = text.index('"gradient_rms": ') + len('"gradient_rms": ') + 3
     flipped = "1" if text[position] != "1" else "2"
-    entry.write_text(text[:position] + flipped + text[position + 1:])
+    entry.write_text(text[:position] + flipped + text[position + 1 :])
     second = run_main(AUDIT + [f"hydra.run.dir={tmp_path / 'second'}"], tmp_path, env=env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "cached gradient artifact rejected, rebuilding it" in second.stdout + second.stderr
     assert "does not match its content_sha256" in second.stdout + second.stderr
     a, b = (json.loads((tmp_path / d / "result.json").read_text()) for d in ("first", "second"))
     assert _stable_metrics(a) == _stable_metrics(b)
-    record_outcome("caches", "one digit changed in a cached gradient artifact (still valid JSON)",
-                   "detected by its content_sha256, reported in the log, rebuilt; identical audit numbers")
+    record_outcome(
+        "caches",
+        "one digit changed in a cached gradient artifact (still valid JSON)",
+        "detected by its content_sha256, reported in the log, rebuilt; identical audit numbers",
+    )
 
     # The same edit in an artifact given by the user is refused, not rebuilt.
     given = tmp_path / "edited.json"
@@ -122,8 +134,12 @@ def test_damaged_cached_gradient_artifact_is_reported_and_rebuilt(tmp_path):
     assert refused.returncode == 2
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "does not match its content_sha256" in lines[0]
-    record_outcome("gradient artifacts", "bit-flipped value in a vlaeval-written gradient artifact",
-                   f"exit 2, nothing written: `{lines[0][:200]}`", kind="bad input")
+    record_outcome(
+        "gradient artifacts",
+        "bit-flipped value in a vlaeval-written gradient artifact",
+        f"exit 2, nothing written: `{lines[0][:200]}`",
+        kind="bad input",
+    )
 
 
 def test_only_dead_writers_temporaries_are_removed(tmp_path):
@@ -141,9 +157,19 @@ def test_only_dead_writers_temporaries_are_removed(tmp_path):
 @pytest.mark.slow
 def test_eight_parallel_jobs_on_one_brand_new_sqlite_store(workdir):
     uri = sqlite_uri(workdir / "shared" / "mlflow.db")  # does not exist yet
-    jobs = [_start(["job=plan", f"gauntlet.seed={seed}", "gauntlet.plan_replications=50",
-                    f"hydra.run.dir={workdir / f'run{seed}'}"], workdir, {"MLFLOW_TRACKING_URI": uri})
-            for seed in range(8)]
+    jobs = [
+        _start(
+            [
+                "job=plan",
+                f"gauntlet.seed={seed}",
+                "gauntlet.plan_replications=50",
+                f"hydra.run.dir={workdir / f'run{seed}'}",
+            ],
+            workdir,
+            {"MLFLOW_TRACKING_URI": uri},
+        )
+        for seed in range(8)
+    ]
     codes = [job.wait(timeout=600) for job in jobs]
     assert codes == [0] * 8
     client = MlflowClient(tracking_uri=uri)
@@ -153,5 +179,8 @@ def test_eight_parallel_jobs_on_one_brand_new_sqlite_store(workdir):
     assert sorted(r.data.tags["hydra.output_dir"] for r in runs) == sorted(str(workdir / f"run{s}") for s in range(8))
     assert not any(workdir.rglob("mlflow_pending.json"))
     assert all(r.data.metrics["gate.plan_ok"] == 1.0 for r in runs)
-    record_outcome("tracking", "eight jobs started at once on one brand-new SQLite store",
-                   "store created once under a file lock; 8 FINISHED runs, one per job, none lost or duplicated")
+    record_outcome(
+        "tracking",
+        "eight jobs started at once on one brand-new SQLite store",
+        "store created once under a file lock; 8 FINISHED runs, one per job, none lost or duplicated",
+    )

@@ -87,7 +87,9 @@ def test_regression_elsewhere_promotes_and_blocks():
     result, _ = gauntlet(["effects=distribution_shift_regression"])
     shift = by_name(result)["distribution_shift"]
     assert shift["decision"] == DECISION_REGRESSION
-    assert any(e["event"] == "REGRESSION_PRIORITIZE_RELATED" and e["promoted"] == ["rare_events"] for e in result["events"])
+    assert any(
+        e["event"] == "REGRESSION_PRIORITIZE_RELATED" and e["promoted"] == ["rare_events"] for e in result["events"]
+    )
     assert result["recommendation"]["recommendation"] == DO_NOT_LAUNCH
 
 
@@ -162,8 +164,11 @@ def test_corrupt_cache_entry_is_recomputed(tmp_path, damage):
     assert strata_view(recovered) == strata_view(clean)
     again, _ = gauntlet(cache_dir=tmp_path)  # the rewritten entry is sound
     assert again["cache"]["hits"] == 6 and again["cache"]["corrupt_recomputed"] == 0
-    record_outcome("caches", f"gauntlet outcome cache entry: {damage}",
-                   "detected by its digest, reported in result cache.corrupt_entries, recomputed; identical results")
+    record_outcome(
+        "caches",
+        f"gauntlet outcome cache entry: {damage}",
+        "detected by its digest, reported in result cache.corrupt_entries, recomputed; identical results",
+    )
 
 
 def test_generator_version_bump_is_a_miss(tmp_path, monkeypatch):
@@ -196,18 +201,21 @@ def test_synthetic_outcomes_are_paired_and_seeded():
     assert (worse.candidate.mean() - worse.baseline.mean()) == pytest.approx(-0.10, abs=0.01)
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("+effects.unknown_stratum=-0.1", "effects.unknown_stratum: unknown stratum"),
-    ("strata.nominal.units=-5", "strata.nominal.units=-5 must be a positive"),
-    ("strata.new_odd.base_rate=1.5", "strata.new_odd.base_rate=1.5 must be a success rate in [0, 1]"),
-    ("strata.rare_events.cluster_size=0", "strata.rare_events.cluster_size=0 must be >= 1"),
-    ("gauntlet.alpha=0", "gauntlet.alpha=0.0 must be in (0, 1)"),
-    ("gauntlet.alpha=1.2", "gauntlet.alpha=1.2 must be in (0, 1)"),
-    ("gauntlet.catastrophic_delta=0.01", "catastrophic_delta=0.01 must be in [margin_delta"),
-    ("strata.nominal.priority=1", "priority=1 is also"),
-    ("strata.nominal.related=[nowhere]", "unknown stratum 'nowhere'"),
-    ("gauntlet.cs_grid_step=0.003", "gauntlet.margin_delta=0.02 is not a multiple of gauntlet.cs_grid_step=0.003"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("+effects.unknown_stratum=-0.1", "effects.unknown_stratum: unknown stratum"),
+        ("strata.nominal.units=-5", "strata.nominal.units=-5 must be a positive"),
+        ("strata.new_odd.base_rate=1.5", "strata.new_odd.base_rate=1.5 must be a success rate in [0, 1]"),
+        ("strata.rare_events.cluster_size=0", "strata.rare_events.cluster_size=0 must be >= 1"),
+        ("gauntlet.alpha=0", "gauntlet.alpha=0.0 must be in (0, 1)"),
+        ("gauntlet.alpha=1.2", "gauntlet.alpha=1.2 must be in (0, 1)"),
+        ("gauntlet.catastrophic_delta=0.01", "catastrophic_delta=0.01 must be in [margin_delta"),
+        ("strata.nominal.priority=1", "priority=1 is also"),
+        ("strata.nominal.related=[nowhere]", "unknown stratum 'nowhere'"),
+        ("gauntlet.cs_grid_step=0.003", "gauntlet.margin_delta=0.02 is not a multiple of gauntlet.cs_grid_step=0.003"),
+    ],
+)
 def test_bad_gauntlet_config_is_one_line(override, needle):
     settings, strata, effects = typed_gauntlet(compose_config([override]))
     with pytest.raises(UserInputError) as info:

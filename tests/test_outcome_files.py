@@ -58,14 +58,26 @@ def _write(tmp_path, table, name="bad.csv"):
     return str(path)
 
 
-@pytest.mark.parametrize("mutate,needle", [
-    (lambda t: t.drop(columns=["cluster_id"]), "lacks column(s) cluster_id"),
-    (lambda t: t.assign(candidate=t["candidate"].where(t.index != 5, 2)), "candidate=2 in row 5 is not a 0/1 outcome"),
-    (lambda t: t.assign(baseline=t["baseline"].astype(object).where(t.index != 3, "yes")), "baseline='yes' in row 3 is not a 0/1 outcome"),
-    (lambda t: t.assign(scenario_id=t["scenario_id"].where(t.index != 7, t["scenario_id"][0])), "appears more than once"),
-    (lambda t: t.assign(stratum=t["stratum"].where(t.index != 9, "moon_base")), "unknown stratum 'moon_base'"),
-    (lambda t: t.iloc[:0], "has no rows"),
-])
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda t: t.drop(columns=["cluster_id"]), "lacks column(s) cluster_id"),
+        (
+            lambda t: t.assign(candidate=t["candidate"].where(t.index != 5, 2)),
+            "candidate=2 in row 5 is not a 0/1 outcome",
+        ),
+        (
+            lambda t: t.assign(baseline=t["baseline"].astype(object).where(t.index != 3, "yes")),
+            "baseline='yes' in row 3 is not a 0/1 outcome",
+        ),
+        (
+            lambda t: t.assign(scenario_id=t["scenario_id"].where(t.index != 7, t["scenario_id"][0])),
+            "appears more than once",
+        ),
+        (lambda t: t.assign(stratum=t["stratum"].where(t.index != 9, "moon_base")), "unknown stratum 'moon_base'"),
+        (lambda t: t.iloc[:0], "has no rows"),
+    ],
+)
 def test_bad_outcome_files_are_one_line_errors(tmp_path, small, mutate, needle):
     _, strata, _ = small
     path = _write(tmp_path, mutate(outcome_table(strata)))
@@ -92,8 +104,9 @@ def _run_file(workdir, table, *extra):
 
     path = workdir / "outcomes.csv"
     table.to_csv(path, index=False)
-    proc = run_main(["outcomes=file", f"outcomes.path={path}", "tracking=disabled", "gauntlet.plot=false", *extra],
-                    workdir)
+    proc = run_main(
+        ["outcomes=file", f"outcomes.path={path}", "tracking=disabled", "gauntlet.plot=false", *extra], workdir
+    )
     result = None
     if proc.returncode == 0:
         import json
@@ -110,7 +123,8 @@ def test_a_file_with_four_strata_runs_with_no_overrides(workdir, small):
     table = outcome_table(strata)
     table = table[table["stratum"].isin(["historical_regressions", "new_odd", "nominal"])]
     extra = table[table["stratum"] == "new_odd"].assign(
-        stratum="night_driving", scenario_id=lambda t: "night-" + t["scenario_id"])
+        stratum="night_driving", scenario_id=lambda t: "night-" + t["scenario_id"]
+    )
     proc, result = _run_file(workdir, pd.concat([table, extra]))
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("safety_critical", "distribution_shift", "rare_events"):
@@ -135,7 +149,8 @@ def test_a_file_with_four_strata_runs_with_no_overrides(workdir, small):
     # safety_critical is required by the default strata: its absence needs review; the others do not.
     assert rec["recommendation"] == "NEEDS_REVIEW"
     assert [r for r in rec["review_reasons"] if "absent" in r] == [
-        "safety_critical: required (strata.safety_critical.required) but absent from the outcome source"]
+        "safety_critical: required (strata.safety_critical.required) but absent from the outcome source"
+    ]
 
 
 def _file_inputs(tmp_path, table, *extra):
@@ -151,12 +166,21 @@ def _file_inputs(tmp_path, table, *extra):
 def test_absent_strata_that_are_not_required_do_not_block_launch(tmp_path, small):
     _, strata, _ = small
     table = outcome_table(strata)
-    inputs = _file_inputs(tmp_path, table[table["stratum"].isin(["safety_critical", "historical_regressions", "nominal"])])
+    inputs = _file_inputs(
+        tmp_path, table[table["stratum"].isin(["safety_critical", "historical_regressions", "nominal"])]
+    )
     assert sorted(inputs.resolved.absent) == ["distribution_shift", "new_odd", "rare_events"]
     assert inputs.required_absent == []
-    result = run_gauntlet(inputs.settings, inputs.strata, {}, inputs.source, ArrayCache(tmp_path, enabled=False),
-                          {"valid": True, "problems": []}, absent=inputs.resolved.absent,
-                          required_absent=inputs.required_absent)
+    result = run_gauntlet(
+        inputs.settings,
+        inputs.strata,
+        {},
+        inputs.source,
+        ArrayCache(tmp_path, enabled=False),
+        {"valid": True, "problems": []},
+        absent=inputs.resolved.absent,
+        required_absent=inputs.required_absent,
+    )
     assert result["recommendation"]["recommendation"] == "LAUNCH", result["recommendation"]
     assert result["absent_strata"] == inputs.resolved.absent
 
@@ -207,16 +231,28 @@ def test_a_stratum_read_in_one_batch_is_recorded_cluster_by_cluster(tmp_path):
     spec = StratumConfig(units=384, base_rate=0.9, cluster_size=8, catastrophic_halt=False)
     o = synthetic_paired_outcomes("distribution_shift", spec, -0.30, 5)
     cluster = np.repeat(np.arange(48), 8)
-    table = pd.DataFrame({"stratum": "distribution_shift", "scenario_id": [f"s{i}" for i in range(384)],
-                          "cluster_id": [f"scene-{c}" for c in cluster],
-                          "baseline": o.baseline.astype(int), "candidate": o.candidate.astype(int)})
+    table = pd.DataFrame(
+        {
+            "stratum": "distribution_shift",
+            "scenario_id": [f"s{i}" for i in range(384)],
+            "cluster_id": [f"scene-{c}" for c in cluster],
+            "baseline": o.baseline.astype(int),
+            "candidate": o.candidate.astype(int),
+        }
+    )
     path = tmp_path / "one_batch.csv"
     table.to_csv(path, index=False)
     settings, strata, _ = typed_gauntlet(compose_config(["gauntlet.preflight=off"]))
     source = FileOutcomes(str(path))
     source.validate(strata, {})
-    result = run_gauntlet(settings, {"distribution_shift": strata["distribution_shift"]}, {}, source,
-                          ArrayCache(tmp_path, enabled=False), {"valid": True, "problems": []})
+    result = run_gauntlet(
+        settings,
+        {"distribution_shift": strata["distribution_shift"]},
+        {},
+        source,
+        ArrayCache(tmp_path, enabled=False),
+        {"valid": True, "problems": []},
+    )
     s = result["strata"][0]
     tr = s["trajectory"]
     assert s["batches"] == 1 and len(tr["clusters"]) == 48 and tr["looks"] == [48]
@@ -245,7 +281,9 @@ def test_success_rate_interval_is_wilson_without_clustering_and_wider_with_it():
     plain = success_rate_interval(wins, np.ones(100))
     wilson = binomtest(83, 100).proportion_ci(0.95, method="wilson")
     assert plain["design_effect"] == pytest.approx(100 / 99)
-    assert plain["lower"] == pytest.approx(wilson.low, rel=2e-3) and plain["upper"] == pytest.approx(wilson.high, rel=2e-3)
+    assert plain["lower"] == pytest.approx(wilson.low, rel=2e-3) and plain["upper"] == pytest.approx(
+        wilson.high, rel=2e-3
+    )
     many = success_rate_interval(np.r_[np.ones(8300), np.zeros(1700)], np.ones(10_000))
     big = binomtest(8300, 10_000).proportion_ci(0.95, method="wilson")
     assert many["lower"] == pytest.approx(big.low, abs=1e-6) and many["upper"] == pytest.approx(big.high, abs=1e-6)
@@ -273,8 +311,9 @@ def test_success_rate_interval_covers_with_correlated_scenes():
     for r in range(reps):
         ci = success_rate_interval(wins[r], np.full(scenes, size))
         robust += ci["lower"] <= truth <= ci["upper"]
-        unit = success_rate_interval(np.repeat([1.0, 0.0], [int(wins[r].sum()), scenes * size - int(wins[r].sum())]),
-                                     np.ones(scenes * size))
+        unit = success_rate_interval(
+            np.repeat([1.0, 0.0], [int(wins[r].sum()), scenes * size - int(wins[r].sum())]), np.ones(scenes * size)
+        )
         plain += unit["lower"] <= truth <= unit["upper"]
     assert robust / reps > 0.93, robust / reps
     assert plain / reps < 0.90, plain / reps

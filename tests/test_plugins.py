@@ -81,12 +81,19 @@ def test_a_users_policy_with_its_own_arguments_trains(user):
     assert result["parameters"] > 0 and "trained" in proc.stdout
 
 
-@pytest.mark.parametrize("config,extra,needle", [
-    ("model=wide_typo", [], "model.widht is not an argument of team_vla.policy.WidePolicy(vocab, obs_dim, action_dim, "
-                            "horizon, *, width: int = 64, depth: int = 2); did you mean width?"),
-    ("model=wide", ["+model.vocab=[a]"], "model.vocab is supplied by vlaeval when it builds the model"),
-    ("model=missing", [], "model._target_=team_vla.nowhere.Policy cannot be imported (ModuleNotFoundError"),
-])
+@pytest.mark.parametrize(
+    "config,extra,needle",
+    [
+        (
+            "model=wide_typo",
+            [],
+            "model.widht is not an argument of team_vla.policy.WidePolicy(vocab, obs_dim, action_dim, "
+            "horizon, *, width: int = 64, depth: int = 2); did you mean width?",
+        ),
+        ("model=wide", ["+model.vocab=[a]"], "model.vocab is supplied by vlaeval when it builds the model"),
+        ("model=missing", [], "model._target_=team_vla.nowhere.Policy cannot be imported (ModuleNotFoundError"),
+    ],
+)
 def test_a_bad_policy_config_is_one_line_naming_the_signature(user, config, extra, needle):
     work, searchpath, env = user
     proc = run_main(["job=train", config, searchpath, *extra, *TRAIN_SMALL], work, env=env)
@@ -94,15 +101,29 @@ def test_a_bad_policy_config_is_one_line_naming_the_signature(user, config, extr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert not (work / "outputs").exists() or not any((work / "outputs").iterdir())  # nothing written
-    record_outcome("configs", f"user component: {config} {' '.join(extra)}".strip(), f"exit 2 before any work: `{lines[0]}`",
-                   kind="bad input")
+    record_outcome(
+        "configs",
+        f"user component: {config} {' '.join(extra)}".strip(),
+        f"exit 2 before any work: `{lines[0]}`",
+        kind="bad input",
+    )
 
 
 def test_a_users_outcome_source_runs_the_gauntlet(user):
     work, searchpath, env = user
     # An argument the file leaves out is added with + (and still checked against the signature).
-    proc = run_main(["outcomes=site", "+outcomes.replay_speed=2.0", searchpath, "strata=small", "gauntlet.plot=false",
-                     "tracking=disabled"], work, env=env)
+    proc = run_main(
+        [
+            "outcomes=site",
+            "+outcomes.replay_speed=2.0",
+            searchpath,
+            "strata=small",
+            "gauntlet.plot=false",
+            "tracking=disabled",
+        ],
+        work,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     [run_dir] = (work / "outputs").glob("*_gauntlet")
     result = json.loads((run_dir / "result.json").read_text())
@@ -110,8 +131,10 @@ def test_a_users_outcome_source_runs_the_gauntlet(user):
     assert result["recommendation"]["recommendation"] in ("LAUNCH", "NEEDS_REVIEW")
     unnamed = run_main(["outcomes=site_unnamed", searchpath, "strata=small", "tracking=disabled"], work, env=env)
     assert unnamed.returncode == 2
-    assert "outcomes misses argument site of team_vla.outcomes.SiteOutcomes(site: str, replay_speed: float = 1.0)" \
+    assert (
+        "outcomes misses argument site of team_vla.outcomes.SiteOutcomes(site: str, replay_speed: float = 1.0)"
         in unnamed.stderr
+    )
 
 
 def test_builtin_component_schemas_are_their_signatures():

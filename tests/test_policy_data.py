@@ -29,8 +29,16 @@ from vlaeval.residual.gradients import (
     split_half_reliability,
 )
 
-SMALL = ["data=tiny", "model=tiny_vla_small", "train.steps=40", "train.batch_size=32", "train.log_every=10",
-         "train.evaluate_after=false", "gradients.num_anchors=8", "gradients.seeds=${range:100,108}"]
+SMALL = [
+    "data=tiny",
+    "model=tiny_vla_small",
+    "train.steps=40",
+    "train.batch_size=32",
+    "train.log_every=10",
+    "train.evaluate_after=false",
+    "gradients.num_anchors=8",
+    "gradients.seeds=${range:100,108}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +76,14 @@ def test_anchor_targets_are_masked_at_the_episode_end(small):
 
 
 def _order_in_subprocess(cache_dir):
-    code = ("import json, sys; sys.path.insert(0, %r); from helpers.configs import compose_config; "
-            "from vlaeval.policy.builtin import prepare_data; from vlaeval.data.anchors import draw; "
-            "cfg = compose_config(%r, output_dir=%r, cache_dir=%r); d = prepare_data(cfg.data, str(cfg.paths.cache_dir)); "
-            "idx, traces = draw(d.anchors, 20, 3); "
-            "print(json.dumps({'sha': d.demonstrations.manifest_sha256, 'idx': idx.tolist(), 'traces': traces}))"
-            % (str(REPO / "tests"), SMALL, str(cache_dir), str(cache_dir)))
+    code = (
+        "import json, sys; sys.path.insert(0, %r); from helpers.configs import compose_config; "
+        "from vlaeval.policy.builtin import prepare_data; from vlaeval.data.anchors import draw; "
+        "cfg = compose_config(%r, output_dir=%r, cache_dir=%r); d = prepare_data(cfg.data, str(cfg.paths.cache_dir)); "
+        "idx, traces = draw(d.anchors, 20, 3); "
+        "print(json.dumps({'sha': d.demonstrations.manifest_sha256, 'idx': idx.tolist(), 'traces': traces}))"
+        % (str(REPO / "tests"), SMALL, str(cache_dir), str(cache_dir))
+    )
     env = {**os.environ, "PYTHONHASHSEED": str(len(str(cache_dir)))}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -89,7 +99,10 @@ def test_manifest_and_anchor_order_are_identical_across_processes(tmp_path, smal
     idx, traces = draw(data.anchors, 20, 3)
     assert a["idx"] == idx.tolist() and a["traces"] == traces
     assert set(traces[0]) == set(TRACE_FIELDS)
-    assert traces[0]["global_draw_id"] == 3 * len(data.anchors) and traces[1]["global_draw_id"] == traces[0]["global_draw_id"] + 1
+    assert (
+        traces[0]["global_draw_id"] == 3 * len(data.anchors)
+        and traces[1]["global_draw_id"] == traces[0]["global_draw_id"] + 1
+    )
 
 
 def test_policy_protocol_and_flow_convention(small):
@@ -107,8 +120,11 @@ def test_policy_protocol_and_flow_convention(small):
 def test_training_twice_in_new_processes_gives_the_same_checkpoint(workdir):
     shas = []
     for name in ("one", "two"):
-        proc = run_main(["job=train", "tracking=disabled", *SMALL, f"hydra.run.dir={workdir / name}"], workdir,
-                        env={"VLAEVAL_CACHE_DIR": str(workdir / f"cache-{name}")})
+        proc = run_main(
+            ["job=train", "tracking=disabled", *SMALL, f"hydra.run.dir={workdir / name}"],
+            workdir,
+            env={"VLAEVAL_CACHE_DIR": str(workdir / f"cache-{name}")},
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         sidecar = json.loads((workdir / name / "model.json").read_text())
         state = torch.load(workdir / name / "model.pt", weights_only=True)
@@ -121,15 +137,22 @@ def test_training_twice_in_new_processes_gives_the_same_checkpoint(workdir):
 def test_pickled_code_checkpoint_is_refused(workdir, tmp_path):
     evil = tmp_path / "evil.pt"
     torch.save({"weight": torch.zeros(2), "payload": os.system}, evil)
-    proc = run_main(["job=gradients", "tracking=disabled", *SMALL, "checkpoint=path", f"checkpoint.path={evil}"], workdir,
-                    env={"VLAEVAL_CACHE_DIR": str(workdir / "cache")})
+    proc = run_main(
+        ["job=gradients", "tracking=disabled", *SMALL, "checkpoint=path", f"checkpoint.path={evil}"],
+        workdir,
+        env={"VLAEVAL_CACHE_DIR": str(workdir / "cache")},
+    )
     assert proc.returncode == 2
     assert "holds pickled code or objects, refused" in proc.stderr
     assert not any((workdir / "outputs").glob("*")) if (workdir / "outputs").exists() else True
     with pytest.raises(UserInputError, match="pickled code"):
         load_state_dict(evil)
-    record_outcome("checkpoints", "checkpoint holding pickled code (os.system)",
-                   "exit 2: refused by weights-only loading, nothing written", kind="bad input")
+    record_outcome(
+        "checkpoints",
+        "checkpoint holding pickled code (os.system)",
+        "exit 2: refused by weights-only loading, nothing written",
+        kind="bad input",
+    )
 
 
 def test_modified_checkpoint_is_refused_and_builtin_retrains(small, tmp_path):
@@ -140,10 +163,15 @@ def test_modified_checkpoint_is_refused_and_builtin_retrains(small, tmp_path):
     handle.path.write_bytes(bytes(data_bytes))
     with pytest.raises(UserInputError, match="does not match the sha256"):
         load_state_dict(handle.path)
-    again = obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data)  # the builtin slot is recomputed, never trusted
+    again = obtain_policy(
+        PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data
+    )  # the builtin slot is recomputed, never trusted
     assert again.trained_now and again.sha256 == handle.sha256
-    record_outcome("checkpoints", "one bit flipped in a checkpoint",
-                   "refused: does not match the sha256 in its sidecar; the cached builtin one is retrained, same digest")
+    record_outcome(
+        "checkpoints",
+        "one bit flipped in a checkpoint",
+        "refused: does not match the sha256 in its sidecar; the cached builtin one is retrained, same digest",
+    )
 
 
 @pytest.mark.parametrize("trainable", ["action_head", "all"])
@@ -151,12 +179,17 @@ def test_batched_gradient_norms_equal_a_per_sample_loop(small, trainable):
     cfg, data = small
     model = build_model(PolicySpec.of(cfg), data).double()
     index, _ = draw(data.anchors, 12, 0)
-    batch = {k: (v.double() if v.is_floating_point() else v) for k, v in anchor_batch(data.anchors, index, data.instruction_table).items()}
+    batch = {
+        k: (v.double() if v.is_floating_point() else v)
+        for k, v in anchor_batch(data.anchors, index, data.instruction_table).items()
+    }
     t, noise = gradient_draws(7, index.size, 4, 4, cfg.flow)
     params = list(model.trainable_parameters(trainable))
     for p in model.parameters():
         p.requires_grad_(any(p is q for q in params))
-    fast, fast_loss = per_sample_sq_grad_norms(model, model.trainable_modules(trainable), batch, t.double(), noise.double())
+    fast, fast_loss = per_sample_sq_grad_norms(
+        model, model.trainable_modules(trainable), batch, t.double(), noise.double()
+    )
     slow, slow_loss = per_sample_sq_grad_norms_loop(model, params, batch, t.double(), noise.double())
     np.testing.assert_allclose(fast.numpy(), slow.numpy(), rtol=1e-10)
     np.testing.assert_allclose(fast_loss.numpy(), slow_loss.numpy(), rtol=1e-12)
@@ -169,8 +202,9 @@ def test_gradient_rms_in_float32_matches_the_loop_to_1e5(small):
     seeds = [1, 2, 3, 4]
     kwargs = dict(trainable="action_head", batch_size=16)
     fast = gradient_measurements(handle.model, data.anchors, index, data.instruction_table, seeds, cfg.flow, **kwargs)
-    slow = gradient_measurements(handle.model, data.anchors, index, data.instruction_table, seeds, cfg.flow,
-                                 method="loop", **kwargs)
+    slow = gradient_measurements(
+        handle.model, data.anchors, index, data.instruction_table, seeds, cfg.flow, method="loop", **kwargs
+    )
     np.testing.assert_allclose(fast.rms(), slow.rms(), rtol=1e-5)
 
 
@@ -185,8 +219,11 @@ def test_split_half_reliability_is_high_for_consistent_anchors():
 
 def test_gradients_job_writes_the_artifact_the_audit_reads(workdir):
     run_dir = workdir / "grad"
-    proc = run_main(["job=gradients", "tracking=disabled", *SMALL, f"hydra.run.dir={run_dir}"], workdir,
-                    env={"VLAEVAL_CACHE_DIR": str(workdir / "cache")})
+    proc = run_main(
+        ["job=gradients", "tracking=disabled", *SMALL, f"hydra.run.dir={run_dir}"],
+        workdir,
+        env={"VLAEVAL_CACHE_DIR": str(workdir / "cache")},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     artifact = json.loads((run_dir / "gradient_artifact.json").read_text())
     assert artifact["schema_version"] == 1 and len(artifact["checkpoint_sha256"]) == 64
@@ -195,23 +232,31 @@ def test_gradients_job_writes_the_artifact_the_audit_reads(workdir):
     first = artifact["anchors"][0]
     assert first["gradient_rms"] > 0 and np.isfinite(first["mean_gradient_loss"])
     assert set(first["sampling_trace"]) == set(TRACE_FIELDS) and len(first["per_seed"]["gradient_rms"]) == 8
-    assert first["gradient_rms"] == pytest.approx(np.sqrt(np.mean(np.square(first["per_seed"]["gradient_rms"]))), rel=1e-9)
+    assert first["gradient_rms"] == pytest.approx(
+        np.sqrt(np.mean(np.square(first["per_seed"]["gradient_rms"]))), rel=1e-9
+    )
     assert {"split_half_spearman", "spearman_brown", "seeds_per_half"} <= set(artifact["reliability"])
     assert artifact["gradient_runtime"]["pairs"] == 64
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("data.tasks=[reech-v3]", "unknown Meta-World task 'reech-v3'; did you mean reach-v3, push-v3, sweep-v3?"),
-    ("data.tasks=[]", "data.tasks is empty"),
-    ("data.episodes_per_task=0", "data.episodes_per_task=0 must be >= 1"),
-    ("data.horizon=0", "data.horizon=0 must be >= 1"),
-    ("gradients.seeds=[]", "gradients.seeds has 0 seed(s)"),
-    ("gradients.seeds=[3,3,4]", "gradients.seeds repeats [3]"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("data.tasks=[reech-v3]", "unknown Meta-World task 'reech-v3'; did you mean reach-v3, push-v3, sweep-v3?"),
+        ("data.tasks=[]", "data.tasks is empty"),
+        ("data.episodes_per_task=0", "data.episodes_per_task=0 must be >= 1"),
+        ("data.horizon=0", "data.horizon=0 must be >= 1"),
+        ("gradients.seeds=[]", "gradients.seeds has 0 seed(s)"),
+        ("gradients.seeds=[3,3,4]", "gradients.seeds repeats [3]"),
+    ],
+)
 def test_bad_data_and_gradient_input_is_one_line_and_writes_nothing(workdir, override, needle):
     before = set(workdir.rglob("*"))
-    proc = run_main(["job=gradients", "tracking=disabled", *SMALL, override], workdir,
-                    env={"VLAEVAL_CACHE_DIR": str(workdir / "cache")})
+    proc = run_main(
+        ["job=gradients", "tracking=disabled", *SMALL, override],
+        workdir,
+        env={"VLAEVAL_CACHE_DIR": str(workdir / "cache")},
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
@@ -223,8 +268,12 @@ def test_bad_data_and_gradient_input_is_one_line_and_writes_nothing(workdir, ove
 def test_train_job_logs_loss_curve_checkpoint_and_success_to_mlflow(workdir, store):
     from mlflow.tracking import MlflowClient
 
-    args = ["job=train", *[a for a in SMALL if a != "train.evaluate_after=false"], "evaluate.episodes_per_task=1",
-            "evaluate.max_steps=20"]
+    args = [
+        "job=train",
+        *[a for a in SMALL if a != "train.evaluate_after=false"],
+        "evaluate.episodes_per_task=1",
+        "evaluate.max_steps=20",
+    ]
     proc = run_main(args, workdir, env={"MLFLOW_TRACKING_URI": store, "VLAEVAL_CACHE_DIR": str(workdir / "cache")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Closed-loop success on held-out episodes" in proc.stdout
@@ -232,7 +281,10 @@ def test_train_job_logs_loss_curve_checkpoint_and_success_to_mlflow(workdir, sto
     run = client.search_runs([client.get_experiment_by_name("vlaeval-train").experiment_id])[0]
     curve = client.get_metric_history(run.info.run_id, "train.loss")
     assert [m.step for m in curve] == [10, 20, 30, 40]
-    assert "eval.reach-v3.policy_success_rate" in run.data.metrics and "eval.reach-v3.expert_success_rate" in run.data.metrics
+    assert (
+        "eval.reach-v3.policy_success_rate" in run.data.metrics
+        and "eval.reach-v3.expert_success_rate" in run.data.metrics
+    )
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
     assert artifacts == {"checkpoint/model.pt", "checkpoint/model.json"}
     assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {"plots/success_rates.png"}
@@ -242,8 +294,12 @@ def test_train_job_logs_loss_curve_checkpoint_and_success_to_mlflow(workdir, sto
 def test_default_config_gradient_reliability_reaches_0_8(workdir):
     """Trains the default policy from an empty cache (~1 min) and measures the default artifact."""
     run_dir = workdir / "grad"
-    proc = run_main(["job=gradients", "tracking=disabled", f"hydra.run.dir={run_dir}"], workdir,
-                    env={"VLAEVAL_CACHE_DIR": str(workdir / "cache")}, timeout=900)
+    proc = run_main(
+        ["job=gradients", "tracking=disabled", f"hydra.run.dir={run_dir}"],
+        workdir,
+        env={"VLAEVAL_CACHE_DIR": str(workdir / "cache")},
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     artifact = json.loads((run_dir / "gradient_artifact.json").read_text())
     assert len(artifact["anchors"]) == 64 and len(artifact["seed_separation"]["gradient_seeds"]) == 512
@@ -256,8 +312,11 @@ def test_reproduce_of_a_training_run_gives_the_same_checkpoint(workdir):
     env = {"VLAEVAL_CACHE_DIR": str(workdir / "cache")}
     proc = run_main(["job=train", "tracking=disabled", *SMALL, f"hydra.run.dir={run_dir}"], workdir, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rep = run_main(["job=reproduce", "tracking=disabled", f"reproduce.run_id={run_dir}",
-                    f"hydra.run.dir={workdir / 'rep'}"], workdir, env=env)
+    rep = run_main(
+        ["job=reproduce", "tracking=disabled", f"reproduce.run_id={run_dir}", f"hydra.run.dir={workdir / 'rep'}"],
+        workdir,
+        env=env,
+    )
     assert rep.returncode == 0, rep.stderr[-3000:]
     report = json.loads((workdir / "rep" / "reproduce.json").read_text())
     assert report["all_identical"]

@@ -4,12 +4,32 @@ from helpers.reliability import render
 
 
 def test_headline_counts_and_table_cells():
-    rows = [{"kind": "bad input", "area": "configs", "case": "a|b", "observed": "exit 2 | nothing written",
-             "test": "tests/test_x.py::test_a[alpha 0]", "runs_lost": "0"},
-            {"kind": "fault", "area": "tracking", "case": "server killed", "observed": "synced",
-             "test": "tests/test_y.py::test_b", "runs_lost": "0"},
-            {"kind": "set-up", "area": "tracking", "case": "postgres", "observed": "ok",
-             "test": "tests/test_y.py::test_c", "runs_lost": "0"}]
+    rows = [
+        {
+            "kind": "bad input",
+            "area": "configs",
+            "case": "a|b",
+            "observed": "exit 2 | nothing written",
+            "test": "tests/test_x.py::test_a[alpha 0]",
+            "runs_lost": "0",
+        },
+        {
+            "kind": "fault",
+            "area": "tracking",
+            "case": "server killed",
+            "observed": "synced",
+            "test": "tests/test_y.py::test_b",
+            "runs_lost": "0",
+        },
+        {
+            "kind": "set-up",
+            "area": "tracking",
+            "case": "postgres",
+            "observed": "ok",
+            "test": "tests/test_y.py::test_c",
+            "runs_lost": "0",
+        },
+    ]
     text = render(rows)
     assert "**1 bad inputs tried, 1 faults survived, 0 runs lost** (1 tracking set-ups checked end to end)." in text
     assert "| bad input | a/b | exit 2 \\| nothing written | `tests/test_x.py::test_a[alpha 0]` |" in text

@@ -21,8 +21,13 @@ DEAD_SERVER = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIME
 
 
 def test_secret_keys_and_uri_passwords_are_masked_in_the_logged_params():
-    plain = to_plain(compose_config(["tracking.uri=postgresql://vlaeval:hunter2@db.internal:5432/mlflow"],
-                                    output_dir=Path("out"), cache_dir=Path("cache")))
+    plain = to_plain(
+        compose_config(
+            ["tracking.uri=postgresql://vlaeval:hunter2@db.internal:5432/mlflow"],
+            output_dir=Path("out"),
+            cache_dir=Path("cache"),
+        )
+    )
     plain["outcomes"]["api_token"] = "tok-123"
     plain["storage"] = {"aws_secret_access_key": "AKIA-SECRET", "password": "pw", "key": "k", "monkey": "banana"}
     params = mask_secrets(flatten(plain))
@@ -31,13 +36,20 @@ def test_secret_keys_and_uri_passwords_are_masked_in_the_logged_params():
     assert params["storage.password"] == params["storage.key"] == MASK
     assert params["storage.monkey"] == "banana"  # a word that merely ends in "key" is not a secret key
     assert not any(secret in str(v) for v in params.values() for secret in ("hunter2", "tok-123", "AKIA", "pw"))
-    record_outcome("tracking", "secrets in the config (password, token, secret, key, URI password)",
-                   "masked as ***** in every logged param", kind="bad input")
+    record_outcome(
+        "tracking",
+        "secrets in the config (password, token, secret, key, URI password)",
+        "masked as ***** in every logged param",
+        kind="bad input",
+    )
 
 
 def _queued_run(workdir: Path) -> Path:
-    proc = run_main(["job=plan", "gauntlet.plan_replications=50", "tracking=server", "tracking.uri=http://127.0.0.1:9"],
-                    workdir, env=DEAD_SERVER)
+    proc = run_main(
+        ["job=plan", "gauntlet.plan_replications=50", "tracking=server", "tracking.uri=http://127.0.0.1:9"],
+        workdir,
+        env=DEAD_SERVER,
+    )
     assert proc.returncode == 3, proc.stderr[-2000:]
     return next(workdir.glob("outputs/*_plan/mlflow_pending.json"))
 
@@ -45,10 +57,11 @@ def _queued_run(workdir: Path) -> Path:
 def test_tampered_queued_artifact_paths_cannot_escape_their_folder(workdir, store):
     pending = _queued_run(workdir)
     record = json.loads(pending.read_text())
-    for tampered, needle in ((
-            {"root": "run", "path": "../../../../../etc/passwd", "artifact_path": None}, "escapes its folder (run)"), (
-            {"root": "run", "path": "result.json", "artifact_path": "../../outside"}, "escapes the run's artifact root"), (
-            {"root": "/", "path": "etc/passwd", "artifact_path": None}, "escapes its folder")):
+    for tampered, needle in (
+        ({"root": "run", "path": "../../../../../etc/passwd", "artifact_path": None}, "escapes its folder (run)"),
+        ({"root": "run", "path": "result.json", "artifact_path": "../../outside"}, "escapes the run's artifact root"),
+        ({"root": "/", "path": "etc/passwd", "artifact_path": None}, "escapes its folder"),
+    ):
         pending.write_text(json.dumps({**record, "artifacts": record["artifacts"] + [tampered]}))
         proc = run_main(["job=sync", f"tracking.uri={store}"], workdir)
         assert proc.returncode == 3 and "0 uploaded, 1 failed" in proc.stdout
@@ -58,8 +71,12 @@ def test_tampered_queued_artifact_paths_cannot_escape_their_folder(workdir, stor
         experiment = client.get_experiment_by_name("vlaeval-plan")
         assert experiment is None or not client.search_runs([experiment.experiment_id])  # nothing uploaded
         assert pending.exists()  # still queued, for a human to look at
-        record_outcome("tracking", f"queued run whose artifact entry is {tampered}",
-                       f"job=sync refuses it ({needle}), uploads nothing, exit 3, the queue file stays", kind="bad input")
+        record_outcome(
+            "tracking",
+            f"queued run whose artifact entry is {tampered}",
+            f"job=sync refuses it ({needle}), uploads nothing, exit 3, the queue file stays",
+            kind="bad input",
+        )
     pending.write_text(json.dumps(record))  # the untampered record goes through
     proc = run_main(["job=sync", f"tracking.uri={store}"], workdir)
     assert proc.returncode == 0 and "1 uploaded, 0 failed" in proc.stdout
@@ -72,12 +89,19 @@ def test_outcome_ids_that_look_like_paths_never_become_file_names(workdir):
     table["cluster_id"] = "../../" + table["cluster_id"] + "/x"
     path = workdir / "outcomes.csv"
     table.to_csv(path, index=False)
-    proc = run_main(["strata=small", "outcomes=file", f"outcomes.path={path}", "tracking=disabled", "gauntlet.plot=false"],
-                    workdir, env={"VLAEVAL_CACHE_DIR": str(workdir / "cache")})
+    proc = run_main(
+        ["strata=small", "outcomes=file", f"outcomes.path={path}", "tracking=disabled", "gauntlet.plot=false"],
+        workdir,
+        env={"VLAEVAL_CACHE_DIR": str(workdir / "cache")},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (workdir.parent / "escape").exists() and not Path("/escape").exists()
     written = [p for p in workdir.rglob("*") if p.is_file()]
     assert all(p.resolve().is_relative_to(workdir.resolve()) for p in written)
     assert not any("escape" in str(p) for p in written)
-    record_outcome("outcome files", "scenario and cluster ids shaped like ../../ paths",
-                   "treated as opaque ids: the gauntlet runs, every file stays under its own folder", kind="bad input")
+    record_outcome(
+        "outcome files",
+        "scenario and cluster ids shaped like ../../ paths",
+        "treated as opaque ids: the gauntlet runs, every file stays under its own folder",
+        kind="bad input",
+    )

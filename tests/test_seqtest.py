@@ -52,8 +52,12 @@ def test_bets_are_predictable():
     y = x.copy()
     y[120] = -1.0
     margins = np.array([[-0.02], [0.0], [0.05]])
-    a = plug_in_bets(predictable_moments(x, MomentState()), margins, UPPER, rule="agrapa", cap_fraction=0.95, alpha=0.05)
-    b = plug_in_bets(predictable_moments(y, MomentState()), margins, UPPER, rule="agrapa", cap_fraction=0.95, alpha=0.05)
+    a = plug_in_bets(
+        predictable_moments(x, MomentState()), margins, UPPER, rule="agrapa", cap_fraction=0.95, alpha=0.05
+    )
+    b = plug_in_bets(
+        predictable_moments(y, MomentState()), margins, UPPER, rule="agrapa", cap_fraction=0.95, alpha=0.05
+    )
     np.testing.assert_array_equal(a[:, :121], b[:, :121])
     assert not np.array_equal(a[:, 121:], b[:, 121:])
     assert np.all(a >= 0) and np.all(a <= 0.95 / (1 + margins))
@@ -63,17 +67,23 @@ def test_batches_of_any_split_give_the_same_wealth():
     rng = np.random.default_rng(1)
     x = rng.normal(0.01, 0.05, 600).clip(-1, 1)
     whole = WealthFamily.start(np.array([-0.02, 0.03]), LOWER)
-    whole.update(x, predictable_moments(x, MomentState()), rule="agrapa", cap_fraction=0.95, alpha=0.05,
-                 threshold_log=3.0)
+    whole.update(
+        x, predictable_moments(x, MomentState()), rule="agrapa", cap_fraction=0.95, alpha=0.05, threshold_log=3.0
+    )
     split = WealthFamily.start(np.array([-0.02, 0.03]), LOWER)
     state = MomentState()
     for chunk in np.array_split(x, [7, 100, 101, 350]):
-        split.update(chunk, predictable_moments(chunk, state), rule="agrapa", cap_fraction=0.95, alpha=0.05,
-                     threshold_log=3.0)
+        split.update(
+            chunk, predictable_moments(chunk, state), rule="agrapa", cap_fraction=0.95, alpha=0.05, threshold_log=3.0
+        )
         state = state.advanced(chunk)
     np.testing.assert_allclose(split.log_wealth, whole.log_wealth, rtol=1e-10)
-    np.testing.assert_allclose(split.log_wealth, log_wealth_paths(x, -0.02, LOWER)[0, -1] * np.array([1, 0]) +
-                               log_wealth_paths(x, 0.03, LOWER)[0, -1] * np.array([0, 1]), rtol=1e-10)
+    np.testing.assert_allclose(
+        split.log_wealth,
+        log_wealth_paths(x, -0.02, LOWER)[0, -1] * np.array([1, 0])
+        + log_wealth_paths(x, 0.03, LOWER)[0, -1] * np.array([0, 1]),
+        rtol=1e-10,
+    )
 
 
 def test_pass_regression_and_stickiness():

@@ -110,8 +110,11 @@ DESIGN_REPS, DESIGN_CLUSTERS = 1000, 4000
 DESIGNS = size_dependent_designs()
 
 
-@pytest.fixture(scope="module", params=range(len(DESIGNS)), ids=[d.name.split(":")[0] + (" mirrored" if d.mirror else "")
-                                                                   for d in DESIGNS])
+@pytest.fixture(
+    scope="module",
+    params=range(len(DESIGNS)),
+    ids=[d.name.split(":")[0] + (" mirrored" if d.mirror else "") for d in DESIGNS],
+)
 def design_draw(request):
     design = DESIGNS[request.param]
     x, n = design.draw(np.random.default_rng(200 + request.param), DESIGN_REPS, DESIGN_CLUSTERS)
@@ -132,8 +135,9 @@ def test_negative_control_a_cap_from_the_current_cluster_size_fails(design_draw)
     on every size-dependent design it declares the attacked decision far more often than alpha
     (measured 11-24% at 4,000 clusters; ~25-36% at 10,000 through PairedSequentialTest)."""
     design, x, n = design_draw
-    times = exact_decision_times(x, design.margin_delta(), ALPHA, rule="blend", cap=size_adaptive_cap(n),
-                                 weights=design.weights(n))
+    times = exact_decision_times(
+        x, design.margin_delta(), ALPHA, rule="blend", cap=size_adaptive_cap(n), weights=design.weights(n)
+    )
     attacked = int((times[design.side] < NEVER).sum())
     assert cp_lower(attacked, DESIGN_REPS) > ALPHA, (design.name, attacked)
 
@@ -144,8 +148,9 @@ def test_one_cap_per_stratum_is_valid_on_the_size_dependent_designs(design_draw)
     design, x, n = design_draw
     cap = float(size_adaptive_cap(min(design.sizes)))
     for rule in BET_RULES:
-        counts = false_decisions(exact_decision_times(x, design.margin_delta(), ALPHA, rule=rule, cap=cap,
-                                                      weights=design.weights(n)))
+        counts = false_decisions(
+            exact_decision_times(x, design.margin_delta(), ALPHA, rule=rule, cap=cap, weights=design.weights(n))
+        )
         assert max(cp_lower(c, DESIGN_REPS) for c in counts.values()) <= ALPHA, (design.name, rule, counts)
 
 
@@ -157,14 +162,20 @@ def test_object_api_on_the_size_dependent_designs(index):
     design = DESIGNS[index]
     reps = 120
     x, n = design.draw(np.random.default_rng(300 + index), reps, DESIGN_CLUSTERS)
-    times = exact_decision_times(x, design.margin_delta(), ALPHA, rule="blend", cap=float(size_adaptive_cap(1)),
-                                 weights=design.weights(n))
+    times = exact_decision_times(
+        x, design.margin_delta(), ALPHA, rule="blend", cap=float(size_adaptive_cap(1)), weights=design.weights(n)
+    )
     expected = np.minimum(times["pass"], times["regression"])
     wrong = 0
     cuts = np.sort(np.random.default_rng(index).choice(np.arange(1, DESIGN_CLUSTERS), size=24, replace=False))
     for r in range(reps):
-        test = PairedSequentialTest(design.margin_delta(), ALPHA, estimand=design.estimand,
-                                    min_cluster_size=int(n[r].min()), max_cluster_size=design.sizes[1])
+        test = PairedSequentialTest(
+            design.margin_delta(),
+            ALPHA,
+            estimand=design.estimand,
+            min_cluster_size=int(n[r].min()),
+            max_cluster_size=design.sizes[1],
+        )
         for part in np.split(np.arange(DESIGN_CLUSTERS), cuts):
             test.update_clusters(x[r, part], n[r, part])
         decided = test.snapshot()["decided_at_cluster"]
@@ -240,8 +251,9 @@ def test_sequential_test_object_matches_the_vectorised_harness():
     sizes, p_plus, p_minus = unequal_design()
     x, n = unequal_cluster_means(np.random.default_rng(5), 1, 300, sizes, p_plus, p_minus)
     for rule in BET_RULES:
-        test = PairedSequentialTest(DELTA, ALPHA, bet_rule=rule, bet_cap=None, estimand="unit", max_cluster_size=40,
-                                    min_cluster_size=2)
+        test = PairedSequentialTest(
+            DELTA, ALPHA, bet_rule=rule, bet_cap=None, estimand="unit", max_cluster_size=40, min_cluster_size=2
+        )
         for part in np.array_split(np.arange(300), [3, 50, 51, 170]):
             test.update_clusters(x[0, part], n[0, part])
         times = exact_decision_times(x, DELTA, ALPHA, rule=rule, cap=float(size_adaptive_cap(2)), weights=n / 40)
@@ -262,8 +274,9 @@ def test_ons_state_carries_across_batches():
     split = WealthFamily.start(np.array([-0.02, 0.0]), UPPER)
     state = MomentState()
     for chunk in np.array_split(x, [1, 77, 300]):
-        split.update(chunk, predictable_moments(chunk, state), rule="ons", cap_fraction=0.9, alpha=ALPHA,
-                     threshold_log=3.0)
+        split.update(
+            chunk, predictable_moments(chunk, state), rule="ons", cap_fraction=0.9, alpha=ALPHA, threshold_log=3.0
+        )
         state = state.advanced(chunk)
     np.testing.assert_allclose(split.log_wealth, whole.log_wealth, rtol=1e-12)
     assert np.all(whole.ons_bet <= 0.9 / (1 - np.array([0.02, 0.0])) + 1e-12)
@@ -311,12 +324,14 @@ def _grouped_file_table(x_row, path, stratum="safety_critical", size=8, seed=0):
         k = int(round(mean * size))  # net candidate-minus-baseline successes in the scene
         baseline = np.ones(size, int)
         candidate = np.ones(size, int)
-        baseline[:max(k, 0)] = 0
-        candidate[:max(-k, 0)] = 0
+        baseline[: max(k, 0)] = 0
+        candidate[: max(-k, 0)] = 0
         idx = rng.permutation(size)
         for i in range(size):
             rows.append((stratum, f"s{c}-{i}", f"scene-{c}", baseline[idx[i]], candidate[idx[i]]))
-    pd.DataFrame(rows, columns=["stratum", "scenario_id", "cluster_id", "baseline", "candidate"]).to_csv(path, index=False)
+    pd.DataFrame(rows, columns=["stratum", "scenario_id", "cluster_id", "baseline", "candidate"]).to_csv(
+        path, index=False
+    )
 
 
 def test_the_gauntlet_shuffles_clusters_and_records_the_order(tmp_path):
@@ -326,7 +341,9 @@ def test_the_gauntlet_shuffles_clusters_and_records_the_order(tmp_path):
     path = tmp_path / "grouped.csv"
     _grouped_file_table(x, path)
     for order, halted in (("as_given", True), ("shuffled", False)):
-        settings, strata, _ = typed_gauntlet(compose_config([f"gauntlet.cluster_order={order}", "gauntlet.preflight=off"]))
+        settings, strata, _ = typed_gauntlet(
+            compose_config([f"gauntlet.cluster_order={order}", "gauntlet.preflight=off"])
+        )
         source = FileOutcomes(str(path))
         source.validate(strata, {})
         only = {"safety_critical": strata["safety_critical"]}
@@ -369,10 +386,14 @@ def test_the_halt_is_decided_on_its_own_confidence_sequence_and_quotes_the_cross
 def test_decision_margins_must_lie_on_the_confidence_grid():
     with pytest.raises(ValueError, match="catastrophic_delta=0.05 is not a multiple of cs_grid_step=0.003"):
         PairedSequentialTest(0.021, ALPHA, catastrophic_delta=0.05, cs_grid_step=0.003)
-    settings, strata, effects = typed_gauntlet(compose_config(["gauntlet.cs_grid_step=0.003", "gauntlet.margin_delta=0.021"]))
+    settings, strata, effects = typed_gauntlet(
+        compose_config(["gauntlet.cs_grid_step=0.003", "gauntlet.margin_delta=0.021"])
+    )
     from vlaeval.config import UserInputError
 
-    with pytest.raises(UserInputError, match=r"gauntlet.catastrophic_delta=0.05 is not a multiple of gauntlet.cs_grid_step=0.003"):
+    with pytest.raises(
+        UserInputError, match=r"gauntlet.catastrophic_delta=0.05 is not a multiple of gauntlet.cs_grid_step=0.003"
+    ):
         validate_gauntlet(settings, strata, effects)
 
 
@@ -385,8 +406,9 @@ def test_alarms_including_the_halt_control_the_family_wise_error():
     regression = realistic_cluster_means(rng, reps * k, 300, 10, -DELTA).reshape(reps * k, 300)
     reg_times = exact_decision_times(regression, DELTA, ALPHA, rule="blend", cap=0.98, alarm_alpha=alarm)["regression"]
     halting = realistic_cluster_means(rng, reps, 300, 10, -0.05)
-    halt_times = exact_decision_times(halting, 0.05, ALPHA, rule="blend", cap=0.98,
-                                      alarm_alpha=min(ALPHA / 2, alarm))["regression"]
+    halt_times = exact_decision_times(halting, 0.05, ALPHA, rule="blend", cap=0.98, alarm_alpha=min(ALPHA / 2, alarm))[
+        "regression"
+    ]
     any_false = (reg_times.reshape(reps, k) < NEVER).any(axis=1) | (halt_times < NEVER)
     assert cp_lower(int(any_false.sum()), reps) <= ALPHA
 
@@ -394,8 +416,9 @@ def test_alarms_including_the_halt_control_the_family_wise_error():
 def test_scheduler_splits_the_alarm_level_over_regressions_and_halts():
     settings, strata, effects = typed_gauntlet(compose_config(["effects=distribution_shift_regression"]))
     validate_gauntlet(settings, strata, effects)
-    result = run_gauntlet(settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False),
-                          VALID_LINEAGE)
+    result = run_gauntlet(
+        settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), VALID_LINEAGE
+    )
     alarms = len(strata) + sum(s.catastrophic_halt for s in strata.values())
     assert alarms == 7
     assert result["multiplicity"]["alarm_alpha"] == pytest.approx(settings.alpha / alarms)
@@ -427,8 +450,9 @@ def test_asymptotic_mode_is_invalid_on_the_skewed_null_which_is_why_it_is_opt_in
 def test_approximate_modes_need_review_and_say_so(mode):
     settings, strata, effects = typed_gauntlet(compose_config([f"gauntlet.test_mode={mode}"]))
     validate_gauntlet(settings, strata, effects)
-    result = run_gauntlet(settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False),
-                          VALID_LINEAGE)
+    result = run_gauntlet(
+        settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), VALID_LINEAGE
+    )
     label = mode.upper().replace("_", "-")
     assert result["test_mode"] == mode and label in result["statistical_validity"]
     assert result["recommendation"]["recommendation"] == NEEDS_REVIEW

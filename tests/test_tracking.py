@@ -18,14 +18,29 @@ from vlaeval.tracking import flatten, mask_secrets
 
 def test_flatten_and_mask():
     flat = flatten({"a": {"b": [1, {"c": 2}], "e": []}, "db": {"password": "hunter2", "api_key": "k", "token": None}})
-    assert flat == {"a.b.0": 1, "a.b.1.c": 2, "a.e": "[]", "db.password": "hunter2", "db.api_key": "k", "db.token": None}
+    assert flat == {
+        "a.b.0": 1,
+        "a.b.1.c": 2,
+        "a.e": "[]",
+        "db.password": "hunter2",
+        "db.api_key": "k",
+        "db.token": None,
+    }
     masked = mask_secrets(flat)
     assert masked["db.password"] == "*****" and masked["db.api_key"] == "*****" and masked["a.b.0"] == 1
 
 
 def test_scalar_lists_are_one_param():
-    flat = flatten({"seeds": list(range(5000, 5512)), "evens": list(range(0, 20, 2)), "few": [3, 1, 2],
-                    "names": [f"t{i}" for i in range(9)], "mixed": [1, {"a": 2}] * 5, "huge": [0.5, 1] * 2000})
+    flat = flatten(
+        {
+            "seeds": list(range(5000, 5512)),
+            "evens": list(range(0, 20, 2)),
+            "few": [3, 1, 2],
+            "names": [f"t{i}" for i in range(9)],
+            "mixed": [1, {"a": 2}] * 5,
+            "huge": [0.5, 1] * 2000,
+        }
+    )
     assert flat["seeds"] == "range(5000, 5512)" and flat["evens"] == "range(0, 20, 2)"
     assert flat["few"] == "[3, 1, 2]" and "few.0" not in flat  # short lists too: one column for a swept list
     assert flatten({"seeds": [9300, 9301, 9302, 9303]})["seeds"] == "range(9300, 9304)"
@@ -58,7 +73,10 @@ def test_single_run_logs_everything(workdir, store):
     assert [m.step for m in history] == list(range(1, len(history) + 1)) and len(history) >= 2
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"result.json", "hydra", "plots"} <= artifacts
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "hydra")} >= {"hydra/config.yaml", "hydra/overrides.yaml"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "hydra")} >= {
+        "hydra/config.yaml",
+        "hydra/overrides.yaml",
+    }
     local = Path(tags["hydra.output_dir"]) / "result.json"
     downloaded = json.loads(Path(client.download_artifacts(run.info.run_id, "result.json", str(workdir))).read_text())
     assert downloaded == json.loads(local.read_text())
@@ -71,7 +89,9 @@ def test_single_run_logs_everything(workdir, store):
     assert f"latest finished run {run.info.run_id}" in hist.stdout
 
     # reproduce by run id: identical numbers, a new run tagged with its origin
-    rep = run_main(["job=reproduce", f"reproduce.run_id={run.info.run_id}"], workdir, env={"MLFLOW_TRACKING_URI": store})
+    rep = run_main(
+        ["job=reproduce", f"reproduce.run_id={run.info.run_id}"], workdir, env={"MLFLOW_TRACKING_URI": store}
+    )
     assert rep.returncode == 0, rep.stderr[-3000:]
     report = json.loads(next(workdir.glob("outputs/*_reproduce/reproduce.json")).read_text())
     assert report["all_identical"], [c for c in report["comparisons"] if c["verdict"] != "identical"]
@@ -79,7 +99,9 @@ def test_single_run_logs_everything(workdir, store):
     assert "0 differ" in rep.stdout
     _, runs = runs_of(store)
     reproduced = [r for r in runs if r.data.tags.get("vlaeval.reproduced_from") == run.info.run_id]
-    assert len(reproduced) == 1 and reproduced[0].data.metrics["scale.units_evaluated"] == metrics["scale.units_evaluated"]
+    assert (
+        len(reproduced) == 1 and reproduced[0].data.metrics["scale.units_evaluated"] == metrics["scale.units_evaluated"]
+    )
 
 
 @pytest.mark.slow
@@ -87,13 +109,23 @@ def test_reproduce_from_a_run_directory_and_detects_differences(workdir):
     run_dir = workdir / "original"
     proc = run_main(["tracking=disabled", "strata=small", f"hydra.run.dir={run_dir}"], workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    same = run_main(["job=reproduce", "tracking=disabled", f"reproduce.run_id={run_dir}",
-                     "hydra.run.dir=" + str(workdir / "rep1")], workdir)
+    same = run_main(
+        ["job=reproduce", "tracking=disabled", f"reproduce.run_id={run_dir}", "hydra.run.dir=" + str(workdir / "rep1")],
+        workdir,
+    )
     assert same.returncode == 0, same.stderr[-3000:]
     assert json.loads((workdir / "rep1" / "reproduce.json").read_text())["all_identical"]
     # a changed setting on top of the saved config is reported as a difference
-    changed = run_main(["job=reproduce", "tracking=disabled", f"reproduce.run_id={run_dir}",
-                        'reproduce.job_overrides=["gauntlet.seed=12"]', "hydra.run.dir=" + str(workdir / "rep2")], workdir)
+    changed = run_main(
+        [
+            "job=reproduce",
+            "tracking=disabled",
+            f"reproduce.run_id={run_dir}",
+            'reproduce.job_overrides=["gauntlet.seed=12"]',
+            "hydra.run.dir=" + str(workdir / "rep2"),
+        ],
+        workdir,
+    )
     report = json.loads((workdir / "rep2" / "reproduce.json").read_text())
     assert not report["all_identical"] and "differ  <- NOT reproduced" in changed.stdout
     assert any(c["key"] == "config.sha256" and c["verdict"] == "differs" for c in report["comparisons"])
@@ -109,8 +141,12 @@ def test_reproduce_refuses_targets_outside_vlaeval(workdir):
     assert proc.returncode == 2
     assert "outcomes._target_='os.system', outside the 'vlaeval.' namespace: refused" in proc.stderr
     assert not any(workdir.glob("outputs/*"))
-    record_outcome("configs", "saved config with _target_: os.system, reproduced",
-                   "exit 2: refused before anything is instantiated, nothing written", kind="bad input")
+    record_outcome(
+        "configs",
+        "saved config with _target_: os.system, reproduced",
+        "exit 2: refused before anything is instantiated, nothing written",
+        kind="bad input",
+    )
 
 
 @pytest.mark.slow
@@ -129,8 +165,10 @@ def test_multirun_sweep_into_a_brand_new_store(workdir, launcher):
     client = MlflowClient(tracking_uri=uri)
     children = check_sweep(client, "vlaeval-gauntlet", 3, sweep_root=workdir / "multirun_sweeps").children
     assert all("gate.lineage_valid" in c.data.metrics for c in children)
-    by_effect = {c.data.params["effects.safety_critical"] if "effects.safety_critical" in c.data.params else "none": c
-                 for c in children}
+    by_effect = {
+        c.data.params["effects.safety_critical"] if "effects.safety_critical" in c.data.params else "none": c
+        for c in children
+    }
     assert by_effect["-0.1"].data.tags["halted"] == "true"
     assert by_effect["none"].data.tags["recommendation"] in ("LAUNCH", "NEEDS_REVIEW")
     if launcher == "local_submitit":  # one submitit job per sweep point, each with its own log
@@ -140,8 +178,11 @@ def test_multirun_sweep_into_a_brand_new_store(workdir, launcher):
 
 @pytest.mark.slow
 def test_failed_job_in_a_sweep_leaves_nothing_running(workdir, store):
-    proc = run_main(["-m", "gauntlet.alpha=0.05,1.5", "strata=small", "gauntlet.plot=false"], workdir,
-                    env={"MLFLOW_TRACKING_URI": store})
+    proc = run_main(
+        ["-m", "gauntlet.alpha=0.05,1.5", "strata=small", "gauntlet.plot=false"],
+        workdir,
+        env={"MLFLOW_TRACKING_URI": store},
+    )
     assert proc.returncode == 2
     assert "gauntlet.alpha=1.5 must be in (0, 1)" in proc.stderr
     _, runs = runs_of(store)
@@ -155,8 +196,11 @@ def test_failed_job_in_a_sweep_leaves_nothing_running(workdir, store):
 def test_job_that_raises_is_recorded_as_failed_child(workdir, store):
     """An unexpected exception (not bad input) in every job: FAILED children carrying the error,
     a FAILED parent, nothing left RUNNING, and a non-zero exit."""
-    proc = run_main(["-m", "gauntlet.seed=1,2", "strata=small", "paths.cache_dir=/dev/null/cache"], workdir,
-                    env={"MLFLOW_TRACKING_URI": store})
+    proc = run_main(
+        ["-m", "gauntlet.seed=1,2", "strata=small", "paths.cache_dir=/dev/null/cache"],
+        workdir,
+        env={"MLFLOW_TRACKING_URI": store},
+    )
     assert proc.returncode == 1
     _, runs = runs_of(store)
     assert runs and all(r.info.status != "RUNNING" for r in runs)

@@ -25,8 +25,11 @@ def test_joblib_sweeps_against_a_postgres_backed_tracking_server(tmp_path, workd
     with postgres_server() as backend, MlflowServer(backend, artifacts, tmp_path / "mlflow-server.log") as server:
         env = {"MLFLOW_TRACKING_URI": server.uri, "VLAEVAL_CACHE_DIR": str(workdir / "cache")}
         launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "tracking=server"]
-        audit = run_main(["-m", "job=residual_audit", "estimator=iid,sobol", *AUDIT_SMALL, "audit.plot=false", *launcher],
-                         workdir, env=env)
+        audit = run_main(
+            ["-m", "job=residual_audit", "estimator=iid,sobol", *AUDIT_SMALL, "audit.plot=false", *launcher],
+            workdir,
+            env=env,
+        )
         assert audit.returncode == 0, audit.stderr[-4000:]
         gauntlet = run_main(["-m", "effects=none,catastrophic_safety", *GAUNTLET_SMALL, *launcher], workdir, env=env)
         assert gauntlet.returncode == 0, gauntlet.stderr[-4000:]
@@ -37,7 +40,9 @@ def test_joblib_sweeps_against_a_postgres_backed_tracking_server(tmp_path, workd
         assert all(len([k for k in c.data.metrics if k.startswith("gate.")]) == 7 for c in audits)
         gauntlets = check_sweep(client, "vlaeval-gauntlet", 2, workdir=workdir, proxied=True).children
         assert sorted(c.data.tags["halted"] for c in gauntlets) == ["false", "true"]
-        assert all(len(client.get_metric_history(c.info.run_id, "stratum.safety_critical.cs_lower")) > 1 for c in gauntlets)
+        assert all(
+            len(client.get_metric_history(c.info.run_id, "stratum.safety_critical.cs_lower")) > 1 for c in gauntlets
+        )
         assert not any(workdir.rglob("mlflow_pending.json"))  # nothing queued: every run arrived
         # The artifacts really went through the server into its artifact store.
         assert any(artifacts.rglob("result.json")) and any(artifacts.rglob("sweep_summary.md"))
@@ -49,23 +54,37 @@ def test_joblib_sweeps_against_a_postgres_backed_tracking_server(tmp_path, workd
         [plan] = experiment_runs(client, "vlaeval-plan")
         assert plan.data.params["tracking.uri"] == backend.replace("vlaeval@", "vlaeval:*****@")
         assert "hunter2" not in json.dumps({"params": plan.data.params, "tags": plan.data.tags})
-    record_outcome("tracking", "password in a postgresql:// tracking URI, on a real run",
-                   "params hold vlaeval:*****@; the password appears in no param, tag or console line", kind="bad input")
-    record_outcome("tracking", "joblib sweeps (2 audits, 2 gauntlets) against mlflow server + PostgreSQL",
-                   "every child FINISHED under its parent, params, gate metrics and artifacts arrived; 0 runs lost",
-                   kind="set-up")
+    record_outcome(
+        "tracking",
+        "password in a postgresql:// tracking URI, on a real run",
+        "params hold vlaeval:*****@; the password appears in no param, tag or console line",
+        kind="bad input",
+    )
+    record_outcome(
+        "tracking",
+        "joblib sweeps (2 audits, 2 gauntlets) against mlflow server + PostgreSQL",
+        "every child FINISHED under its parent, params, gate metrics and artifacts arrived; 0 runs lost",
+        kind="set-up",
+    )
 
 
 @pytest.mark.slow
 def test_shipped_server_script_with_postgres_and_an_s3_compatible_artifact_store(tmp_path, workdir):
     """scripts/tracking_server.sh as documented: PostgreSQL backend, artifacts proxied into an S3
     bucket (moto's server); the jobs have no S3 credentials, only the tracking URI."""
-    with postgres_server() as backend, S3Server("vlaeval-artifacts", tmp_path / "s3.log") as s3, \
-            MlflowServer(backend, "s3://vlaeval-artifacts/mlflow", tmp_path / "mlflow-server.log", script=True,
-                         env=s3.env) as server:
+    with (
+        postgres_server() as backend,
+        S3Server("vlaeval-artifacts", tmp_path / "s3.log") as s3,
+        MlflowServer(
+            backend, "s3://vlaeval-artifacts/mlflow", tmp_path / "mlflow-server.log", script=True, env=s3.env
+        ) as server,
+    ):
         assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(os.environ)  # the jobs have no S3 access
-        proc = run_main(["-m", "effects=none,catastrophic_safety", *GAUNTLET_SMALL, "tracking=server"], workdir,
-                        env={"MLFLOW_TRACKING_URI": server.uri})
+        proc = run_main(
+            ["-m", "effects=none,catastrophic_safety", *GAUNTLET_SMALL, "tracking=server"],
+            workdir,
+            env={"MLFLOW_TRACKING_URI": server.uri},
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         client = MlflowClient(tracking_uri=server.uri)
         children = check_sweep(client, "vlaeval-gauntlet", 2, workdir=workdir, proxied=True).children
@@ -73,9 +92,12 @@ def test_shipped_server_script_with_postgres_and_an_s3_compatible_artifact_store
         for child in children:
             prefix = f"mlflow/{child.info.experiment_id}/{child.info.run_id}/artifacts/"
             assert {prefix + "result.json", prefix + "hydra/config.yaml"} <= set(keys)
-    record_outcome("tracking", "sweep against scripts/tracking_server.sh (PostgreSQL + S3-compatible store)",
-                   "every child FINISHED with its metrics; its artifacts are objects in the S3 bucket; 0 runs lost",
-                   kind="set-up")
+    record_outcome(
+        "tracking",
+        "sweep against scripts/tracking_server.sh (PostgreSQL + S3-compatible store)",
+        "every child FINISHED with its metrics; its artifacts are objects in the S3 bucket; 0 runs lost",
+        kind="set-up",
+    )
 
 
 def _sqlite_server(tmp_path: Path, migrated_store: Path, port=None) -> MlflowServer:
@@ -113,8 +135,11 @@ def test_server_down_before_the_run_saves_locally_and_sync_uploads_it(tmp_path, 
         assert result["run_id"] == local["run_id"]
     assert not (run_dir / "mlflow_pending.json").exists()
     assert json.loads((run_dir / "mlflow_synced.json").read_text())["run_id"] == runs[0].info.run_id
-    record_outcome("tracking", "tracking server down before the run",
-                   "exit 3, one-line error naming the saved result and job=sync; sync uploaded it once; 0 lost")
+    record_outcome(
+        "tracking",
+        "tracking server down before the run",
+        "exit 3, one-line error naming the saved result and job=sync; sync uploaded it once; 0 lost",
+    )
 
 
 def test_server_killed_mid_run_then_sync_replaces_the_partial_run(tmp_path, workdir, migrated_store):
@@ -142,5 +167,8 @@ def test_server_killed_mid_run_then_sync_replaces_the_partial_run(tmp_path, work
         assert_run_matches_its_result(client, active[0], tmp_path)
         deleted = experiment_runs(client, "vlaeval-gauntlet", ViewType.DELETED_ONLY)
         assert [r.info.run_id for r in deleted] == [pending["partial_run_id"]]
-    record_outcome("tracking", "tracking server SIGKILLed mid-run (after the run was created)",
-                   "exit 3, result saved locally; sync deleted the partial run and uploaded the whole one; 0 lost")
+    record_outcome(
+        "tracking",
+        "tracking server SIGKILLed mid-run (after the run was created)",
+        "exit 3, result saved locally; sync deleted the partial run and uploaded the whole one; 0 lost",
+    )

@@ -30,9 +30,18 @@ pytestmark = pytest.mark.slow
 SCREENSHOTS = Path(os.environ.get("VLAEVAL_TEST_ARTIFACTS", REPO / "test-artifacts")) / "ui"
 # The probe's flags: without the background-networking ones Chromium keeps dialling Google's hosts,
 # which this closed network refuses.
-CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=3000,1200"]
+CHROMIUM_FLAGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=3000,1200",
+]
 AUDIT_STATISTICS = ["repeatability.spearman", "proposal.information_to_baseline_ratio"]
 
 
@@ -44,7 +53,7 @@ def _shown_as(text: str, value: float) -> bool:
     mantissa, _, exponent = text.lower().partition("e")
     decimals = len(mantissa.partition(".")[2])
     scale = 10.0 ** int(exponent or 0)
-    return abs(float(text) - value) <= 0.51 * 10.0 ** -decimals * scale + 1e-12 * abs(value)
+    return abs(float(text) - value) <= 0.51 * 10.0**-decimals * scale + 1e-12 * abs(value)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +65,10 @@ def ui_server(tmp_path_factory, migrated_store):
     work = root / "work"
     work.mkdir()
     env = {"MLFLOW_TRACKING_URI": sqlite_uri(root / "mlflow.db"), "VLAEVAL_CACHE_DIR": str(root / "cache")}
-    for sweep in (["job=residual_audit", "estimator=iid,sobol", *AUDIT_SMALL, "audit.plot=false"],
-                  ["job=gauntlet", "effects=none,catastrophic_safety", "strata=small", "gauntlet.plot=false"]):
+    for sweep in (
+        ["job=residual_audit", "estimator=iid,sobol", *AUDIT_SMALL, "audit.plot=false"],
+        ["job=gauntlet", "effects=none,catastrophic_safety", "strata=small", "gauntlet.plot=false"],
+    ):
         proc = run_main(["-m", *sweep], work, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
     with MlflowServer(sqlite_uri(root / "mlflow.db"), root / "artifacts", root / "mlflow-server.log") as server:
@@ -66,8 +77,10 @@ def ui_server(tmp_path_factory, migrated_store):
 
 @pytest.fixture(scope="module")
 def browser():
-    need(Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file(),
-         "Chromium and ChromeDriver (Debian packages chromium, chromium-driver)")
+    need(
+        Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file(),
+        "Chromium and ChromeDriver (Debian packages chromium, chromium-driver)",
+    )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -94,7 +107,9 @@ def _wait(driver, what: str, condition, timeout: float = 60):
         return WebDriverWait(driver, timeout, poll_frequency=0.25).until(lambda d: condition(d))
     except TimeoutException:
         shot = _screenshot(driver, "failure.png", check=False)
-        raise AssertionError(f"the MLflow UI never showed {what} (url: {driver.current_url}; screenshot: {shot})") from None
+        raise AssertionError(
+            f"the MLflow UI never showed {what} (url: {driver.current_url}; screenshot: {shot})"
+        ) from None
 
 
 def _open(driver, url: str) -> None:
@@ -133,13 +148,17 @@ def _add_columns(driver, names: List[str]) -> None:
     from selenium.webdriver.common.keys import Keys
 
     driver.find_element(By.XPATH, "//button[normalize-space(.)='Columns']").click()
-    search = _wait(driver, "the column search box",
-                   lambda d: d.find_element(By.XPATH, "//input[@placeholder='Search columns']"))
+    search = _wait(
+        driver, "the column search box", lambda d: d.find_element(By.XPATH, "//input[@placeholder='Search columns']")
+    )
     for name in names:
         search.send_keys(Keys.CONTROL, "a")
         search.send_keys(name)
-        _wait(driver, f"column {name} in the Columns menu",
-              lambda d: d.find_element(By.XPATH, _by_exact_text(name))).click()  # noqa: B023 (waited on here)
+        _wait(
+            driver,
+            f"column {name} in the Columns menu",
+            lambda d, name=name: d.find_element(By.XPATH, _by_exact_text(name)),
+        ).click()
     search.send_keys(Keys.ESCAPE)
 
 
@@ -151,7 +170,9 @@ def _compare_view_metrics(driver) -> Dict[str, List[str]]:
     from selenium.webdriver.common.by import By
 
     section = driver.find_element(
-        By.XPATH, "//*[contains(@class,'collapse-item')][./*[contains(@class,'collapse-header')][normalize-space(.)='Metrics']]")
+        By.XPATH,
+        "//*[contains(@class,'collapse-item')][./*[contains(@class,'collapse-header')][normalize-space(.)='Metrics']]",
+    )
     names_grid, values_grid = section.find_elements(By.CSS_SELECTOR, ".ReactVirtualized__Grid")
     read = """
         const [names, values, offset] = arguments;
@@ -171,8 +192,9 @@ def _compare_view_metrics(driver) -> Dict[str, List[str]]:
 
     names, values, offset = {}, {}, 0
     while True:
-        height, name_cells, value_cells = _wait(driver, f"the Metrics rows at offset {offset}",
-                                                lambda _: rendered_at(offset), timeout=20)  # noqa: B023
+        height, name_cells, value_cells = _wait(
+            driver, f"the Metrics rows at offset {offset}", lambda _, offset=offset: rendered_at(offset), timeout=20
+        )
         names.update({top: text for top, _, _, text in name_cells})
         values.update({(top, left): text for top, left, _, text in value_cells})
         if offset >= height:
@@ -180,8 +202,11 @@ def _compare_view_metrics(driver) -> Dict[str, List[str]]:
         offset += 150
     # Back to the top, where the gate checks are: both grids, as the names grid keeps its own offset.
     for _ in range(2):
-        driver.execute_script("for (const g of arguments) { g.scrollTop = 0; g.dispatchEvent(new Event('scroll')); }",
-                              names_grid, values_grid)
+        driver.execute_script(
+            "for (const g of arguments) { g.scrollTop = 0; g.dispatchEvent(new Event('scroll')); }",
+            names_grid,
+            values_grid,
+        )
         time.sleep(0.2)
     columns = sorted({left for _, left in values})
     return {name: [values.get((top, left), "") for left in columns] for top, name in names.items()}
@@ -201,8 +226,11 @@ def test_runs_table_shows_the_audit_sweep_with_its_gate_checks(ui_server, browse
     # Expand the parent: its children appear as rows of their own.
     browser.find_element(By.XPATH, f"{parent_row}//*[@col-id='attributes.`Run Name`']//button").click()
     for child in children:
-        _wait(browser, f"child run {child.info.run_name}",
-              lambda d: d.find_element(By.XPATH, f"//*[@role='row'][@row-id='{child.info.run_id}']"))  # noqa: B023
+        _wait(
+            browser,
+            f"child run {child.info.run_name}",
+            lambda d, child=child: d.find_element(By.XPATH, f"//*[@role='row'][@row-id='{child.info.run_id}']"),
+        )
 
     gate_metrics = sorted(k for k in children[0].data.metrics if k.startswith("gate."))
     assert len(gate_metrics) == 7
@@ -210,8 +238,11 @@ def test_runs_table_shows_the_audit_sweep_with_its_gate_checks(ui_server, browse
     for child in children:
         for metric in gate_metrics + AUDIT_STATISTICS:
             cell = f"//*[@role='row'][@row-id='{child.info.run_id}']//*[@col-id='metrics.`{metric}`']"
-            text = _wait(browser, f"{metric} of {child.info.run_name}",
-                         lambda d: d.find_element(By.XPATH, cell).text.strip() or None)  # noqa: B023
+            text = _wait(
+                browser,
+                f"{metric} of {child.info.run_name}",
+                lambda d, cell=cell: d.find_element(By.XPATH, cell).text.strip() or None,
+            )
             assert _shown_as(text, child.data.metrics[metric]), (child.info.run_name, metric, text)
     assert {c.data.tags["estimator.kind"] for c in children} == {"iid", "sobol"}
     _screenshot(browser, "audit_runs_table.png")
@@ -225,10 +256,15 @@ def test_compare_view_shows_every_metric_and_gate_outcome_of_the_sweep(ui_server
     sweep = sweep_of(client, experiment_name)
     experiment_id, children = sweep.experiment_id, sweep.children
     run_ids = [c.info.run_id for c in children]
-    query = urllib.parse.urlencode({"runs": json.dumps(run_ids, separators=(",", ":")),
-                                   "experiments": json.dumps([experiment_id])})
+    query = urllib.parse.urlencode(
+        {"runs": json.dumps(run_ids, separators=(",", ":")), "experiments": json.dumps([experiment_id])}
+    )
     _open(browser, f"{ui_server.uri}/#/compare-runs?{query}")
-    _wait(browser, "the compare view", lambda d: f"Comparing {len(children)} Runs" in d.find_element(By.TAG_NAME, "body").text)
+    _wait(
+        browser,
+        "the compare view",
+        lambda d: f"Comparing {len(children)} Runs" in d.find_element(By.TAG_NAME, "body").text,
+    )
     _wait(browser, "the Metrics table", lambda d: d.find_elements(By.XPATH, _by_exact_text("gate.pass")))
     _close_assistant_panel(browser)
     body = browser.find_element(By.TAG_NAME, "body").text
@@ -251,6 +287,8 @@ def test_compare_view_shows_every_metric_and_gate_outcome_of_the_sweep(ui_server
         assert f"{tag} {values}" in body, tag
     if experiment_name == "vlaeval-gauntlet":
         assert sorted(c.data.tags["recommendation"] for c in children) == ["DO_NOT_LAUNCH", "LAUNCH"]
-    metrics_header = browser.find_element(By.XPATH, "//*[contains(@class,'collapse-header')][normalize-space(.)='Metrics']")
+    metrics_header = browser.find_element(
+        By.XPATH, "//*[contains(@class,'collapse-header')][normalize-space(.)='Metrics']"
+    )
     browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", metrics_header)
     _screenshot(browser, f"{experiment_name.removeprefix('vlaeval-')}_compare.png")

@@ -42,8 +42,9 @@ def _finite_or_none(value: Any) -> Any:
 
 def canonical_json(payload: Any) -> str:
     """Key-sorted, compact JSON: the byte string that content addresses are taken over."""
-    return json.dumps(_finite_or_none(payload), sort_keys=True, separators=(",", ":"),
-                      default=_json_default, allow_nan=False)
+    return json.dumps(
+        _finite_or_none(payload), sort_keys=True, separators=(",", ":"), default=_json_default, allow_nan=False
+    )
 
 
 def sha256_json(payload: Any) -> str:
@@ -78,11 +79,11 @@ def remove_stale_temporaries(root: str | os.PathLike) -> list[Path]:
     removed = []
     host = socket.gethostname()
     for tmp in Path(root).rglob(f".*{TEMP_SUFFIX}") if Path(root).is_dir() else ():
-        writer = tmp.name[:-len(TEMP_SUFFIX)].rsplit(".", 2)
+        writer = tmp.name[: -len(TEMP_SUFFIX)].rsplit(".", 2)
         if len(writer) != 3 or not writer[1].startswith(f"{host}-"):
             continue
         try:
-            os.kill(int(writer[1][len(host) + 1:]), 0)
+            os.kill(int(writer[1][len(host) + 1 :]), 0)
             continue  # its writer is alive
         except ProcessLookupError:
             pass
@@ -115,6 +116,7 @@ def atomic_write_bytes(path: str | os.PathLike, write: Callable[[io.BufferedWrit
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     data = text.encode("utf-8")
+
     def write(handle: Any) -> None:
         handle.write(data)
 

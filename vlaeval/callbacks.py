@@ -28,16 +28,25 @@ log = logging.getLogger(__name__)
 
 # Columns of the sweep summary per job: (header, kind, key) read from each child run.
 SUMMARY_COLUMNS = {
-    "gauntlet": (("gate.pass", "tag", "gate.pass"), ("failed checks", "tag", "gate.failed"),
-                 ("recommendation", "tag", "recommendation"), ("units", "metric", "scale.units_evaluated"),
-                 ("halted", "tag", "halted")),
-    "residual_audit": (("gate.pass", "tag", "gate.pass"), ("failed checks", "tag", "gate.failed"),
-                       ("status", "tag", "gate.status"), ("estimator", "tag", "estimator.kind"),
-                       ("repeat rho", "metric", "repeatability.spearman"),
-                       ("grad rho", "metric", "alignment.spearman_residual_vs_gradient_rms"),
-                       ("ratio", "metric", "proposal.information_to_baseline_ratio"),
-                       ("oracle", "metric", "proposal.oracle_ratio"), ("p(ratio)", "metric", "permutation.p_second_moment"),
-                       ("loss ratio", "metric", "baseline.training_loss_ratio")),
+    "gauntlet": (
+        ("gate.pass", "tag", "gate.pass"),
+        ("failed checks", "tag", "gate.failed"),
+        ("recommendation", "tag", "recommendation"),
+        ("units", "metric", "scale.units_evaluated"),
+        ("halted", "tag", "halted"),
+    ),
+    "residual_audit": (
+        ("gate.pass", "tag", "gate.pass"),
+        ("failed checks", "tag", "gate.failed"),
+        ("status", "tag", "gate.status"),
+        ("estimator", "tag", "estimator.kind"),
+        ("repeat rho", "metric", "repeatability.spearman"),
+        ("grad rho", "metric", "alignment.spearman_residual_vs_gradient_rms"),
+        ("ratio", "metric", "proposal.information_to_baseline_ratio"),
+        ("oracle", "metric", "proposal.oracle_ratio"),
+        ("p(ratio)", "metric", "permutation.p_second_moment"),
+        ("loss ratio", "metric", "baseline.training_loss_ratio"),
+    ),
 }
 DEFAULT_COLUMNS = (("gate.pass", "tag", "gate.pass"), ("failed checks", "tag", "gate.failed"))
 
@@ -63,8 +72,14 @@ class SweepTrackingCallback(Callback):
         from vlaeval.tracking.sweeps import open_sweep_parent
 
         overrides = list(config.hydra.overrides.task)
-        self._parent = open_sweep_parent(config.tracking, str(config.job.name), Path(str(config.hydra.sweep.dir)).resolve(),
-                                         overrides, str(config.hydra.launcher.get("_target_", "")), sweep_preset(overrides))
+        self._parent = open_sweep_parent(
+            config.tracking,
+            str(config.job.name),
+            Path(str(config.hydra.sweep.dir)).resolve(),
+            overrides,
+            str(config.hydra.launcher.get("_target_", "")),
+            sweep_preset(overrides),
+        )
         atexit.register(self._close_parent, "FAILED")
         log.info("sweep parent run %s in %s", self._parent["run_id"], self._parent["tracking_uri"])
 
@@ -85,11 +100,15 @@ class SweepTrackingCallback(Callback):
 
             multirun = str(config.hydra.mode) == "RunMode.MULTIRUN"
             record_failed_job(
-                config.tracking, str(config.job.name), error=describe(job_return._return_value),
-                output_dir=str(config.hydra.runtime.output_dir), overrides=list(config.hydra.overrides.task),
+                config.tracking,
+                str(config.job.name),
+                error=describe(job_return._return_value),
+                output_dir=str(config.hydra.runtime.output_dir),
+                overrides=list(config.hydra.overrides.task),
                 sweep_dir=str(Path(str(config.hydra.sweep.dir)).resolve()) if multirun else None,
                 job_num=int(config.hydra.job.num) if multirun else None,
-                plain_cfg=cast(Dict[str, Any], OmegaConf.to_container(job_return.cfg, resolve=False)))
+                plain_cfg=cast(Dict[str, Any], OmegaConf.to_container(job_return.cfg, resolve=False)),
+            )
         except Exception as error:  # never mask the job's own error
             log.warning("could not record the failed job in MLflow: %s", error)
 
@@ -101,7 +120,9 @@ class SweepTrackingCallback(Callback):
         try:
             from vlaeval.tracking.sweeps import close_sweep_parent
 
-            rows = close_sweep_parent(self._parent, forced_status, SUMMARY_COLUMNS.get(self._parent["job"], DEFAULT_COLUMNS))
+            rows = close_sweep_parent(
+                self._parent, forced_status, SUMMARY_COLUMNS.get(self._parent["job"], DEFAULT_COLUMNS)
+            )
             print_summary_table(rows)
         except Exception as error:
             log.error("could not close the sweep parent run %s: %s", self._parent["run_id"], error)

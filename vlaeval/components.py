@@ -36,8 +36,10 @@ PACKAGE_ROOT = Path(__file__).resolve().parent
 BUILTIN_COMPONENTS: Dict[str, Dict[str, str]] = {
     "model": {"tiny_vla": "vlaeval.policy.tiny_vla.TinyVLA"},
     "data": {"metaworld": "vlaeval.data.metaworld.MetaWorldDemonstrations"},
-    "outcomes": {"synthetic": "vlaeval.gauntlet.outcomes.SyntheticOutcomes",
-                 "file": "vlaeval.gauntlet.outcomes.FileOutcomes"},
+    "outcomes": {
+        "synthetic": "vlaeval.gauntlet.outcomes.SyntheticOutcomes",
+        "file": "vlaeval.gauntlet.outcomes.FileOutcomes",
+    },
 }
 RUNTIME_ARGUMENTS: Dict[str, Tuple[str, ...]] = {"model": ("vocab", "obs_dim", "action_dim", "horizon")}
 HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
@@ -61,8 +63,12 @@ def _literal(node: ast.AST, constants: Mapping[str, Any]) -> Any:
         return constants[node.id]
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and hasattr(choices, node.value.id):
         return getattr(getattr(choices, node.value.id), node.attr)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("list", "tuple") \
-            and len(node.args) == 1:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("list", "tuple")
+        and len(node.args) == 1
+    ):
         return list(_literal(node.args[0], constants))
     value = ast.literal_eval(node)
     return list(value) if isinstance(value, tuple) else value
@@ -75,7 +81,7 @@ def _annotation(node: Optional[ast.AST]) -> Any:
         return Any
     text = ast.unparse(node)
     optional = text.startswith("Optional[") and text.endswith("]")
-    inner = text[len("Optional["):-1] if optional else text
+    inner = text[len("Optional[") : -1] if optional else text
     if inner.endswith(" | None"):
         optional, inner = True, inner[: -len(" | None")]
     if inner in _SIMPLE_TYPES:
@@ -116,10 +122,13 @@ def static_parameters(target: str) -> List[Tuple[str, Any, Any]]:
     args = init.args
     positional = args.posonlyargs + args.args
     defaults: List[Any] = [inspect.Parameter.empty] * (len(positional) - len(args.defaults)) + [
-        _literal(d, constants) for d in args.defaults]
+        _literal(d, constants) for d in args.defaults
+    ]
     out = [(a.arg, _annotation(a.annotation), d) for a, d in zip(positional, defaults) if a.arg != "self"]
-    out += [(a.arg, _annotation(a.annotation), inspect.Parameter.empty if d is None else _literal(d, constants))
-            for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    out += [
+        (a.arg, _annotation(a.annotation), inspect.Parameter.empty if d is None else _literal(d, constants))
+        for a, d in zip(args.kwonlyargs, args.kw_defaults)
+    ]
     return out
 
 
@@ -155,8 +164,10 @@ def _import_target(path: str, where: str) -> Any:
     try:
         return getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as error:
-        raise UserInputError(f"{where}._target_={path} cannot be imported ({type(error).__name__}: "
-                             f"{first_line(error)}); install its package or put it on PYTHONPATH") from None
+        raise UserInputError(
+            f"{where}._target_={path} cannot be imported ({type(error).__name__}: "
+            f"{first_line(error)}); install its package or put it on PYTHONPATH"
+        ) from None
 
 
 def signature_text(target: Any, path: str) -> str:
@@ -172,11 +183,14 @@ def check_component(node: Any, group: str) -> Dict[str, Any]:
     errors name the signature."""
     from omegaconf import OmegaConf
 
-    values: Dict[str, Any] = cast(Dict[str, Any], OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node)
-                                  else dict(node))
+    values: Dict[str, Any] = cast(
+        Dict[str, Any], OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+    )
     path = values.get("_target_")
     if not isinstance(path, str) or not path:
-        raise UserInputError(f"{group} has no _target_; name the component's class, e.g. {group}._target_=my_pkg.MyClass")
+        raise UserInputError(
+            f"{group} has no _target_; name the component's class, e.g. {group}._target_=my_pkg.MyClass"
+        )
     target = _import_target(path, group)
     try:
         parameters = inspect.signature(target).parameters
@@ -184,23 +198,35 @@ def check_component(node: Any, group: str) -> Dict[str, Any]:
         return values  # no signature to check against (a builtin or C extension)
     supplied = set(RUNTIME_ARGUMENTS.get(group, ()))
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    named = [n for n, p in parameters.items() if p.kind not in (inspect.Parameter.VAR_POSITIONAL,
-                                                                 inspect.Parameter.VAR_KEYWORD)]
+    named = [
+        n
+        for n, p in parameters.items()
+        if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
     for key in values:
         if key in HYDRA_KEYS:
             continue
         if key in supplied:
-            raise UserInputError(f"{group}.{key} is supplied by vlaeval when it builds the {group}; remove it from the "
-                                 f"config ({signature_text(target, path)})")
+            raise UserInputError(
+                f"{group}.{key} is supplied by vlaeval when it builds the {group}; remove it from the "
+                f"config ({signature_text(target, path)})"
+            )
         if key not in named and not accepts_any:
             close = difflib.get_close_matches(key, named, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise UserInputError(f"{group}.{key} is not an argument of {signature_text(target, path)}{hint}")
-    missing = [n for n in named if parameters[n].default is inspect.Parameter.empty and n not in values
-               and n not in supplied and parameters[n].kind is not inspect.Parameter.VAR_POSITIONAL]
+    missing = [
+        n
+        for n in named
+        if parameters[n].default is inspect.Parameter.empty
+        and n not in values
+        and n not in supplied
+        and parameters[n].kind is not inspect.Parameter.VAR_POSITIONAL
+    ]
     if missing:
-        raise UserInputError(f"{group} misses argument {missing[0]} of {signature_text(target, path)}; "
-                             f"add {group}.{missing[0]}=...")
+        raise UserInputError(
+            f"{group} misses argument {missing[0]} of {signature_text(target, path)}; add {group}.{missing[0]}=..."
+        )
     complete = dict(values)
     for name in named:
         default = parameters[name].default

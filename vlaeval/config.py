@@ -33,8 +33,18 @@ from vlaeval.choices import (
 )
 from vlaeval.errors import UserInputError, require
 
-__all__ = ["ClusterOrder", "DataLabel", "GauntletConfig", "StratumConfig", "UserInputError", "VlaevalConfig",
-           "check_known_keys", "register_configs", "require", "to_plain"]
+__all__ = [
+    "ClusterOrder",
+    "DataLabel",
+    "GauntletConfig",
+    "StratumConfig",
+    "UserInputError",
+    "VlaevalConfig",
+    "check_known_keys",
+    "register_configs",
+    "require",
+    "to_plain",
+]
 
 
 @dataclass
@@ -285,8 +295,10 @@ def check_known_keys(cfg: Any, where: str = "") -> None:
         for key in keys:
             if key not in known:
                 close = difflib.get_close_matches(key, known, n=1)
-                raise UserInputError(f"{where}{key} is not a setting of {where.rstrip('.') or 'the config'}"
-                                     + (f"; did you mean {where}{close[0]}?" if close else f" (known: {', '.join(known)})"))
+                raise UserInputError(
+                    f"{where}{key} is not a setting of {where.rstrip('.') or 'the config'}"
+                    + (f"; did you mean {where}{close[0]}?" if close else f" (known: {', '.join(known)})")
+                )
     for key in keys:
         if OmegaConf.is_missing(cfg, key) or OmegaConf.is_interpolation(cfg, key):
             continue

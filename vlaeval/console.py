@@ -19,9 +19,17 @@ log = logging.getLogger("vlaeval")
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 error_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
-DECISION_STYLE = {"PASS": "green", "REGRESSION": "bold red", "INSUFFICIENT": "yellow",
-                  "LAUNCH": "bold green", "DO_NOT_LAUNCH": "bold red", "NEEDS_REVIEW": "bold yellow", "FAIL": "red", "differs": "bold red",
-                  "identical": "green"}
+DECISION_STYLE = {
+    "PASS": "green",
+    "REGRESSION": "bold red",
+    "INSUFFICIENT": "yellow",
+    "LAUNCH": "bold green",
+    "DO_NOT_LAUNCH": "bold red",
+    "NEEDS_REVIEW": "bold yellow",
+    "FAIL": "red",
+    "differs": "bold red",
+    "identical": "green",
+}
 
 
 def styled(text: str) -> str:
@@ -47,23 +55,38 @@ def unit_progress(description: str, total: int) -> Iterator[Callable[..., None]]
     gets a rich progress bar; a log (Slurm, CI, `| tee`) gets a plain line at every tenth of the
     work once it has run 5 s, and at least every 30 s, so long work is never silent."""
     if console.is_terminal:
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=console, transient=True)
+        progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
         with progress:
             task = progress.add_task(description, total=total)
 
-            def update(completed: Optional[int] = None, description: Optional[str] = None,
-                       total: Optional[int] = None) -> None:
-                progress.update(task, completed=completed, total=total,
-                                description=description or progress.tasks[task].description)
+            def update(
+                completed: Optional[int] = None, description: Optional[str] = None, total: Optional[int] = None
+            ) -> None:
+                progress.update(
+                    task, completed=completed, total=total, description=description or progress.tasks[task].description
+                )
 
             yield update
         return
-    state: Dict[str, Any] = {"total": max(int(total), 1), "tenth": 0, "last": time.monotonic(),
-                             "start": time.monotonic(), "description": description, "done": 0}
+    state: Dict[str, Any] = {
+        "total": max(int(total), 1),
+        "tenth": 0,
+        "last": time.monotonic(),
+        "start": time.monotonic(),
+        "description": description,
+        "done": 0,
+    }
 
-    def plain_update(completed: Optional[int] = None, description: Optional[str] = None,
-                     total: Optional[int] = None) -> None:
+    def plain_update(
+        completed: Optional[int] = None, description: Optional[str] = None, total: Optional[int] = None
+    ) -> None:
         if total is not None:
             state["total"] = max(int(total), 1)
         if description is not None:
@@ -76,8 +99,10 @@ def unit_progress(description: str, total: int) -> Iterator[Callable[..., None]]
         slow = now - state["start"] >= PLAIN_PROGRESS_AFTER_S
         if (tenth > state["tenth"] and slow) or now - state["last"] >= PLAIN_PROGRESS_EVERY_S:
             state["tenth"], state["last"] = max(tenth, state["tenth"]), now
-            line = (f"[progress] {state['description']}: {state['done']:,}/{state['total']:,} "
-                    f"({state['done'] / state['total']:.0%}, {now - state['start']:.0f} s)")
+            line = (
+                f"[progress] {state['description']}: {state['done']:,}/{state['total']:,} "
+                f"({state['done'] / state['total']:.0%}, {now - state['start']:.0f} s)"
+            )
             console.print(line, markup=False)
             log.info(line)
 
@@ -116,4 +141,3 @@ def print_error(message: str) -> None:
 
 def print_checks(title: str, checks: Mapping[str, bool]) -> None:
     show(table(title, ["check", "result"], [(name, "PASS" if ok else "FAIL") for name, ok in checks.items()]))
-

@@ -38,8 +38,11 @@ def defaults() -> Dict[str, str]:
 
 
 def group_options() -> Dict[str, List[str]]:
-    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(CONF.iterdir())
-            if d.is_dir() and d.name not in ("hydra", "sweep")}
+    return {
+        d.name: sorted(p.stem for p in d.glob("*.yaml"))
+        for d in sorted(CONF.iterdir())
+        if d.is_dir() and d.name not in ("hydra", "sweep")
+    }
 
 
 def help_text() -> str:
@@ -54,10 +57,16 @@ def help_text() -> str:
         marked = [f"{o}*" if chosen.get(group) == o else o for o in options]
         lines.append(f"  {group:<11} {', '.join(marked)}")
     sweeps = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
-    lines += ["", "Sweep presets (+sweep=<name>, runs with -m built in):", "  " + ", ".join(sweeps),
-              "", "Launchers (hydra/launcher=<name>):",
-              "  " + ", ".join(sorted(p.stem for p in (CONF / "hydra" / "launcher").glob("*.yaml"))) + ", basic, joblib",
-              "", text["footer"].rstrip(),
-              "Every setting and its default: python main.py --cfg job; one group: --cfg job --package gauntlet.",
-              "Hydra's own help: --hydra-help."]
+    lines += [
+        "",
+        "Sweep presets (+sweep=<name>, runs with -m built in):",
+        "  " + ", ".join(sweeps),
+        "",
+        "Launchers (hydra/launcher=<name>):",
+        "  " + ", ".join(sorted(p.stem for p in (CONF / "hydra" / "launcher").glob("*.yaml"))) + ", basic, joblib",
+        "",
+        text["footer"].rstrip(),
+        "Every setting and its default: python main.py --cfg job; one group: --cfg job --package gauntlet.",
+        "Hydra's own help: --hydra-help.",
+    ]
     return "\n".join(lines) + "\n"

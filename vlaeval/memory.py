@@ -61,12 +61,23 @@ class PeakMemory:
         if self.device.startswith("cuda"):
             import torch
 
-            return {"kind": "cuda", "scope": "this work (peak counters reset at its start)",
-                    "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
-                    "peak_reserved_bytes": int(torch.cuda.max_memory_reserved())}
+            return {
+                "kind": "cuda",
+                "scope": "this work (peak counters reset at its start)",
+                "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+                "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+            }
         if self._before is not None:
-            return {"kind": "process_rss", "scope": "sampled while this work ran", "peak_rss_bytes": int(self._peak),
-                    "rss_before_bytes": int(self._before), "peak_rss_increase_bytes": int(self._peak - self._before)}
+            return {
+                "kind": "process_rss",
+                "scope": "sampled while this work ran",
+                "peak_rss_bytes": int(self._peak),
+                "rss_before_bytes": int(self._before),
+                "peak_rss_increase_bytes": int(self._peak - self._before),
+            }
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return {"kind": "process_rss", "scope": "process lifetime maximum (no /proc on this system)",
-                "peak_rss_bytes": int(rss if sys.platform == "darwin" else rss * 1024)}
+        return {
+            "kind": "process_rss",
+            "scope": "process lifetime maximum (no /proc on this system)",
+            "peak_rss_bytes": int(rss if sys.platform == "darwin" else rss * 1024),
+        }

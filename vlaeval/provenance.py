@@ -17,10 +17,17 @@ def code_version() -> Dict[str, Any]:
     """vlaeval's version and, when running from a git checkout, its commit and dirty flag."""
     info: Dict[str, Any] = {"vlaeval_version": vlaeval.__version__, "git_sha": None, "git_dirty": None}
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                                capture_output=True, text=True, timeout=10, check=True).stdout
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
         info.update(git_sha=sha, git_dirty=bool(status.strip()))
     except (OSError, subprocess.SubprocessError):
         pass  # not a checkout (an installed package): the version alone identifies the code

@@ -36,6 +36,7 @@ def load_data(cfg: DictConfig) -> Any:
     from vlaeval.policy.builtin import prepare_data
 
     with console.unit_progress("demonstrations", 1) as update:
+
         def progress(done: int, total: int, task: str) -> None:
             update(completed=done, total=total, description=f"recording {task}")
 
@@ -50,8 +51,13 @@ def load_data_and_policy(cfg: DictConfig) -> Tuple[Any, Any]:
 
     data = load_data(cfg)
     with console.unit_progress("training on first use", int(cfg.train.steps)) as update:
-        handle = obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data,
-                               lambda step, loss: update(completed=step, description=f"loss {loss:.4f}"))
+        handle = obtain_policy(
+            PolicySpec.of(cfg),
+            cfg.checkpoint,
+            str(cfg.paths.cache_dir),
+            data,
+            lambda step, loss: update(completed=step, description=f"loss {loss:.4f}"),
+        )
     return data, handle
 
 
@@ -95,12 +101,19 @@ def publish(
     plain = to_plain(cfg)
     out = output_dir(cfg)
     run_id = uuid.uuid4().hex
-    all_tags = tracking.standard_tags(plain, code, {"vlaeval.run_id": run_id, **tracking.gate_tags(checks, gate_pass),
-                                                    **tags})
+    all_tags = tracking.standard_tags(
+        plain, code, {"vlaeval.run_id": run_id, **tracking.gate_tags(checks, gate_pass), **tags}
+    )
     metrics = {**metrics, "timing.job_s": (now_ms() - started_ms) / 1000.0}
-    result.update(run_id=run_id, job=job_name, tracked=bool(cfg.tracking.enabled), metrics=dict(metrics), checks=dict(checks),
-                  tags={k: v for k, v in all_tags.items() if v is not None},
-                  config_sha256=all_tags["config.sha256"])
+    result.update(
+        run_id=run_id,
+        job=job_name,
+        tracked=bool(cfg.tracking.enabled),
+        metrics=dict(metrics),
+        checks=dict(checks),
+        tags={k: v for k, v in all_tags.items() if v is not None},
+        config_sha256=all_tags["config.sha256"],
+    )
     artifacts = [(out / ".hydra", "hydra")] + [(p, "plots") for p in plots] + list(extra_artifacts)
     if artifact_file is not None:
         artifact_path = atomic_write_json(out / artifact_file, result["artifact"])
@@ -109,10 +122,20 @@ def publish(
     result_path = atomic_write_json(out / RESULT_FILE, result)
     artifacts.insert(0, (result_path, None))
     if cfg.tracking.enabled:
-        record = tracking.build_record(cfg.tracking, job_name, run_name=sweep_run_name(run_name), start_time_ms=started_ms,
-                                       plain_cfg=plain, metrics=metrics, checks=checks, tags=all_tags,
-                                       history=history or {}, artifacts=artifacts, base_dir=out,
-                                       cache_dir=str(cfg.paths.cache_dir))
+        record = tracking.build_record(
+            cfg.tracking,
+            job_name,
+            run_name=sweep_run_name(run_name),
+            start_time_ms=started_ms,
+            plain_cfg=plain,
+            metrics=metrics,
+            checks=checks,
+            tags=all_tags,
+            history=history or {},
+            artifacts=artifacts,
+            base_dir=out,
+            cache_dir=str(cfg.paths.cache_dir),
+        )
         result["mlflow_run_id"] = tracking.record_run(cfg.tracking, record, out, result_path)
     result["result_path"] = str(result_path)
     return result

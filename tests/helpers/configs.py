@@ -15,13 +15,23 @@ CONF = REPO / "conf"
 MAIN = REPO / "main.py"
 
 # A residual audit in seconds: two tasks, a small policy trained briefly, 16 anchors x 16 seeds.
-AUDIT_SMALL = ["data=tiny", "model=tiny_vla_small", "train.steps=40", "train.batch_size=32", "train.log_every=10",
-               "gradients.num_anchors=16", "gradients.seeds=${range:100,116}", "gate=smoke", "audit.permutations=500"]
+AUDIT_SMALL = [
+    "data=tiny",
+    "model=tiny_vla_small",
+    "train.steps=40",
+    "train.batch_size=32",
+    "train.log_every=10",
+    "gradients.num_anchors=16",
+    "gradients.seeds=${range:100,116}",
+    "gate=smoke",
+    "audit.permutations=500",
+]
 GAUNTLET_SMALL = ["strata=small", "gauntlet.plot=false"]
 
 
-def compose_config(overrides: Sequence[str] = (), *, output_dir: Optional[Path] = None,
-                   cache_dir: Optional[Path] = None) -> DictConfig:
+def compose_config(
+    overrides: Sequence[str] = (), *, output_dir: Optional[Path] = None, cache_dir: Optional[Path] = None
+) -> DictConfig:
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
         cfg = compose("config", overrides=list(overrides))
     with open_dict(cfg):

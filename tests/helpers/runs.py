@@ -14,8 +14,11 @@ from mlflow.tracking import MlflowClient
 
 def experiment_runs(client: MlflowClient, name: str, view=ViewType.ACTIVE_ONLY) -> List[Any]:
     experiment = client.get_experiment_by_name(name)
-    return [] if experiment is None else client.search_runs([experiment.experiment_id], run_view_type=view,
-                                                            max_results=1000)
+    return (
+        []
+        if experiment is None
+        else client.search_runs([experiment.experiment_id], run_view_type=view, max_results=1000)
+    )
 
 
 def runs_of(uri: str, experiment: str = "vlaeval-gauntlet"):
@@ -37,13 +40,22 @@ def sweep_of(client: MlflowClient, experiment: str) -> Sweep:
     runs = experiment_runs(client, experiment)
     parents = [r for r in runs if r.data.tags.get("vlaeval.run_kind") == "sweep_parent"]
     assert len(parents) == 1, [r.info.run_id for r in parents]
-    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id),
-                      key=lambda r: int(r.data.tags["hydra.job_num"]))
+    children = sorted(
+        (r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id),
+        key=lambda r: int(r.data.tags["hydra.job_num"]),
+    )
     return Sweep(parents[0].info.experiment_id, parents[0], children)
 
 
-def check_sweep(client: MlflowClient, experiment: str, expected_children: int, *, sweep_root: Optional[Path] = None,
-                workdir: Optional[Path] = None, proxied: bool = False) -> Sweep:
+def check_sweep(
+    client: MlflowClient,
+    experiment: str,
+    expected_children: int,
+    *,
+    sweep_root: Optional[Path] = None,
+    workdir: Optional[Path] = None,
+    proxied: bool = False,
+) -> Sweep:
     """A finished sweep: one FINISHED parent with its summary, every child FINISHED under it in job
     order, named after what it swept, with the whole config as params and the gate tags; with
     `workdir`, every child's metrics equal its local result.json; with `proxied`, artifacts went
@@ -72,7 +84,9 @@ def check_sweep(client: MlflowClient, experiment: str, expected_children: int, *
 
 
 def summary_of(client: MlflowClient, sweep: Sweep, into: Path) -> list:
-    return json.loads(Path(client.download_artifacts(sweep.parent.info.run_id, "sweep_summary.json", str(into))).read_text())
+    return json.loads(
+        Path(client.download_artifacts(sweep.parent.info.run_id, "sweep_summary.json", str(into))).read_text()
+    )
 
 
 def assert_run_matches_its_result(client: MlflowClient, run: Any, workdir: Path) -> dict:
@@ -87,5 +101,8 @@ def assert_run_matches_its_result(client: MlflowClient, run: Any, workdir: Path)
     assert run.data.tags["vlaeval.run_id"] == result["run_id"]
     assert run.data.params["job.name"] == result["job"]
     assert run.data.tags["config.sha256"] == result["config_sha256"]
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "hydra")} >= {"hydra/config.yaml", "hydra/overrides.yaml"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "hydra")} >= {
+        "hydra/config.yaml",
+        "hydra/overrides.yaml",
+    }
     return result

@@ -83,18 +83,45 @@ def postgres_server() -> Iterator[str]:
     if os.geteuid() == 0:
         shutil.chown(root, "postgres")
     try:
-        subprocess.run(_as_postgres_user([str(bindir / "initdb"), "-D", str(data), "-U", "vlaeval", "--auth=trust",
-                                          "-E", "UTF8"]), check=True, capture_output=True, text=True)
-        subprocess.run(_as_postgres_user([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"),
-                                          "-w", "-t", "60", "-o", f"-h 127.0.0.1 -p {port} -k {root}", "start"]),
-                       check=True, capture_output=True, text=True)
-        subprocess.run([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "vlaeval", "mlflow"],
-                       check=True, capture_output=True, text=True)
+        subprocess.run(
+            _as_postgres_user([str(bindir / "initdb"), "-D", str(data), "-U", "vlaeval", "--auth=trust", "-E", "UTF8"]),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        subprocess.run(
+            _as_postgres_user(
+                [
+                    str(bindir / "pg_ctl"),
+                    "-D",
+                    str(data),
+                    "-l",
+                    str(root / "server.log"),
+                    "-w",
+                    "-t",
+                    "60",
+                    "-o",
+                    f"-h 127.0.0.1 -p {port} -k {root}",
+                    "start",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        subprocess.run(
+            [str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "vlaeval", "mlflow"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         yield f"postgresql://vlaeval@127.0.0.1:{port}/mlflow"
     finally:
         if (data / "postmaster.pid").exists():
-            subprocess.run(_as_postgres_user([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
-                           capture_output=True)
+            subprocess.run(
+                _as_postgres_user([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
+                capture_output=True,
+            )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -104,16 +131,24 @@ class S3Server:
     def __init__(self, bucket: str, log_path: Path) -> None:
         self.bucket, self.log_path, self.port = bucket, log_path, free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.env = {"MLFLOW_S3_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "vlaeval-test",
-                    "AWS_SECRET_ACCESS_KEY": "vlaeval-test-secret", "AWS_DEFAULT_REGION": "us-east-1"}
+        self.env = {
+            "MLFLOW_S3_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "vlaeval-test",
+            "AWS_SECRET_ACCESS_KEY": "vlaeval-test-secret",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
         self.process: Optional[subprocess.Popen] = None
 
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
-                            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"])
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+        )
 
     def keys(self) -> List[str]:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket)
@@ -121,11 +156,18 @@ class S3Server:
 
     def __enter__(self) -> "S3Server":
         self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1",
-                                         "-p", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        wait_until(lambda: urllib.request.urlopen(self.endpoint, timeout=2).status == 200, 60,
-                   f"moto S3 server on {self.endpoint}", self.process)
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_until(
+            lambda: urllib.request.urlopen(self.endpoint, timeout=2).status == 200,
+            60,
+            f"moto S3 server on {self.endpoint}",
+            self.process,
+        )
         self.client().create_bucket(Bucket=self.bucket)
         return self
 
@@ -141,8 +183,16 @@ class MlflowServer:
     script=True it is started through the shipped scripts/tracking_server.sh; `env` is added to
     the server's environment only (S3 credentials stay with the server, as in production)."""
 
-    def __init__(self, backend_uri: str, artifacts, log_path: Path, port: Optional[int] = None, *,
-                 script: bool = False, env: Optional[dict] = None) -> None:
+    def __init__(
+        self,
+        backend_uri: str,
+        artifacts,
+        log_path: Path,
+        port: Optional[int] = None,
+        *,
+        script: bool = False,
+        env: Optional[dict] = None,
+    ) -> None:
         self.backend_uri, self.artifacts, self.log_path = backend_uri, artifacts, log_path
         self.script, self.extra_env = script, dict(env or {})
         self.port = port or free_port()
@@ -154,19 +204,43 @@ class MlflowServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
         env.update(self.extra_env)
         if self.script:
-            env.update({"MLFLOW": str(mlflow), "VLAEVAL_BACKEND_STORE_URI": self.backend_uri,
-                        "VLAEVAL_ARTIFACTS_DESTINATION": str(self.artifacts), "VLAEVAL_SERVER_HOST": "127.0.0.1",
-                        "VLAEVAL_SERVER_PORT": str(self.port), "VLAEVAL_SERVER_WORKERS": "1"})
+            env.update(
+                {
+                    "MLFLOW": str(mlflow),
+                    "VLAEVAL_BACKEND_STORE_URI": self.backend_uri,
+                    "VLAEVAL_ARTIFACTS_DESTINATION": str(self.artifacts),
+                    "VLAEVAL_SERVER_HOST": "127.0.0.1",
+                    "VLAEVAL_SERVER_PORT": str(self.port),
+                    "VLAEVAL_SERVER_WORKERS": "1",
+                }
+            )
             command = [str(Path(__file__).resolve().parents[2] / "scripts" / "tracking_server.sh")]
         else:
-            command = [str(mlflow), "server", "--backend-store-uri", self.backend_uri, "--serve-artifacts",
-                       "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port",
-                       str(self.port), "--workers", "1"]
+            command = [
+                str(mlflow),
+                "server",
+                "--backend-store-uri",
+                self.backend_uri,
+                "--serve-artifacts",
+                "--artifacts-destination",
+                str(self.artifacts),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+            ]
         self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
-        wait_until(lambda: urllib.request.urlopen(f"{self.uri}/health", timeout=2).status == 200, timeout,
-                   f"mlflow server on {self.uri} (log: {self.log_path})", self.process)
+        self.process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        wait_until(
+            lambda: urllib.request.urlopen(f"{self.uri}/health", timeout=2).status == 200,
+            timeout,
+            f"mlflow server on {self.uri} (log: {self.log_path})",
+            self.process,
+        )
         return self
 
     def kill(self) -> None:

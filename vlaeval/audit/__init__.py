@@ -9,5 +9,11 @@ from vlaeval.audit.statistics import (
     repeatability,
 )
 
-__all__ = ["alignment_audit", "gate_decision", "information_to_baseline_ratio", "leave_one_out_robustness",
-           "proposal_distribution", "repeatability"]
+__all__ = [
+    "alignment_audit",
+    "gate_decision",
+    "information_to_baseline_ratio",
+    "leave_one_out_robustness",
+    "proposal_distribution",
+    "repeatability",
+]

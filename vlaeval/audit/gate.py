@@ -15,22 +15,37 @@ def threshold_name(value: float) -> str:
     return f"{value:.2f}".replace(".", "_").replace("-", "minus_")
 
 
-def gate_decision(*, sample_count: int, repeatability: Dict[str, Any], alignment: Dict[str, Any],
-                  robustness: Dict[str, Any], gate: Any) -> Dict[str, Any]:
+def gate_decision(
+    *,
+    sample_count: int,
+    repeatability: Dict[str, Any],
+    alignment: Dict[str, Any],
+    robustness: Dict[str, Any],
+    gate: Any,
+) -> Dict[str, Any]:
     permutation = alignment["random_permutation_control"]
     ratio = alignment["proposal"]["information_to_baseline_ratio"]
     checks = {
         f"sample_count_at_least_{int(gate.min_anchors)}": sample_count >= int(gate.min_anchors),
-        f"score_repeatability_spearman_at_least_{threshold_name(gate.repeatability_spearman)}":
-            repeatability["spearman"] >= gate.repeatability_spearman,
-        f"score_gradient_spearman_at_least_{threshold_name(gate.score_gradient_spearman)}":
-            alignment["spearman_residual_vs_gradient_rms"] >= gate.score_gradient_spearman,
-        f"score_gradient_permutation_p_at_most_{threshold_name(gate.permutation_p)}":
-            permutation["one_sided_pvalue_rho_at_least_observed"] <= gate.permutation_p,
-        f"top25_overlap_at_least_{threshold_name(gate.top25_overlap)}": alignment["top25_overlap"] >= gate.top25_overlap,
+        f"score_repeatability_spearman_at_least_{threshold_name(gate.repeatability_spearman)}": repeatability[
+            "spearman"
+        ]
+        >= gate.repeatability_spearman,
+        f"score_gradient_spearman_at_least_{threshold_name(gate.score_gradient_spearman)}": alignment[
+            "spearman_residual_vs_gradient_rms"
+        ]
+        >= gate.score_gradient_spearman,
+        f"score_gradient_permutation_p_at_most_{threshold_name(gate.permutation_p)}": permutation[
+            "one_sided_pvalue_rho_at_least_observed"
+        ]
+        <= gate.permutation_p,
+        f"top25_overlap_at_least_{threshold_name(gate.top25_overlap)}": alignment["top25_overlap"]
+        >= gate.top25_overlap,
         f"second_moment_ratio_at_most_{threshold_name(gate.second_moment_ratio)}": ratio <= gate.second_moment_ratio,
-        f"second_moment_permutation_p_at_most_{threshold_name(gate.second_moment_permutation_p)}":
-            permutation["one_sided_pvalue_second_moment_at_most_observed"] <= gate.second_moment_permutation_p,
+        f"second_moment_permutation_p_at_most_{threshold_name(gate.second_moment_permutation_p)}": permutation[
+            "one_sided_pvalue_second_moment_at_most_observed"
+        ]
+        <= gate.second_moment_permutation_p,
     }
     if gate.leave_one_out:
         checks["leave_one_out_spearman_all_positive"] = robustness["all_spearman_positive"]

@@ -11,8 +11,16 @@ import numpy as np
 from vlaeval.artifacts import atomic_write_bytes
 
 
-def plot_audit(score: np.ndarray, gradient_rms: np.ndarray, matrix: np.ndarray, alignment: Dict[str, Any],
-               robustness: Dict[str, Any], null_spearman: np.ndarray, null_ratio: np.ndarray, path: Path) -> Path:
+def plot_audit(
+    score: np.ndarray,
+    gradient_rms: np.ndarray,
+    matrix: np.ndarray,
+    alignment: Dict[str, Any],
+    robustness: Dict[str, Any],
+    null_spearman: np.ndarray,
+    null_ratio: np.ndarray,
+    path: Path,
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,8 +39,12 @@ def plot_audit(score: np.ndarray, gradient_rms: np.ndarray, matrix: np.ndarray, 
     ax[0, 2].axvline(ratio, color="red", label=f"observed {ratio:.3f}")
     ax[0, 2].axvline(alignment["proposal"]["oracle_ratio"], color="green", linestyle="--", label="in-sample oracle")
     if alignment["proposal"].get("attainable_oracle_ratio") is not None:
-        ax[0, 2].axvline(alignment["proposal"]["attainable_oracle_ratio"], color="green", linestyle=":",
-                         label="attainable oracle (cross-fitted)")
+        ax[0, 2].axvline(
+            alignment["proposal"]["attainable_oracle_ratio"],
+            color="green",
+            linestyle=":",
+            label="attainable oracle (cross-fitted)",
+        )
     ax[0, 2].set(title="permutation null: second-moment ratio", xlabel="ratio (1 = uniform)")
     ax[0, 2].legend()
     ax[1, 0].plot(robustness["spearman"], ".")
@@ -43,8 +55,12 @@ def plot_audit(score: np.ndarray, gradient_rms: np.ndarray, matrix: np.ndarray, 
     ax[1, 1].set(title="leave-one-out second-moment ratio", xlabel="anchor left out")
     order = np.argsort(score)
     ax[1, 2].errorbar(np.arange(score.size), score[order], yerr=matrix.std(axis=0, ddof=1)[order], fmt=".", capsize=2)
-    ax[1, 2].set(yscale="log", title="per-anchor spread across estimator seeds", xlabel="anchor (sorted by score)",
-                 ylabel="residual")
+    ax[1, 2].set(
+        yscale="log",
+        title="per-anchor spread across estimator seeds",
+        xlabel="anchor (sorted by score)",
+        ylabel="residual",
+    )
     fig.tight_layout()
     atomic_write_bytes(path, lambda handle: fig.savefig(handle, format="png", dpi=100))
     plt.close(fig)

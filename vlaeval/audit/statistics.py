@@ -58,21 +58,27 @@ def require_proposal_scores(scores: np.ndarray) -> np.ndarray:
     bad = ~np.isfinite(scores) | (scores < 0)
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"importance-sampling scores must be finite and >= 0; score {scores[where]!r} at index "
-                         f"{where if len(where) > 1 else where[0]} is not (use a non-negative score, e.g. a loss)")
+        raise ValueError(
+            f"importance-sampling scores must be finite and >= 0; score {scores[where]!r} at index "
+            f"{where if len(where) > 1 else where[0]} is not (use a non-negative score, e.g. a loss)"
+        )
     return scores
 
 
 def proposal_weights(scores: np.ndarray, *, percentile_epsilon: float, proposal_power: float = 1.0) -> np.ndarray:
     """Scores (finite, >= 0) winsorised at the epsilon and 1 - epsilon quantiles, raised to gamma."""
     scores = require_proposal_scores(scores)
-    low, high = np.quantile(scores, [percentile_epsilon, 1.0 - percentile_epsilon], axis=-1, keepdims=True) \
-        if scores.ndim > 1 else np.quantile(scores, [percentile_epsilon, 1.0 - percentile_epsilon])
+    low, high = (
+        np.quantile(scores, [percentile_epsilon, 1.0 - percentile_epsilon], axis=-1, keepdims=True)
+        if scores.ndim > 1
+        else np.quantile(scores, [percentile_epsilon, 1.0 - percentile_epsilon])
+    )
     return np.clip(scores, low, high) ** proposal_power
 
 
-def proposal_distribution(scores: np.ndarray, *, alpha: float, percentile_epsilon: float,
-                          proposal_power: float = 1.0) -> np.ndarray:
+def proposal_distribution(
+    scores: np.ndarray, *, alpha: float, percentile_epsilon: float, proposal_power: float = 1.0
+) -> np.ndarray:
     """q = (1 - alpha) w / sum(w) + alpha / N along the last axis (rows are separate proposals)."""
     w = proposal_weights(scores, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power)
     n = w.shape[-1]
@@ -107,9 +113,17 @@ def _proposal_summary(scores, gradient_rms, *, alpha, percentile_epsilon, propos
     }
 
 
-def permutation_control(scores: np.ndarray, gradient_rms: np.ndarray, *, alpha: float, percentile_epsilon: float,
-                        proposal_power: float, permutation_count: int, permutation_seed: int,
-                        keep_null_distributions: bool = False) -> Dict[str, Any]:
+def permutation_control(
+    scores: np.ndarray,
+    gradient_rms: np.ndarray,
+    *,
+    alpha: float,
+    percentile_epsilon: float,
+    proposal_power: float,
+    permutation_count: int,
+    permutation_seed: int,
+    keep_null_distributions: bool = False,
+) -> Dict[str, Any]:
     """Permute the scores (seeded), all permutations at once: one-sided p-values
     (1 + #{rho_perm >= rho_obs}) / (P + 1) and (1 + #{ratio_perm <= ratio_obs}) / (P + 1).
     With keep_null_distributions, the permuted statistics are returned too (for plots) under
@@ -123,7 +137,9 @@ def permutation_control(scores: np.ndarray, gradient_rms: np.ndarray, *, alpha: 
     permuted_ranks = score_ranks[perms]
     centered = permuted_ranks - permuted_ranks.mean(axis=1, keepdims=True)
     rho_perm = centered @ centered_grad / np.linalg.norm(centered, axis=1)
-    q_obs = proposal_distribution(scores, alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power)
+    q_obs = proposal_distribution(
+        scores, alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power
+    )
     ratio_obs = float(information_to_baseline_ratio(gradient_rms, q_obs))
     ratio_perm = information_to_baseline_ratio(gradient_rms, q_obs[perms])  # q is elementwise in the score
     rho_obs = float(spearmanr(scores, gradient_rms).statistic)
@@ -132,8 +148,12 @@ def permutation_control(scores: np.ndarray, gradient_rms: np.ndarray, *, alpha: 
         "permutation_seed": int(permutation_seed),
         "observed_spearman": rho_obs,
         "observed_second_moment_ratio": ratio_obs,
-        "one_sided_pvalue_rho_at_least_observed": float((1 + np.sum(rho_perm >= rho_obs - 1e-12)) / (permutation_count + 1)),
-        "one_sided_pvalue_second_moment_at_most_observed": float((1 + np.sum(ratio_perm <= ratio_obs + 1e-12)) / (permutation_count + 1)),
+        "one_sided_pvalue_rho_at_least_observed": float(
+            (1 + np.sum(rho_perm >= rho_obs - 1e-12)) / (permutation_count + 1)
+        ),
+        "one_sided_pvalue_second_moment_at_most_observed": float(
+            (1 + np.sum(ratio_perm <= ratio_obs + 1e-12)) / (permutation_count + 1)
+        ),
         "null_spearman_quantiles": np.quantile(rho_perm, [0.01, 0.5, 0.99]).tolist(),
         "null_second_moment_quantiles": np.quantile(ratio_perm, [0.01, 0.5, 0.99]).tolist(),
     }
@@ -142,12 +162,23 @@ def permutation_control(scores: np.ndarray, gradient_rms: np.ndarray, *, alpha: 
     return out
 
 
-def alignment_audit(scores: np.ndarray, gradient_rms: np.ndarray, mean_losses: np.ndarray, *, alpha: float,
-                    percentile_epsilon: float, permutation_count: int, permutation_seed: int,
-                    proposal_power: float = 1.0, score_reliability: Optional[float] = None,
-                    gradient_reliability: Optional[float] = None, per_seed_gradient_rms: Optional[np.ndarray] = None,
-                    per_seed_losses: Optional[np.ndarray] = None, bootstrap_seed: int = 0,
-                    keep_null_distributions: bool = False) -> Dict[str, Any]:
+def alignment_audit(
+    scores: np.ndarray,
+    gradient_rms: np.ndarray,
+    mean_losses: np.ndarray,
+    *,
+    alpha: float,
+    percentile_epsilon: float,
+    permutation_count: int,
+    permutation_seed: int,
+    proposal_power: float = 1.0,
+    score_reliability: Optional[float] = None,
+    gradient_reliability: Optional[float] = None,
+    per_seed_gradient_rms: Optional[np.ndarray] = None,
+    per_seed_losses: Optional[np.ndarray] = None,
+    bootstrap_seed: int = 0,
+    keep_null_distributions: bool = False,
+) -> Dict[str, Any]:
     """How well the scores (shape (N,), finite and >= 0) rank anchors by gradient RMS (N,), and how
     good a proposal they make; beside the training loss as the baseline any score must beat.
 
@@ -168,42 +199,62 @@ def alignment_audit(scores: np.ndarray, gradient_rms: np.ndarray, mean_losses: n
         "kendall_residual_vs_gradient_rms_pvalue_asymptotic": float(tau.pvalue),
         "top25_overlap": top_overlap(scores, gradient_rms),
         "proposal": _proposal_summary(scores, gradient_rms, **kwargs),
-        "raw_score_proposal": _proposal_summary(scores, gradient_rms, alpha=alpha,
-                                                percentile_epsilon=percentile_epsilon, proposal_power=1.0),
+        "raw_score_proposal": _proposal_summary(
+            scores, gradient_rms, alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=1.0
+        ),
         "training_loss_shared_draws": {
             "note": "the artifact's training loss shares its (t, eps) draws with the gradient RMS: inflated; "
-                    "see baseline_comparison for the fair comparison",
+            "see baseline_comparison for the fair comparison",
             "spearman_vs_gradient_rms": float(spearmanr(mean_losses, gradient_rms).statistic),
             "top25_overlap": top_overlap(mean_losses, gradient_rms),
-            "second_moment_ratio": _proposal_summary(mean_losses, gradient_rms, **kwargs)["information_to_baseline_ratio"],
+            "second_moment_ratio": _proposal_summary(mean_losses, gradient_rms, **kwargs)[
+                "information_to_baseline_ratio"
+            ],
         },
-        "random_permutation_control": permutation_control(scores, gradient_rms, permutation_count=permutation_count,
-                                                          permutation_seed=permutation_seed,
-                                                          keep_null_distributions=keep_null_distributions, **kwargs),
+        "random_permutation_control": permutation_control(
+            scores,
+            gradient_rms,
+            permutation_count=permutation_count,
+            permutation_seed=permutation_seed,
+            keep_null_distributions=keep_null_distributions,
+            **kwargs,
+        ),
     }
     if per_seed_gradient_rms is not None and per_seed_losses is not None and np.shape(per_seed_gradient_rms)[0] >= 4:
-        out["baseline_comparison"] = cross_fitted_baseline(scores, per_seed_gradient_rms, per_seed_losses, alpha=alpha,
-                                                           percentile_epsilon=percentile_epsilon,
-                                                           proposal_power=proposal_power, bootstrap_seed=bootstrap_seed)
+        out["baseline_comparison"] = cross_fitted_baseline(
+            scores,
+            per_seed_gradient_rms,
+            per_seed_losses,
+            alpha=alpha,
+            percentile_epsilon=percentile_epsilon,
+            proposal_power=proposal_power,
+            bootstrap_seed=bootstrap_seed,
+        )
         attainable = out["baseline_comparison"]["attainable_oracle_ratio"]
         residual = out["baseline_comparison"]["residual"]["second_moment_ratio"]
         out["proposal"]["attainable_oracle_ratio"] = attainable
         out["proposal"]["fraction_of_attainable_oracle_gain"] = (
-            float((1.0 - residual) / (1.0 - attainable)) if attainable < 1.0 else float("nan"))
+            float((1.0 - residual) / (1.0 - attainable)) if attainable < 1.0 else float("nan")
+        )
     else:
-        out["baseline_comparison"] = {"available": False,
-                                      "reason": "the gradient artifact has no per-seed gradient RMS and losses (>= 4 "
-                                                "seeds), so the training loss cannot be scored on independent draws"}
+        out["baseline_comparison"] = {
+            "available": False,
+            "reason": "the gradient artifact has no per-seed gradient RMS and losses (>= 4 "
+            "seeds), so the training loss cannot be scored on independent draws",
+        }
     out["reliability"] = {"score_reliability": score_reliability, "gradient_rms_reliability": gradient_reliability}
     if score_reliability and gradient_reliability and score_reliability > 0 and gradient_reliability > 0:
         # The observed correlation is bounded by the two measures' reliabilities (Spearman 1904).
         out["reliability"]["attenuation_corrected_spearman"] = float(
-            np.clip(out["spearman_residual_vs_gradient_rms"] / np.sqrt(score_reliability * gradient_reliability),
-                    -1.0, 1.0))
+            np.clip(
+                out["spearman_residual_vs_gradient_rms"] / np.sqrt(score_reliability * gradient_reliability), -1.0, 1.0
+            )
+        )
         out["reliability"]["spearman_ceiling"] = float(np.sqrt(score_reliability * gradient_reliability))
         out["reliability"]["attenuation_correction"] = (
             "APPROXIMATE: Spearman's (1904) disattenuation formula, exact for Pearson correlations of measures "
-            "with classical errors, applied here to rank correlations and split-half (Spearman-Brown) reliabilities")
+            "with classical errors, applied here to rank correlations and split-half (Spearman-Brown) reliabilities"
+        )
     return out
 
 
@@ -221,9 +272,17 @@ def _ranks_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (ra * rb).sum(axis=-1) / np.sqrt((ra * ra).sum(axis=-1) * (rb * rb).sum(axis=-1))
 
 
-def cross_fitted_baseline(scores: np.ndarray, per_seed_gradient_rms: np.ndarray, per_seed_losses: np.ndarray, *,
-                          alpha: float, percentile_epsilon: float, proposal_power: float,
-                          bootstrap: int = 2000, bootstrap_seed: int = 0) -> Dict[str, Any]:
+def cross_fitted_baseline(
+    scores: np.ndarray,
+    per_seed_gradient_rms: np.ndarray,
+    per_seed_losses: np.ndarray,
+    *,
+    alpha: float,
+    percentile_epsilon: float,
+    proposal_power: float,
+    bootstrap: int = 2000,
+    bootstrap_seed: int = 0,
+) -> Dict[str, Any]:
     """The residual and the training loss compared on equal footing, each on draws independent of
     the gradient RMS it is judged against.
 
@@ -244,29 +303,40 @@ def cross_fitted_baseline(scores: np.ndarray, per_seed_gradient_rms: np.ndarray,
     half = rms.shape[0] // 2
     a, b = slice(0, half), slice(half, 2 * half)
     kwargs: Dict[str, Any] = dict(alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power)
-    folds = [(_half_rms(rms, a), loss[b].mean(axis=0), loss[a].mean(axis=0), _half_rms(rms, b)),
-             (_half_rms(rms, b), loss[a].mean(axis=0), loss[b].mean(axis=0), _half_rms(rms, a))]
+    folds = [
+        (_half_rms(rms, a), loss[b].mean(axis=0), loss[a].mean(axis=0), _half_rms(rms, b)),
+        (_half_rms(rms, b), loss[a].mean(axis=0), loss[b].mean(axis=0), _half_rms(rms, a)),
+    ]
     n = scores.size
 
     def ratio(weights: np.ndarray, target: np.ndarray) -> np.ndarray:
         return information_to_baseline_ratio(target, proposal_distribution(weights, **kwargs))
 
-    rows: Dict[str, List[Tuple[float, float]]] = {"residual": [], "training_loss": [], "training_loss_shared_draws": [],
-                                                  "oracle": []}
+    rows: Dict[str, List[Tuple[float, float]]] = {
+        "residual": [],
+        "training_loss": [],
+        "training_loss_shared_draws": [],
+        "oracle": [],
+    }
     rng = np.random.default_rng(bootstrap_seed)
     resample = rng.integers(0, n, size=(bootstrap, n))
     boot_rho, boot_ratio = [], []
     for target, independent_loss, shared_loss, other_half in folds:
-        for name, weights in (("residual", scores), ("training_loss", independent_loss),
-                              ("training_loss_shared_draws", shared_loss)):
+        for name, weights in (
+            ("residual", scores),
+            ("training_loss", independent_loss),
+            ("training_loss_shared_draws", shared_loss),
+        ):
             rows[name].append((float(spearmanr(weights, target).statistic), float(ratio(weights, target))))
         oracle_q = other_half / other_half.sum()
         rows["oracle"].append((float("nan"), float(information_to_baseline_ratio(target, oracle_q))))
         t, s_, l_ = target[resample], scores[resample], independent_loss[resample]
         boot_rho.append(_ranks_spearman(s_, t) - _ranks_spearman(l_, t))
         boot_ratio.append(ratio(s_, t) - ratio(l_, t))
-    summary = {name: {"spearman": float(np.mean([r for r, _ in v])), "second_moment_ratio": float(np.mean([q for _, q in v]))}
-               for name, v in rows.items()}
+    summary = {
+        name: {"spearman": float(np.mean([r for r, _ in v])), "second_moment_ratio": float(np.mean([q for _, q in v]))}
+        for name, v in rows.items()
+    }
     rho_diff = summary["residual"]["spearman"] - summary["training_loss"]["spearman"]
     ratio_diff = summary["residual"]["second_moment_ratio"] - summary["training_loss"]["second_moment_ratio"]
     rho_ci = np.quantile(np.mean(boot_rho, axis=0), [0.025, 0.975])
@@ -281,7 +351,7 @@ def cross_fitted_baseline(scores: np.ndarray, per_seed_gradient_rms: np.ndarray,
         verdict = "tie"
     return {
         "method": "gradient seeds split in halves; each score judged on the half its draws are independent of; "
-                  "two folds averaged",
+        "two folds averaged",
         "seeds_per_half": half,
         "residual": summary["residual"],
         "training_loss": summary["training_loss"],
@@ -297,8 +367,14 @@ def cross_fitted_baseline(scores: np.ndarray, per_seed_gradient_rms: np.ndarray,
     }
 
 
-def leave_one_out_robustness(scores: np.ndarray, gradient_rms: np.ndarray, *, alpha: float, percentile_epsilon: float,
-                             proposal_power: float = 1.0) -> Dict[str, Any]:
+def leave_one_out_robustness(
+    scores: np.ndarray,
+    gradient_rms: np.ndarray,
+    *,
+    alpha: float,
+    percentile_epsilon: float,
+    proposal_power: float = 1.0,
+) -> Dict[str, Any]:
     scores = np.asarray(scores, dtype=np.float64)
     gradient_rms = np.asarray(gradient_rms, dtype=np.float64)
     n = scores.size

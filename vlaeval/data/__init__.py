@@ -3,5 +3,11 @@
 from vlaeval.data.anchors import AnchorSet, build_anchors, sample_order
 from vlaeval.data.metaworld import Demonstrations, MetaWorldDemonstrations, load_or_build_demonstrations
 
-__all__ = ["AnchorSet", "Demonstrations", "MetaWorldDemonstrations", "build_anchors", "load_or_build_demonstrations",
-           "sample_order"]
+__all__ = [
+    "AnchorSet",
+    "Demonstrations",
+    "MetaWorldDemonstrations",
+    "build_anchors",
+    "load_or_build_demonstrations",
+    "sample_order",
+]

@@ -15,8 +15,17 @@ import numpy as np
 from vlaeval.artifacts import stable_seed
 from vlaeval.data.metaworld import Demonstrations
 
-TRACE_FIELDS = ("manifest_sha256", "epoch", "global_draw_id", "dataset_index", "dataset_name",
-                "trajectory_index", "trajectory_id", "anchor_index", "base_index")
+TRACE_FIELDS = (
+    "manifest_sha256",
+    "epoch",
+    "global_draw_id",
+    "dataset_index",
+    "dataset_name",
+    "trajectory_index",
+    "trajectory_id",
+    "anchor_index",
+    "base_index",
+)
 
 
 @dataclass
@@ -45,7 +54,7 @@ class AnchorSet:
             "dataset_name": demos.name,
             "trajectory_index": e,
             "trajectory_id": f"{demos.tasks[int(demos.episode_task[e])]}/variant-{int(demos.episode_variant[e])}"
-                             f"/seed-{int(demos.episode_seed[e])}",
+            f"/seed-{int(demos.episode_seed[e])}",
             "anchor_index": int(self.anchor_index[anchor]),
             "base_index": int(self.base_index[anchor]),
         }

@@ -96,8 +96,19 @@ class Demonstrations:
         return self.manifest["name"]
 
     def arrays(self) -> Dict[str, np.ndarray]:
-        return {k: getattr(self, k) for k in ("observations", "actions", "episode_start", "episode_length",
-                                              "episode_task", "episode_success", "episode_variant", "episode_seed")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "observations",
+                "actions",
+                "episode_start",
+                "episode_length",
+                "episode_task",
+                "episode_success",
+                "episode_variant",
+                "episode_seed",
+            )
+        }
 
 
 def content_sha256(arrays: Mapping[str, np.ndarray], tasks: Sequence[str], instructions: Sequence[str]) -> str:
@@ -142,8 +153,14 @@ def episode_plan(tasks: Sequence[str], episodes_per_task: int, seed: int, varian
         rng = np.random.default_rng(stable_seed("episodes", task, seed))
         chosen = rng.choice(np.array(variants), size=episodes_per_task, replace=episodes_per_task > len(variants))
         for k in range(episodes_per_task):
-            plan.append({"task": task, "task_index": task_index, "variant": int(chosen[k]),
-                         "seed": stable_seed("episode", task, seed, k)})
+            plan.append(
+                {
+                    "task": task,
+                    "task_index": task_index,
+                    "variant": int(chosen[k]),
+                    "seed": stable_seed("episode", task, seed, k),
+                }
+            )
     return plan
 
 
@@ -173,8 +190,9 @@ class EpisodeRunner:
         self._envs.clear()
 
 
-def record_episode(runner: EpisodeRunner, task: str, variant: int, seed: int, max_steps: int,
-                   action_noise: float) -> Dict[str, Any]:
+def record_episode(
+    runner: EpisodeRunner, task: str, variant: int, seed: int, max_steps: int, action_noise: float
+) -> Dict[str, Any]:
     env, obs = runner.env(task, variant)
     expert = runner.expert(task)
     rng = np.random.default_rng(seed)
@@ -200,8 +218,11 @@ def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str],
     episodes = []
     try:
         for i, ep in enumerate(plan):
-            episodes.append(record_episode(runner, ep["task"], ep["variant"], ep["seed"], int(data.max_steps),
-                                           float(data.action_noise)))
+            episodes.append(
+                record_episode(
+                    runner, ep["task"], ep["variant"], ep["seed"], int(data.max_steps), float(data.action_noise)
+                )
+            )
             if progress is not None:
                 progress(i + 1, len(plan), ep["task"])
     finally:
@@ -235,7 +256,11 @@ def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str],
 def _data_fields(data: Any) -> Dict[str, Any]:
     from omegaconf import DictConfig, OmegaConf
 
-    plain = cast(Dict[str, Any], OmegaConf.to_container(data, resolve=True)) if isinstance(data, DictConfig) else dict(vars(data))
+    plain = (
+        cast(Dict[str, Any], OmegaConf.to_container(data, resolve=True))
+        if isinstance(data, DictConfig)
+        else dict(vars(data))
+    )
     # The horizon shapes anchors, not episodes: it does not change the recorded data.
     return {k: v for k, v in plain.items() if k not in ("horizon",)}
 
@@ -243,8 +268,13 @@ def _data_fields(data: Any) -> Dict[str, Any]:
 def dataset_key(data: Any) -> str:
     import metaworld
 
-    return sha256_json({"schema": DATASET_SCHEMA_VERSION, "config": _data_fields(data),
-                        "metaworld": getattr(metaworld, "__version__", "unknown")})
+    return sha256_json(
+        {
+            "schema": DATASET_SCHEMA_VERSION,
+            "config": _data_fields(data),
+            "metaworld": getattr(metaworld, "__version__", "unknown"),
+        }
+    )
 
 
 class MetaWorldDemonstrations:
@@ -252,8 +282,16 @@ class MetaWorldDemonstrations:
     settings that decide them (every setting but the horizon). `load` returns the demonstrations;
     horizon is the length H of the target action chunk the anchors carry."""
 
-    def __init__(self, tasks: Sequence[str] = DEFAULT_TASKS, episodes_per_task: int = 12, max_steps: int = 150,
-                 action_noise: float = 0.1, seed: int = 0, horizon: int = 4, name: str = "metaworld") -> None:
+    def __init__(
+        self,
+        tasks: Sequence[str] = DEFAULT_TASKS,
+        episodes_per_task: int = 12,
+        max_steps: int = 150,
+        action_noise: float = 0.1,
+        seed: int = 0,
+        horizon: int = 4,
+        name: str = "metaworld",
+    ) -> None:
         self.name = str(name)
         self.tasks = [str(t) for t in tasks]
         self.episodes_per_task = int(episodes_per_task)
@@ -265,13 +303,15 @@ class MetaWorldDemonstrations:
     def validate(self) -> None:
         validate_data_config(self)
 
-    def load(self, cache_dir: str | os.PathLike,
-             progress: Optional[Callable[[int, int, str], None]] = None) -> tuple[Demonstrations, bool]:
+    def load(
+        self, cache_dir: str | os.PathLike, progress: Optional[Callable[[int, int, str], None]] = None
+    ) -> tuple[Demonstrations, bool]:
         return load_or_build_demonstrations(self, cache_dir, progress)
 
 
-def load_or_build_demonstrations(data: Any, cache_dir: str | os.PathLike,
-                                 progress: Optional[Callable[[int, int, str], None]] = None) -> tuple[Demonstrations, bool]:
+def load_or_build_demonstrations(
+    data: Any, cache_dir: str | os.PathLike, progress: Optional[Callable[[int, int, str], None]] = None
+) -> tuple[Demonstrations, bool]:
     """(demonstrations, built_now): read the cached build for this config, verified against its
     manifest digest, or build and cache it."""
     validate_data_config(data)
@@ -283,8 +323,9 @@ def load_or_build_demonstrations(data: Any, cache_dir: str | os.PathLike,
             with np.load(arrays_path, allow_pickle=False) as stored:
                 arrays = {k: stored[k] for k in stored.files}
             if content_sha256(arrays, manifest["tasks"], manifest["instructions"]) == manifest["content_sha256"]:
-                return Demonstrations(**arrays, tasks=manifest["tasks"], instructions=manifest["instructions"],
-                                      manifest=manifest), False
+                return Demonstrations(
+                    **arrays, tasks=manifest["tasks"], instructions=manifest["instructions"], manifest=manifest
+                ), False
             log.warning("cached demonstrations in %s do not match their manifest: rebuilding", folder)
         except Exception as error:
             log.warning("cached demonstrations in %s are unreadable (%s): rebuilding", folder, error)

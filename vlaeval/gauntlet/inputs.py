@@ -38,18 +38,24 @@ class GauntletInputs:
 
 def build_source(outcomes: DictConfig) -> Any:
     """The outcome source the `outcomes` group names (`_target_` and its arguments)."""
-    require("path" not in outcomes.keys() or not OmegaConf.is_missing(outcomes, "path"),
-            "outcomes=file needs a file: add outcomes.path=<file.csv|file.parquet>")
+    require(
+        "path" not in outcomes.keys() or not OmegaConf.is_missing(outcomes, "path"),
+        "outcomes=file needs a file: add outcomes.path=<file.csv|file.parquet>",
+    )
     try:
         return instantiate(outcomes)
     except InstantiationException as error:
         # Hydra wraps the source's own one-line input errors; show them as they are.
         if isinstance(error.__cause__, UserInputError):
             raise error.__cause__ from None
-        raise UserInputError(f"outcomes._target_={outcomes._target_} could not be built ({first_line(error)})") from None
+        raise UserInputError(
+            f"outcomes._target_={outcomes._target_} could not be built ({first_line(error)})"
+        ) from None
 
 
-def gauntlet_inputs(gauntlet: DictConfig, strata: DictConfig, effects: DictConfig, outcomes: DictConfig) -> GauntletInputs:
+def gauntlet_inputs(
+    gauntlet: DictConfig, strata: DictConfig, effects: DictConfig, outcomes: DictConfig
+) -> GauntletInputs:
     """Validate the gauntlet settings, strata, effects and outcome source, reconcile their strata,
     read the plans (the config sections `gauntlet`, `strata`, `effects`, `outcomes`)."""
     settings = cast(GauntletConfig, OmegaConf.to_object(gauntlet))
@@ -59,8 +65,18 @@ def gauntlet_inputs(gauntlet: DictConfig, strata: DictConfig, effects: DictConfi
     validate_gauntlet(settings, configured, planted)
     source.validate(configured, planted)
     described = source.describe()
-    where = f"outcome file {described['path']}" if described.get("kind") == "file" else f"the {described.get('kind')} source"
-    resolved = resolve_strata(settings, configured, source.available_strata(), source_name=where,
-                              strata_from="config" if getattr(source, "strata_from", None) == "config" else "source")
-    return GauntletInputs(settings, configured, planted, source, resolved,
-                          stratum_plans(source, settings, resolved.strata, planted))
+    where = (
+        f"outcome file {described['path']}"
+        if described.get("kind") == "file"
+        else f"the {described.get('kind')} source"
+    )
+    resolved = resolve_strata(
+        settings,
+        configured,
+        source.available_strata(),
+        source_name=where,
+        strata_from="config" if getattr(source, "strata_from", None) == "config" else "source",
+    )
+    return GauntletInputs(
+        settings, configured, planted, source, resolved, stratum_plans(source, settings, resolved.strata, planted)
+    )

@@ -66,8 +66,10 @@ class StratumOutcomes:
         starts = cluster_offsets(self.cluster_sizes)[:-1]
         if starts.size == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return (np.add.reduceat(self.baseline.astype(np.int64), starts),
-                np.add.reduceat(self.candidate.astype(np.int64), starts))
+        return (
+            np.add.reduceat(self.baseline.astype(np.int64), starts),
+            np.add.reduceat(self.candidate.astype(np.int64), starts),
+        )
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "StratumOutcomes":
@@ -134,13 +136,18 @@ class SyntheticOutcomes:
         return planned_cluster_sizes(request.spec)
 
     def describe(self) -> Dict[str, Any]:
-        return {"kind": "synthetic", "generator_version": SYNTHETIC_GENERATOR_VERSION,
-                "sha256": f"synthetic-generator-v{SYNTHETIC_GENERATOR_VERSION}"}
+        return {
+            "kind": "synthetic",
+            "generator_version": SYNTHETIC_GENERATOR_VERSION,
+            "sha256": f"synthetic-generator-v{SYNTHETIC_GENERATOR_VERSION}",
+        }
 
     def validate(self, strata: Mapping[str, StratumConfig], effects: Mapping[str, float]) -> None:
         for name, effect in effects.items():
-            require(-1.0 <= float(effect) <= 1.0,
-                    f"effects.{name}={effect} is outside [-1, 1]; a planted effect is a difference of success rates")
+            require(
+                -1.0 <= float(effect) <= 1.0,
+                f"effects.{name}={effect} is outside [-1, 1]; a planted effect is a difference of success rates",
+            )
 
     def cache_payload(self, request: OutcomeRequest) -> Dict[str, Any]:
         spec = request.spec
@@ -180,10 +187,14 @@ class FileOutcomes:
     holds_outcomes = True  # its outcomes exist before the gauntlet: the planner may read them
 
     def __init__(self, path: str, strata: StrataFrom = StrataFrom.file) -> None:
-        require(path is not None and str(path) not in ("", "???"),
-                "outcomes=file needs a file: add outcomes.path=<file.csv|file.parquet>")
-        require(str(strata) in StrataFrom.values(),
-                f"outcomes.strata={str(strata)!r} is unknown; use one of {', '.join(StrataFrom.values())}")
+        require(
+            path is not None and str(path) not in ("", "???"),
+            "outcomes=file needs a file: add outcomes.path=<file.csv|file.parquet>",
+        )
+        require(
+            str(strata) in StrataFrom.values(),
+            f"outcomes.strata={str(strata)!r} is unknown; use one of {', '.join(StrataFrom.values())}",
+        )
         self.path = Path(str(path))
         self.strata_from = StrataFrom(str(strata))
         self._by_stratum: Dict[str, StratumOutcomes] | None = None
@@ -197,37 +208,49 @@ class FileOutcomes:
 
         suffix = self.path.suffix.lower()
         require(self.path.is_file(), f"outcomes.path={self.path} does not exist; pass an existing CSV or Parquet file")
-        require(suffix in (".csv", ".parquet", ".pq"),
-                f"outcomes.path={self.path} must end in .csv or .parquet")
+        require(suffix in (".csv", ".parquet", ".pq"), f"outcomes.path={self.path} must end in .csv or .parquet")
         try:
             if suffix == ".csv":
                 return pd.read_csv(self.path, dtype={"stratum": str, "scenario_id": str, "cluster_id": str})
             return pd.read_parquet(self.path)
         except Exception as error:
-            raise UserInputError(f"outcomes.path={self.path} cannot be read ({type(error).__name__}: {error}); "
-                                 "check that it is a valid CSV or Parquet file") from error
+            raise UserInputError(
+                f"outcomes.path={self.path} cannot be read ({type(error).__name__}: {error}); "
+                "check that it is a valid CSV or Parquet file"
+            ) from error
 
     def validate(self, strata: Mapping[str, StratumConfig], effects: Mapping[str, float]) -> None:
         require(not effects, "effects can only be planted in synthetic outcomes; use effects=none with outcomes=file")
         table = self._read_table()
         missing = [c for c in OUTCOME_COLUMNS if c not in table.columns]
-        require(not missing, f"outcome file {self.path} lacks column(s) {', '.join(missing)}; "
-                             f"required: {', '.join(OUTCOME_COLUMNS)}")
+        require(
+            not missing,
+            f"outcome file {self.path} lacks column(s) {', '.join(missing)}; required: {', '.join(OUTCOME_COLUMNS)}",
+        )
         require(len(table) > 0, f"outcome file {self.path} has no rows")
         for column in OUTCOME_COLUMNS:
             bad = table[column].isna()
-            require(not bad.any(), f"outcome file {self.path}: column {column} is empty in data row "
-                                   f"{int(bad.to_numpy().argmax())}; fill it or drop the row")
+            require(
+                not bad.any(),
+                f"outcome file {self.path}: column {column} is empty in data row "
+                f"{int(bad.to_numpy().argmax())}; fill it or drop the row",
+            )
         for column in ("baseline", "candidate"):
             values = table[column]
-            numeric = values.astype(str).str.strip().str.lower().map(
-                {"0": 0, "1": 1, "0.0": 0, "1.0": 1, "true": 1, "false": 0})
+            numeric = (
+                values.astype(str)
+                .str.strip()
+                .str.lower()
+                .map({"0": 0, "1": 1, "0.0": 0, "1.0": 1, "true": 1, "false": 0})
+            )
             if numeric.isna().any():
                 first = int(numeric.isna().to_numpy().argmax())
                 raw = values.iloc[first]
                 raw = raw.item() if hasattr(raw, "item") else raw
-                raise UserInputError(f"outcome file {self.path}: {column}={raw!r} in row {first} "
-                                     "is not a 0/1 outcome; encode success as 1 and failure as 0")
+                raise UserInputError(
+                    f"outcome file {self.path}: {column}={raw!r} in row {first} "
+                    "is not a 0/1 outcome; encode success as 1 and failure as 0"
+                )
             table[column] = numeric.astype(bool)
         table["stratum"] = table["stratum"].astype(str)
         table["scenario_id"] = table["scenario_id"].astype(str)
@@ -235,12 +258,16 @@ class FileOutcomes:
         duplicated = table["scenario_id"].duplicated()
         if duplicated.any():
             dup = table["scenario_id"][duplicated].iloc[0]
-            raise UserInputError(f"outcome file {self.path}: scenario_id {dup!r} appears more than once; "
-                                 "each scenario must have one paired row")
+            raise UserInputError(
+                f"outcome file {self.path}: scenario_id {dup!r} appears more than once; "
+                "each scenario must have one paired row"
+            )
         unknown = sorted(set(table["stratum"]) - set(strata))
         if unknown and self.strata_from == "config":
-            raise UserInputError(f"outcome file {self.path}: unknown stratum {unknown[0]!r}; known strata: "
-                                 f"{', '.join(strata)} (add it to the strata config, fix the file, or use outcomes.strata=file)")
+            raise UserInputError(
+                f"outcome file {self.path}: unknown stratum {unknown[0]!r}; known strata: "
+                f"{', '.join(strata)} (add it to the strata config, fix the file, or use outcomes.strata=file)"
+            )
         self._by_stratum = {}
         for name, rows in table.groupby("stratum", sort=False):
             # Stable regrouping: clusters in order of first appearance, rows in file order.
@@ -248,7 +275,8 @@ class FileOutcomes:
             rows = rows.assign(_cluster_rank=order.to_numpy()).sort_values("_cluster_rank", kind="stable")
             sizes = rows.groupby("_cluster_rank", sort=True).size().to_numpy(dtype=np.int64)
             self._by_stratum[str(name)] = StratumOutcomes(
-                rows["baseline"].to_numpy(dtype=bool), rows["candidate"].to_numpy(dtype=bool), sizes)
+                rows["baseline"].to_numpy(dtype=bool), rows["candidate"].to_numpy(dtype=bool), sizes
+            )
         self._sha256 = sha256_file(self.path)
 
     def _stratum(self, name: str) -> StratumOutcomes:

@@ -51,14 +51,21 @@ class StratumPlan:
     observed_cluster_means: Optional[np.ndarray] = None  # a file's paired differences (planner only)
 
 
-def stratum_plans(source: Any, settings: GauntletConfig, strata: Mapping[str, StratumConfig],
-                  effects: Mapping[str, float]) -> Dict[str, StratumPlan]:
+def stratum_plans(
+    source: Any, settings: GauntletConfig, strata: Mapping[str, StratumConfig], effects: Mapping[str, float]
+) -> Dict[str, StratumPlan]:
     """Each stratum's plan from its outcome source: the source's cluster sizes; for a source that
     already holds its outcomes, the baseline's observed success rate and the observed cluster means."""
     plans = {}
     for name, spec in strata.items():
-        request = OutcomeRequest(name, spec, float(effects.get(name, 0.0)), settings.seed,
-                                 settings.baseline_version, settings.candidate_version)
+        request = OutcomeRequest(
+            name,
+            spec,
+            float(effects.get(name, 0.0)),
+            settings.seed,
+            settings.baseline_version,
+            settings.candidate_version,
+        )
         sizes = np.asarray(source.cluster_sizes(request), dtype=np.int64)
         if getattr(source, "holds_outcomes", False):
             outcomes, _ = source.load(request, None)
@@ -74,8 +81,9 @@ def configured_plans(strata: Mapping[str, StratumConfig]) -> Dict[str, StratumPl
     return {name: StratumPlan(planned_cluster_sizes(spec), float(spec.base_rate)) for name, spec in strata.items()}
 
 
-def stratum_unit_limits(settings: GauntletConfig, strata: Mapping[str, StratumConfig],
-                        plans: Mapping[str, StratumPlan]) -> Dict[str, int]:
+def stratum_unit_limits(
+    settings: GauntletConfig, strata: Mapping[str, StratumConfig], plans: Mapping[str, StratumPlan]
+) -> Dict[str, int]:
     """Units each stratum may use if every stratum before it PASSes (the plan's expected path):
     its own units, the nominal allowance (expanded once the critical stratum has passed)."""
     limits = {}
@@ -88,21 +96,53 @@ def stratum_unit_limits(settings: GauntletConfig, strata: Mapping[str, StratumCo
     return limits
 
 
-def _decision_times(settings: GauntletConfig, x: np.ndarray, sizes: np.ndarray, delta: float, alarm: float, cap: float,
-                    weights: Optional[np.ndarray], looks: np.ndarray, limit_clusters: int) -> Dict[str, np.ndarray]:
+def _decision_times(
+    settings: GauntletConfig,
+    x: np.ndarray,
+    sizes: np.ndarray,
+    delta: float,
+    alarm: float,
+    cap: float,
+    weights: Optional[np.ndarray],
+    looks: np.ndarray,
+    limit_clusters: int,
+) -> Dict[str, np.ndarray]:
     if settings.test_mode == MODE_ASYMPTOTIC:
-        return asymptotic_decision_times(x, delta, settings.alpha, burn_in_clusters=settings.burn_in_clusters,
-                                         tuning_clusters=max(limit_clusters, 1), weights=weights)
+        return asymptotic_decision_times(
+            x,
+            delta,
+            settings.alpha,
+            burn_in_clusters=settings.burn_in_clusters,
+            tuning_clusters=max(limit_clusters, 1),
+            weights=weights,
+        )
     if settings.test_mode == MODE_GROUP_SEQUENTIAL:
         usable = looks[looks <= x.shape[-1]]
-        return group_sequential_decision_times(x, delta, settings.alpha, looks=usable, cluster_sizes=sizes, alarm_alpha=alarm,
-                                               weights=weights, burn_in_clusters=settings.burn_in_clusters)
-    return exact_decision_times(x, delta, settings.alpha, rule=settings.bet_rule, cap=cap, alarm_alpha=alarm,
-                                weights=weights)
+        return group_sequential_decision_times(
+            x,
+            delta,
+            settings.alpha,
+            looks=usable,
+            cluster_sizes=sizes,
+            alarm_alpha=alarm,
+            weights=weights,
+            burn_in_clusters=settings.burn_in_clusters,
+        )
+    return exact_decision_times(
+        x, delta, settings.alpha, rule=settings.bet_rule, cap=cap, alarm_alpha=alarm, weights=weights
+    )
 
 
-def plan_stratum(settings: GauntletConfig, name: str, spec: StratumConfig, plan: StratumPlan, unit_limit: int,
-                 alarm: float, effect: float, replications: int) -> Dict[str, Any]:
+def plan_stratum(
+    settings: GauntletConfig,
+    name: str,
+    spec: StratumConfig,
+    plan: StratumPlan,
+    unit_limit: int,
+    alarm: float,
+    effect: float,
+    replications: int,
+) -> Dict[str, Any]:
     delta = spec.margin_delta if spec.margin_delta is not None else settings.margin_delta
     sizes = plan.cluster_sizes
     equal = bool(np.all(sizes == sizes[0]))
@@ -114,8 +154,9 @@ def plan_stratum(settings: GauntletConfig, name: str, spec: StratumConfig, plan:
         return int(sizes[0]) if equal else rng.choice(sizes, size=(reps, clusters))
 
     reference_clusters = max(int(200_000 // mean_size), 2000)
-    reference = realistic_cluster_means(rng, 1, reference_clusters, draw_sizes(1, reference_clusters), effect,
-                                        base_rate=plan.base_rate)[0]
+    reference = realistic_cluster_means(
+        rng, 1, reference_clusters, draw_sizes(1, reference_clusters), effect, base_rate=plan.base_rate
+    )[0]
     expected = "PASS" if effect > -delta else "REGRESSION"
     side_alpha = settings.alpha if expected == "PASS" else alarm
     floor = information_floor(reference, delta, side_alpha)
@@ -132,7 +173,9 @@ def plan_stratum(settings: GauntletConfig, name: str, spec: StratumConfig, plan:
         x = realistic_cluster_means(rng, reps, horizon, drawn, effect, base_rate=plan.base_rate)
         full = np.broadcast_to(np.asarray(drawn), x.shape)
         weights = full / sizes.max() if settings.estimand == "unit" else None
-        first, passed = decision_time(_decision_times(settings, x, full, delta, alarm, cap, weights, looks, limit_clusters))
+        first, passed = decision_time(
+            _decision_times(settings, x, full, delta, alarm, cap, weights, looks, limit_clusters)
+        )
         fits = np.minimum(np.sum(np.cumsum(full, axis=-1) <= unit_limit, axis=-1), sizes.size)
         firsts.append(first)
         passes.append(passed)
@@ -166,8 +209,16 @@ def plan_stratum(settings: GauntletConfig, name: str, spec: StratumConfig, plan:
     return row
 
 
-def observed_needs(settings: GauntletConfig, plan: StratumPlan, delta: float, alarm: float, cap: float,
-                   replications: int, rng: np.random.Generator, looks: np.ndarray) -> Dict[str, Any]:
+def observed_needs(
+    settings: GauntletConfig,
+    plan: StratumPlan,
+    delta: float,
+    alarm: float,
+    cap: float,
+    replications: int,
+    rng: np.random.Generator,
+    looks: np.ndarray,
+) -> Dict[str, Any]:
     """Clusters to a decision at the observed effect: the stratum's own cluster means, resampled
     (an estimate for planning only -- the test itself never looks at this)."""
     observed, sizes = plan.observed_cluster_means, plan.cluster_sizes
@@ -180,16 +231,26 @@ def observed_needs(settings: GauntletConfig, plan: StratumPlan, delta: float, al
     weights = sizes[pick] / sizes.max() if settings.estimand == "unit" else None
     step = int(looks[0])  # group-sequential: the plan's batches continued, a look every `step` clusters
     extended = np.arange(step, horizon + 1, step)
-    first, _ = decision_time(_decision_times(settings, observed[pick], sizes[pick], delta, alarm, cap, weights, extended,
-                                             horizon))
+    first, _ = decision_time(
+        _decision_times(settings, observed[pick], sizes[pick], delta, alarm, cap, weights, extended, horizon)
+    )
     median = float(np.median(first))
     median = math.inf if median >= NEVER else median
-    return {"observed_effect": effect, "clusters_needed_at_observed_effect": median,
-            "units_needed_at_observed_effect": median * float(sizes.mean())}
+    return {
+        "observed_effect": effect,
+        "clusters_needed_at_observed_effect": median,
+        "units_needed_at_observed_effect": median * float(sizes.mean()),
+    }
 
 
-def plan_gauntlet(settings: GauntletConfig, strata: Mapping[str, StratumConfig], *, assumed_effect: float,
-                  replications: int, plans: Optional[Mapping[str, StratumPlan]] = None) -> Dict[str, Any]:
+def plan_gauntlet(
+    settings: GauntletConfig,
+    strata: Mapping[str, StratumConfig],
+    *,
+    assumed_effect: float,
+    replications: int,
+    plans: Optional[Mapping[str, StratumPlan]] = None,
+) -> Dict[str, Any]:
     """The plan of every stratum in priority order, plus the budget check and warnings. `plans`:
     each stratum's scenario plan (default: the configured, synthetic one)."""
     plans = configured_plans(strata) if plans is None else plans
@@ -202,18 +263,24 @@ def plan_gauntlet(settings: GauntletConfig, strata: Mapping[str, StratumConfig],
         rows.append(row)
         if row["decision_probability_within_limit"] < MIN_DECISION_PROBABILITY:
             median = "never" if not math.isfinite(row["median_units"]) else f"{row['median_units']:,.0f}"
-            line = (f"{name}: only {row['decision_probability_within_limit']:.0%} of simulated runs decide within its "
-                    f"{row['unit_limit']:,}-unit limit ({row['clusters_available']:,} clusters; median {median} units "
-                    f"at effect {assumed_effect:+g})")
+            line = (
+                f"{name}: only {row['decision_probability_within_limit']:.0%} of simulated runs decide within its "
+                f"{row['unit_limit']:,}-unit limit ({row['clusters_available']:,} clusters; median {median} units "
+                f"at effect {assumed_effect:+g})"
+            )
             if "clusters_needed_at_observed_effect" in row:
                 needed = row["clusters_needed_at_observed_effect"]
-                line += (f"; at its observed effect {row['observed_effect']:+.3f} it would need about "
-                         f"{'more clusters than can be simulated' if not math.isfinite(needed) else f'{needed:,.0f} clusters'}")
+                line += (
+                    f"; at its observed effect {row['observed_effect']:+.3f} it would need about "
+                    f"{'more clusters than can be simulated' if not math.isfinite(needed) else f'{needed:,.0f} clusters'}"
+                )
             warnings.append(line + f"; add clusters (strata.{name}) or widen its margin")
     expected_units = sum(min(r["median_units"], r["unit_limit"]) for r in rows)
     if expected_units > settings.budget_units:
-        warnings.append(f"the strata need about {expected_units:,.0f} units to decide (medians) but "
-                        f"gauntlet.budget_units={settings.budget_units:,}; raise the budget or trim strata")
+        warnings.append(
+            f"the strata need about {expected_units:,.0f} units to decide (medians) but "
+            f"gauntlet.budget_units={settings.budget_units:,}; raise the budget or trim strata"
+        )
     return {
         "assumed_effect": assumed_effect,
         "test_mode": settings.test_mode,

@@ -36,56 +36,107 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
         color = None
         if exact:
             # Every e-process starts at 1 (log10 = 0) before the first unit.
-            line, = e_axis.plot(np.r_[0, units], np.r_[0.0, _log10(tr["e_value_regression"])],
-                                label=f"{s['stratum']} regression", linestyle="--", linewidth=1)
+            (line,) = e_axis.plot(
+                np.r_[0, units],
+                np.r_[0.0, _log10(tr["e_value_regression"])],
+                label=f"{s['stratum']} regression",
+                linestyle="--",
+                linewidth=1,
+            )
             color = line.get_color()
-            e_axis.plot(np.r_[0, units], np.r_[0.0, _log10(tr["e_value_pass"])], color=color,
-                        label=f"{s['stratum']} pass", linewidth=1.3)
+            e_axis.plot(
+                np.r_[0, units],
+                np.r_[0.0, _log10(tr["e_value_pass"])],
+                color=color,
+                label=f"{s['stratum']} pass",
+                linewidth=1.3,
+            )
             if s.get("decided_at_unit") is not None and s.get("decision_wealth") is not None:
-                e_axis.plot([s["decided_at_unit"]], [math.log10(max(s["decision_wealth"], 1e-300))], marker="*",
-                            markersize=12, color=color, markeredgecolor="black", linestyle="none")
-        line, = cs_axis.plot(units, tr["delta_estimate"], color=color, label=s["stratum"], linewidth=1.2)
+                e_axis.plot(
+                    [s["decided_at_unit"]],
+                    [math.log10(max(s["decision_wealth"], 1e-300))],
+                    marker="*",
+                    markersize=12,
+                    color=color,
+                    markeredgecolor="black",
+                    linestyle="none",
+                )
+        (line,) = cs_axis.plot(units, tr["delta_estimate"], color=color, label=s["stratum"], linewidth=1.2)
         color = line.get_color()
         cs_axis.fill_between(units, tr["cs_lower"], tr["cs_upper"], color=color, alpha=0.2, step="post")
-        cs_axis.plot(units[ends], np.asarray(tr["delta_estimate"])[ends], marker="o", markersize=3, color=color,
-                     linestyle="none")
+        cs_axis.plot(
+            units[ends], np.asarray(tr["delta_estimate"])[ends], marker="o", markersize=3, color=color, linestyle="none"
+        )
         if "catastrophic_upper" in tr:
-            cs_axis.plot(units, tr["catastrophic_upper"], color=color, linestyle="-.", linewidth=1,
-                         label=f"{s['stratum']} halt bound (level {1 - s['catastrophic_alpha']:.3g})")
+            cs_axis.plot(
+                units,
+                tr["catastrophic_upper"],
+                color=color,
+                linestyle="-.",
+                linewidth=1,
+                label=f"{s['stratum']} halt bound (level {1 - s['catastrophic_alpha']:.3g})",
+            )
             bound = s.get("catastrophic_bound") or {}
             if s.get("catastrophic") == "CATASTROPHIC" and bound.get("decided_at_unit") is not None:
-                cs_axis.plot([bound["decided_at_unit"]], [bound["upper_bound_at_decision"]], marker="X", markersize=11,
-                             color="red", markeredgecolor="black", linestyle="none")
+                cs_axis.plot(
+                    [bound["decided_at_unit"]],
+                    [bound["upper_bound_at_decision"]],
+                    marker="X",
+                    markersize=11,
+                    color="red",
+                    markeredgecolor="black",
+                    linestyle="none",
+                )
     alpha = strata[0]["alpha"] if strata else 0.05
     alarm = strata[0].get("alarm_alpha", alpha) if strata else alpha
     if exact:
         e_axis.axhline(math.log10(1 / alpha), color="black", linewidth=1, label=f"PASS at 1/alpha = {1 / alpha:g}")
         if alarm != alpha:
-            e_axis.axhline(math.log10(1 / alarm), color="black", linewidth=1, linestyle="--",
-                           label=f"REGRESSION at 1/alarm_alpha = {1 / alarm:g}")
+            e_axis.axhline(
+                math.log10(1 / alarm),
+                color="black",
+                linewidth=1,
+                linestyle="--",
+                label=f"REGRESSION at 1/alarm_alpha = {1 / alarm:g}",
+            )
         e_axis.set_title("e-processes after every cluster (solid: PASS side, dashed: REGRESSION side; * = decision)")
         e_axis.legend(fontsize=7, ncol=2)
     else:
-        e_axis.text(0.5, 0.5, f"{result.get('test_mode', '').upper()} test mode: no e-values "
-                              "(decisions from normal-approximation boundaries)",
-                    ha="center", va="center", transform=e_axis.transAxes)
+        e_axis.text(
+            0.5,
+            0.5,
+            f"{result.get('test_mode', '').upper()} test mode: no e-values "
+            "(decisions from normal-approximation boundaries)",
+            ha="center",
+            va="center",
+            transform=e_axis.transAxes,
+        )
     e_axis.set_ylabel("log10 wealth")
     e_axis.set_xlabel("units evaluated in stratum")
     if strata:
         # The first few clusters' bounds span [-1, 1]; frame the estimates and the lines that decide.
         estimates = np.concatenate([np.asarray(s["trajectory"]["delta_estimate"], dtype=np.float64) for s in strata])
-        lines = [-s["margin_delta"] for s in strata] + [-s["catastrophic_delta"] for s in strata
-                                                         if s.get("catastrophic_delta") is not None]
+        lines = [-s["margin_delta"] for s in strata] + [
+            -s["catastrophic_delta"] for s in strata if s.get("catastrophic_delta") is not None
+        ]
         cs_axis.set_ylim(max(-1.0, min(estimates.min(), *lines) - 0.1), min(1.0, max(estimates.max(), *lines) + 0.1))
         cs_axis.axhline(-strata[0]["margin_delta"], color="black", linewidth=1, linestyle=":", label="-margin")
         halting = [s for s in strata if s.get("catastrophic_delta") is not None]
         if halting:
-            cs_axis.axhline(-halting[0]["catastrophic_delta"], color="red", linewidth=1, linestyle=":",
-                            label="-catastrophic (halt when the halt bound reaches it; X = halt)")
+            cs_axis.axhline(
+                -halting[0]["catastrophic_delta"],
+                color="red",
+                linewidth=1,
+                linestyle=":",
+                label="-catastrophic (halt when the halt bound reaches it; X = halt)",
+            )
     cs_axis.set_xlabel("units evaluated in stratum")
     cs_axis.set_ylabel("Delta (candidate - baseline)")
-    cs_axis.set_title("point estimate and confidence sequence after every cluster (dots: batch ends)" if exact else
-                      f"point estimate and {result.get('test_mode', '').upper()} confidence bounds (opt-in mode, not exact)")
+    cs_axis.set_title(
+        "point estimate and confidence sequence after every cluster (dots: batch ends)"
+        if exact
+        else f"point estimate and {result.get('test_mode', '').upper()} confidence bounds (opt-in mode, not exact)"
+    )
     cs_axis.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     atomic_write_bytes(path, lambda handle: fig.savefig(handle, format="png", dpi=110))

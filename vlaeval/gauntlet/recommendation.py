@@ -39,12 +39,15 @@ def launch_recommendation(
         name, decision = r["stratum"], r["decision"]
         cs = r["confidence_sequence"]
         if decision == DECISION_REGRESSION:
-            blockers.append(f"{name}: REGRESSION (delta {r['delta_estimate']:+.4f}, "
-                            f"CS [{cs['lower']:+.3f}, {cs['upper']:+.3f}])")
+            blockers.append(
+                f"{name}: REGRESSION (delta {r['delta_estimate']:+.4f}, CS [{cs['lower']:+.3f}, {cs['upper']:+.3f}])"
+            )
         elif decision == DECISION_INSUFFICIENT:
             kind = " (a safety stratum)" if r.get("kind") == "safety" else ""
-            review.append(f"{name}{kind}: undecided after {r['units_evaluated']} units "
-                          f"(CS [{cs['lower']:+.3f}, {cs['upper']:+.3f}])")
+            review.append(
+                f"{name}{kind}: undecided after {r['units_evaluated']} units "
+                f"(CS [{cs['lower']:+.3f}, {cs['upper']:+.3f}])"
+            )
     for name in not_evaluated:
         review.append(f"{name}: not evaluated" + (" (halted)" if halted else " (budget exhausted)"))
     for name in required_absent:
@@ -55,8 +58,10 @@ def launch_recommendation(
     passed = [r["stratum"] for r in strata_results if r["decision"] == DECISION_PASS]
     if passed and test_mode != "exact":
         # An asymptotic or group-sequential PASS rests on a normal approximation: never an automatic launch.
-        review.append(f"PASS decisions are {test_mode.upper().replace('_', '-')} (gauntlet.test_mode={test_mode}), not "
-                      "exact: re-run with test_mode=exact before launching")
+        review.append(
+            f"PASS decisions are {test_mode.upper().replace('_', '-')} (gauntlet.test_mode={test_mode}), not "
+            "exact: re-run with test_mode=exact before launching"
+        )
     recommendation = DO_NOT_LAUNCH if blockers else (NEEDS_REVIEW if review else LAUNCH)
     return {
         "recommendation": recommendation,

@@ -33,34 +33,50 @@ def print_summary(result: Dict[str, Any]) -> None:
     for s in result["strata"]:
         cs = s["confidence_sequence"]
         rates = s.get("success_rates", {})
-        rows.append((s["priority"], s["stratum"], s["data_label"]) + ((f"{s['planted_effect']:+.3f}",) if planted else ())
-                    + (s["decision"], f"{s['units_evaluated']}/{s['unit_limit']}",
-                       rate(rates.get("baseline")), rate(rates.get("candidate")),
-                       f"{s['delta_estimate']:+.4f}" if s["delta_estimate"] is not None else "-",
-                       f"[{cs['lower']:+.3f}, {cs['upper']:+.3f}]", evalue(s["e_value_regression"]),
-                       evalue(s["e_value_pass"])))
+        rows.append(
+            (s["priority"], s["stratum"], s["data_label"])
+            + ((f"{s['planted_effect']:+.3f}",) if planted else ())
+            + (
+                s["decision"],
+                f"{s['units_evaluated']}/{s['unit_limit']}",
+                rate(rates.get("baseline")),
+                rate(rates.get("candidate")),
+                f"{s['delta_estimate']:+.4f}" if s["delta_estimate"] is not None else "-",
+                f"[{cs['lower']:+.3f}, {cs['upper']:+.3f}]",
+                evalue(s["e_value_regression"]),
+                evalue(s["e_value_pass"]),
+            )
+        )
     width = len(rows[0]) if rows else 11
     for name in result["not_evaluated"]:
         rows.append(("", name, "", "not evaluated") + ("",) * (width - 4))
     for name in result.get("absent_strata", []):
         rows.append(("", name, "", "absent") + ("",) * (width - 4))
-    console.show(console.table(
-        f"Launch gauntlet {result['candidate_version']} vs {result['baseline_version']}"
-        + (f"  [{label} test mode: not exact]" if label else ""),
-        ["#", "stratum", "data"] + (["planted"] if planted else [])
-        + ["decision", "units", "baseline (95% CI)", "candidate (95% CI)", "delta", cs_title, "e(reg)", "e(pass)"],
-        rows))
+    console.show(
+        console.table(
+            f"Launch gauntlet {result['candidate_version']} vs {result['baseline_version']}"
+            + (f"  [{label} test mode: not exact]" if label else ""),
+            ["#", "stratum", "data"]
+            + (["planted"] if planted else [])
+            + ["decision", "units", "baseline (95% CI)", "candidate (95% CI)", "delta", cs_title, "e(reg)", "e(pass)"],
+            rows,
+        )
+    )
     for e in result["events"]:
         console.show(f"  {e['event']}: {e['detail']}")
     rec = result["recommendation"]
     scale = result["scale"]
-    console.show(f"recommendation: {console.styled(rec['recommendation'])}   units evaluated "
-                 f"{scale['units_evaluated']:,} of {scale['total_units_defined']:,} defined (budget "
-                 f"{scale['budget_units']:,})   lineage {'valid' if result['lineage_valid'] else 'INVALID'}")
+    console.show(
+        f"recommendation: {console.styled(rec['recommendation'])}   units evaluated "
+        f"{scale['units_evaluated']:,} of {scale['total_units_defined']:,} defined (budget "
+        f"{scale['budget_units']:,})   lineage {'valid' if result['lineage_valid'] else 'INVALID'}"
+    )
     for line in rec["blockers"]:
         console.show(f"  blocker: {line}")
     for line in rec["review_reasons"]:
         console.show(f"  review: {line}")
     if result.get("result_path"):
-        console.show(f"result: {result['result_path']}" +
-                     (f"   mlflow run: {result['mlflow_run_id']}" if result.get("mlflow_run_id") else ""))
+        console.show(
+            f"result: {result['result_path']}"
+            + (f"   mlflow run: {result['mlflow_run_id']}" if result.get("mlflow_run_id") else "")
+        )

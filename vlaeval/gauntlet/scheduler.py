@@ -69,21 +69,26 @@ def order_seed(settings: GauntletConfig) -> int:
     return int(settings.seed if settings.order_seed is None else settings.order_seed)
 
 
-def validate_gauntlet(settings: GauntletConfig, strata: Mapping[str, StratumConfig],
-                      effects: Mapping[str, float]) -> None:
+def validate_gauntlet(
+    settings: GauntletConfig, strata: Mapping[str, StratumConfig], effects: Mapping[str, float]
+) -> None:
     """Every check that needs more than a type (the choice sets are Enums, checked when the config
     is composed), as a one-line UserInputError."""
     s = settings
     require(0.0 < s.alpha < 1.0, f"gauntlet.alpha={s.alpha} must be in (0, 1), e.g. gauntlet.alpha=0.05")
     require(0.0 < s.margin_delta < 1.0, f"gauntlet.margin_delta={s.margin_delta} must be in (0, 1)")
-    require(s.margin_delta <= s.catastrophic_delta < 1.0,
-            f"gauntlet.catastrophic_delta={s.catastrophic_delta} must be in [margin_delta={s.margin_delta}, 1)")
+    require(
+        s.margin_delta <= s.catastrophic_delta < 1.0,
+        f"gauntlet.catastrophic_delta={s.catastrophic_delta} must be in [margin_delta={s.margin_delta}, 1)",
+    )
     require(s.batch_units >= 1, f"gauntlet.batch_units={s.batch_units} must be >= 1")
     require(s.budget_units >= 1, f"gauntlet.budget_units={s.budget_units} must be >= 1")
     require(s.nominal_base_allowance >= 0, f"gauntlet.nominal_base_allowance={s.nominal_base_allowance} must be >= 0")
     require(s.nominal_expand_factor >= 1.0, f"gauntlet.nominal_expand_factor={s.nominal_expand_factor} must be >= 1")
-    require(s.bet_cap is None or 0.0 < s.bet_cap <= 1.0,
-            f"gauntlet.bet_cap={s.bet_cap} must be in (0, 1], or null for the size-adaptive cap")
+    require(
+        s.bet_cap is None or 0.0 < s.bet_cap <= 1.0,
+        f"gauntlet.bet_cap={s.bet_cap} must be in (0, 1], or null for the size-adaptive cap",
+    )
     require(s.burn_in_clusters >= 2, f"gauntlet.burn_in_clusters={s.burn_in_clusters} must be >= 2")
     require(-1.0 < s.assumed_effect < 1.0, f"gauntlet.assumed_effect={s.assumed_effect} must be in (-1, 1)")
     require(s.plan_replications >= 20, f"gauntlet.plan_replications={s.plan_replications} must be >= 20")
@@ -91,35 +96,55 @@ def validate_gauntlet(settings: GauntletConfig, strata: Mapping[str, StratumConf
     require(bool(strata), "no strata configured; pick a preset, e.g. strata=default")
     if s.test_mode == MODE_EXACT:
         # Decisions and the confidence sequence must speak about the same e-processes.
-        for where, value in [("gauntlet.margin_delta", s.margin_delta), ("gauntlet.catastrophic_delta", s.catastrophic_delta)] + [
-                (f"strata.{n}.margin_delta", spec.margin_delta) for n, spec in strata.items() if spec.margin_delta is not None]:
-            require(on_grid(value, s.cs_grid_step),
-                    f"{where}={value} is not a multiple of gauntlet.cs_grid_step={s.cs_grid_step}; every decision "
-                    "margin must lie on the confidence sequence's grid (e.g. gauntlet.cs_grid_step=0.001)")
+        for where, value in [
+            ("gauntlet.margin_delta", s.margin_delta),
+            ("gauntlet.catastrophic_delta", s.catastrophic_delta),
+        ] + [
+            (f"strata.{n}.margin_delta", spec.margin_delta)
+            for n, spec in strata.items()
+            if spec.margin_delta is not None
+        ]:
+            require(
+                on_grid(value, s.cs_grid_step),
+                f"{where}={value} is not a multiple of gauntlet.cs_grid_step={s.cs_grid_step}; every decision "
+                "margin must lie on the confidence sequence's grid (e.g. gauntlet.cs_grid_step=0.001)",
+            )
     for name, spec in strata.items():
         where = f"strata.{name}"
         require(spec.units >= 1, f"{where}.units={spec.units} must be a positive number of scenario units")
         require(0.0 <= spec.base_rate <= 1.0, f"{where}.base_rate={spec.base_rate} must be a success rate in [0, 1]")
         require(spec.cluster_size >= 1, f"{where}.cluster_size={spec.cluster_size} must be >= 1")
         if spec.margin_delta is not None:
-            require(0.0 < spec.margin_delta <= s.catastrophic_delta,
-                    f"{where}.margin_delta={spec.margin_delta} must be in (0, catastrophic_delta={s.catastrophic_delta}]")
+            require(
+                0.0 < spec.margin_delta <= s.catastrophic_delta,
+                f"{where}.margin_delta={spec.margin_delta} must be in (0, catastrophic_delta={s.catastrophic_delta}]",
+            )
         for other in spec.related:
             require(other in strata, f"{where}.related names unknown stratum {other!r}; known: {', '.join(strata)}")
     priorities: Dict[int, str] = {}
     for name in strata:
         p = strata[name].priority
-        require(p not in priorities, f"strata.{name}.priority={p} is also {priorities.get(p)}'s; give each stratum its own priority")
+        require(
+            p not in priorities,
+            f"strata.{name}.priority={p} is also {priorities.get(p)}'s; give each stratum its own priority",
+        )
         priorities[p] = name
     for name in effects:
         require(name in strata, f"effects.{name}: unknown stratum {name!r}; known strata: {', '.join(strata)}")
     for role, name in (("nominal_stratum", s.nominal_stratum), ("critical_stratum", s.critical_stratum)):
-        require(name == "" or name in strata,
-                f"gauntlet.{role}={name!r} is not a configured stratum; name one of {', '.join(strata)} or set ''")
+        require(
+            name == "" or name in strata,
+            f"gauntlet.{role}={name!r} is not a configured stratum; name one of {', '.join(strata)} or set ''",
+        )
 
 
-def _evaluate_stratum(test: Any, outcomes: StratumOutcomes, batches: Sequence[tuple], halting: bool,
-                      report: Callable[[int, int, str], None]) -> Dict[str, Any]:
+def _evaluate_stratum(
+    test: Any,
+    outcomes: StratumOutcomes,
+    batches: Sequence[tuple],
+    halting: bool,
+    report: Callable[[int, int, str], None],
+) -> Dict[str, Any]:
     """Feed the planned whole-cluster batches until the test decides (and, in a halting stratum
     with a regression, until the catastrophic question is decided too) or the plan ends."""
     sizes = outcomes.cluster_sizes
@@ -141,8 +166,10 @@ def _evaluate_stratum(test: Any, outcomes: StratumOutcomes, batches: Sequence[tu
             break
     baseline, candidate = outcomes.cluster_successes()
     seen = slice(0, used_clusters)
-    rates = {who: success_rate_interval(wins[seen], sizes[seen]) for who, wins in
-             (("baseline", baseline), ("candidate", candidate))}
+    rates = {
+        who: success_rate_interval(wins[seen], sizes[seen])
+        for who, wins in (("baseline", baseline), ("candidate", candidate))
+    }
     return {
         "units_evaluated": int(offsets[used_clusters]),
         "clusters_evaluated": used_clusters,
@@ -183,8 +210,9 @@ def run_gauntlet(
     processed: List[str] = []
 
     def request(name: str) -> OutcomeRequest:
-        return OutcomeRequest(name, strata[name], float(effects.get(name, 0.0)), s.seed, s.baseline_version,
-                              s.candidate_version)
+        return OutcomeRequest(
+            name, strata[name], float(effects.get(name, 0.0)), s.seed, s.baseline_version, s.candidate_version
+        )
 
     units_defined = {name: int(np.sum(source.cluster_sizes(request(name)))) for name in order}
     while queue and budget_left > 0 and not halted:
@@ -203,20 +231,32 @@ def run_gauntlet(
         margin = spec.margin_delta if spec.margin_delta is not None else s.margin_delta
         sizes = outcomes.cluster_sizes
         test = make_sequential_test(
-            s.test_mode, margin, s.alpha,
+            s.test_mode,
+            margin,
+            s.alpha,
             catastrophic_delta=s.catastrophic_delta if spec.catastrophic_halt else None,
-            alarm_alpha=alarm, estimand=s.estimand,
+            alarm_alpha=alarm,
+            estimand=s.estimand,
             # The plan's extremes, fixed before the first cluster: the unit estimand's weights and the
             # one bet cap of the stratum (a cap from each arriving cluster's size is not predictable).
             max_cluster_size=int(sizes.max()) if sizes.size else 1,
             min_cluster_size=int(sizes.min()) if sizes.size else 1,
-            bet_rule=s.bet_rule, bet_cap=s.bet_cap, cs_grid_step=s.cs_grid_step,
-            burn_in_clusters=s.burn_in_clusters, tuning_clusters=max(planned_clusters, 1),
+            bet_rule=s.bet_rule,
+            bet_cap=s.bet_cap,
+            cs_grid_step=s.cs_grid_step,
+            burn_in_clusters=s.burn_in_clusters,
+            tuning_clusters=max(planned_clusters, 1),
             planned_looks=planned_looks_of(batches) or [1],  # no batch fits: the test sees nothing
         )
 
-        def report(batch: int, used: int, decision: str, name: str = name, unit_limit: int = unit_limit,
-                   before: int = units_evaluated) -> None:
+        def report(
+            batch: int,
+            used: int,
+            decision: str,
+            name: str = name,
+            unit_limit: int = unit_limit,
+            before: int = units_evaluated,
+        ) -> None:
             if on_batch is not None:
                 on_batch(BatchProgress(name, batch, used, unit_limit, before + used, decision))
 
@@ -225,63 +265,86 @@ def run_gauntlet(
         budget_left -= used
         units_evaluated += used
         snapshot = test.snapshot()
-        results.append({
-            "stratum": name,
-            "priority": order.index(name) + 1,
-            "data_label": str(getattr(spec.data_label, "value", spec.data_label)),
-            "kind": spec.kind,
-            "planted_effect": effect,
-            "units_available": outcomes.units,
-            "clusters_available": int(sizes.size),
-            "unit_limit": unit_limit,
-            **run,
-            "units_saved_by_early_stop": unit_limit - used,
-            "cluster_order": ({"mode": "shuffled", "order_seed": order_seed(s), "stream": f"cluster-order/{name}"}
-                              if shuffled else {"mode": "as_given", "declared_random_by_user": True}),
-            "cache": cache_status,
-            **snapshot,
-            "trajectory": test.trajectory(),
-        })
+        results.append(
+            {
+                "stratum": name,
+                "priority": order.index(name) + 1,
+                "data_label": str(getattr(spec.data_label, "value", spec.data_label)),
+                "kind": spec.kind,
+                "planted_effect": effect,
+                "units_available": outcomes.units,
+                "clusters_available": int(sizes.size),
+                "unit_limit": unit_limit,
+                **run,
+                "units_saved_by_early_stop": unit_limit - used,
+                "cluster_order": (
+                    {"mode": "shuffled", "order_seed": order_seed(s), "stream": f"cluster-order/{name}"}
+                    if shuffled
+                    else {"mode": "as_given", "declared_random_by_user": True}
+                ),
+                "cache": cache_status,
+                **snapshot,
+                "trajectory": test.trajectory(),
+            }
+        )
 
         estimate = snapshot["delta_estimate"]
         if spec.catastrophic_halt and test.catastrophic_status() == CATASTROPHIC:
             halted = True
-            events.append({
-                "event": "CATASTROPHIC_HALT", "stratum": name, "delta_estimate": estimate,
-                "catastrophic_upper_bound": snapshot["catastrophic_bound"]["upper_bound_at_decision"],
-                "catastrophic_alpha": snapshot["catastrophic_alpha"],
-                "detail": f"{name}: {catastrophic_message(snapshot)}; candidate halted, remaining strata not evaluated",
-            })
+            events.append(
+                {
+                    "event": "CATASTROPHIC_HALT",
+                    "stratum": name,
+                    "delta_estimate": estimate,
+                    "catastrophic_upper_bound": snapshot["catastrophic_bound"]["upper_bound_at_decision"],
+                    "catastrophic_alpha": snapshot["catastrophic_alpha"],
+                    "detail": f"{name}: {catastrophic_message(snapshot)}; candidate halted, remaining strata not evaluated",
+                }
+            )
         elif snapshot["decision"] == DECISION_REGRESSION:
             promoted = [r for r in spec.related if r in queue]
             for r in reversed(promoted):
                 queue.remove(r)
                 queue.insert(0, r)
-            events.append({
-                "event": "REGRESSION_PRIORITIZE_RELATED", "stratum": name, "delta_estimate": estimate,
-                "promoted": promoted,
-                "detail": f"certified regression in {name}; related strata promoted: {promoted or 'none pending'}",
-            })
+            events.append(
+                {
+                    "event": "REGRESSION_PRIORITIZE_RELATED",
+                    "stratum": name,
+                    "delta_estimate": estimate,
+                    "promoted": promoted,
+                    "detail": f"certified regression in {name}; related strata promoted: {promoted or 'none pending'}",
+                }
+            )
         elif snapshot["decision"] == DECISION_PASS and name == s.critical_stratum:
             nominal_allowance = int(nominal_allowance * s.nominal_expand_factor)
-            events.append({
-                "event": "CRITICAL_PASS_EXPAND", "stratum": name, "nominal_allowance": nominal_allowance,
-                "detail": f"{name} passed; nominal allowance expanded to {nominal_allowance} units",
-            })
+            events.append(
+                {
+                    "event": "CRITICAL_PASS_EXPAND",
+                    "stratum": name,
+                    "nominal_allowance": nominal_allowance,
+                    "detail": f"{name} passed; nominal allowance expanded to {nominal_allowance} units",
+                }
+            )
     not_evaluated = list(queue)
     if not_evaluated and not halted:
-        events.append({"event": "BUDGET_EXHAUSTED", "not_evaluated": not_evaluated,
-                       "detail": f"budget of {s.budget_units} units spent; not evaluated: {not_evaluated}"})
+        events.append(
+            {
+                "event": "BUDGET_EXHAUSTED",
+                "not_evaluated": not_evaluated,
+                "detail": f"budget of {s.budget_units} units spent; not evaluated: {not_evaluated}",
+            }
+        )
 
     elapsed = time.perf_counter() - started
     cache_after = cache.stats.as_dict()
     cache_stats = {k: cache_after[k] - cache_before[k] for k in ("hits", "misses", "corrupt_recomputed")}
     looked_up = cache_stats["hits"] + cache_stats["misses"]
     cache_stats["hit_rate"] = cache_stats["hits"] / looked_up if looked_up else None
-    cache_stats["corrupt_entries"] = cache_after["corrupt_entries"][len(cache_before["corrupt_entries"]):]
+    cache_stats["corrupt_entries"] = cache_after["corrupt_entries"][len(cache_before["corrupt_entries"]) :]
     total_units = int(sum(units_defined.values()))
-    recommendation = launch_recommendation(results, not_evaluated, halted=halted, lineage=lineage,
-                                            test_mode=s.test_mode, required_absent=required_absent)
+    recommendation = launch_recommendation(
+        results, not_evaluated, halted=halted, lineage=lineage, test_mode=s.test_mode, required_absent=required_absent
+    )
     halts = alarm_count(strata) - len(strata)
     return {
         "candidate_version": s.candidate_version,
@@ -312,21 +375,23 @@ def run_gauntlet(
         "test_mode": s.test_mode,
         "multiplicity": {
             "launch": "intersection-union: LAUNCH needs every stratum to PASS its own level-alpha test",
-            "alarms": (f"Bonferroni over {len(strata)} REGRESSION alarms and {halts} catastrophic halt(s): each at "
-                       f"alpha / {alarm_count(strata)} = {alarm:.4g}, so P(any false alarm) <= alpha")
-            if s.alarm_fwer == AlarmFwer.bonferroni else
-            f"none: each REGRESSION alarm at alpha and each halt at alpha / 2 (P(any false alarm) up to "
+            "alarms": (
+                f"Bonferroni over {len(strata)} REGRESSION alarms and {halts} catastrophic halt(s): each at "
+                f"alpha / {alarm_count(strata)} = {alarm:.4g}, so P(any false alarm) <= alpha"
+            )
+            if s.alarm_fwer == AlarmFwer.bonferroni
+            else f"none: each REGRESSION alarm at alpha and each halt at alpha / 2 (P(any false alarm) up to "
             f"{alarm_count(strata)} x alpha)",
             "alarm_alpha": alarm,
         },
         "statistical_validity": {
             "exact": "every stopping decision is an anytime-valid betting e-process on cluster means in random order "
-                     "(Ville's inequality); decisions are sticky; the catastrophic halt is decided on a one-sided "
-                     "upper confidence sequence at its own level",
+            "(Ville's inequality); decisions are sticky; the catastrophic halt is decided on a one-sided "
+            "upper confidence sequence at its own level",
             "asymptotic": "ASYMPTOTIC mode (opt-in): decisions from asymptotic confidence sequences (Waudby-Smith et "
-                          "al. 2024) after a burn-in; valid only as clusters grow, not at every sample size",
+            "al. 2024) after a burn-in; valid only as clusters grow, not at every sample size",
             "group_sequential": "GROUP-SEQUENTIAL mode (opt-in): z-tests on cluster means at the planned batches, "
-                                "O'Brien-Fleming-type alpha spending; valid under the normal approximation at the "
-                                "planned looks only",
+            "O'Brien-Fleming-type alpha spending; valid under the normal approximation at the "
+            "planned looks only",
         }[s.test_mode],
     }

@@ -29,9 +29,14 @@ def priority_order(strata: Mapping[str, StratumConfig]) -> List[str]:
     return sorted(strata, key=lambda name: (strata[name].priority, name))
 
 
-def resolve_strata(settings: GauntletConfig, configured: Mapping[str, StratumConfig],
-                   available: Optional[Sequence[str]], *, source_name: str = "the outcome source",
-                   strata_from: str = "source") -> ResolvedStrata:
+def resolve_strata(
+    settings: GauntletConfig,
+    configured: Mapping[str, StratumConfig],
+    available: Optional[Sequence[str]],
+    *,
+    source_name: str = "the outcome source",
+    strata_from: str = "source",
+) -> ResolvedStrata:
     """Reconcile the configured strata with those `available` in the source (None: the source can
     produce any configured stratum). strata_from="config" refuses a stratum the config lacks."""
     if available is None:
@@ -40,16 +45,20 @@ def resolve_strata(settings: GauntletConfig, configured: Mapping[str, StratumCon
     absent = [name for name in configured if name not in present]
     added = [name for name in present if name not in configured]
     if added and strata_from == "config":
-        raise UserInputError(f"{source_name} holds stratum {added[0]!r}, which is not configured; known strata: "
-                             f"{', '.join(configured)} (add strata.{added[0]} or use outcomes.strata=file)")
+        raise UserInputError(
+            f"{source_name} holds stratum {added[0]!r}, which is not configured; known strata: "
+            f"{', '.join(configured)} (add strata.{added[0]} or use outcomes.strata=file)"
+        )
     resolved = {name: spec for name, spec in configured.items() if name in present}
     last = max((spec.priority for spec in configured.values()), default=0)
     notices: List[str] = []
     for offset, name in enumerate(added, start=1):
         resolved[name] = replace(StratumConfig(), priority=last + offset, related=[])
-        notices.append(f"stratum {name!r} is in {source_name} but not configured: evaluated with the defaults "
-                       f"(priority {last + offset}, data label {resolved[name].data_label.value}, no related strata, "
-                       f"no halt); configure strata.{name} to change them")
+        notices.append(
+            f"stratum {name!r} is in {source_name} but not configured: evaluated with the defaults "
+            f"(priority {last + offset}, data label {resolved[name].data_label.value}, no related strata, "
+            f"no halt); configure strata.{name} to change them"
+        )
     for name in absent:
         need = "required: needs review" if configured[name].required else "not required"
         notices.append(f"stratum {name!r} is configured but absent from {source_name}: not evaluated ({need})")
@@ -58,8 +67,10 @@ def resolve_strata(settings: GauntletConfig, configured: Mapping[str, StratumCon
         if name and name in absent:
             notices.append(f"gauntlet.{role}={name!r} is absent from {source_name}: its rule does not apply")
     if not resolved:
-        raise UserInputError(f"{source_name} holds none of the configured strata ({', '.join(configured)}); "
-                             "check the file's stratum column")
+        raise UserInputError(
+            f"{source_name} holds none of the configured strata ({', '.join(configured)}); "
+            "check the file's stratum column"
+        )
     return ResolvedStrata(resolved, absent, added, notices)
 
 

@@ -22,14 +22,33 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     validate_evaluate(cfg)
     data, handle = load_data_and_policy(cfg)
     with console.unit_progress("episodes", 1) as update:
-        evaluation = evaluate_closed_loop(handle.model, data.demonstrations.tasks, data.instruction_table, cfg.evaluate,
-                                          cfg.flow, lambda done, total, task: update(completed=done, total=total, description=task))
+        evaluation = evaluate_closed_loop(
+            handle.model,
+            data.demonstrations.tasks,
+            data.instruction_table,
+            cfg.evaluate,
+            cfg.flow,
+            lambda done, total, task: update(completed=done, total=total, description=task),
+        )
     metrics, checks = evaluation_view(evaluation)
     plot = plot_success(evaluation, output_dir(cfg) / "success_rates.png")
-    result = {"checkpoint": str(handle.path), "checkpoint_sha256": handle.sha256,
-              "manifest_sha256": data.demonstrations.manifest_sha256, "evaluation": evaluation}
-    result = publish(cfg, JOB, result, started_ms=started_ms, run_name=f"evaluate-{handle.sha256[:12]}",
-                     metrics=metrics, checks=checks, tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256}, plots=[plot],
-                     code=code_version())
+    result = {
+        "checkpoint": str(handle.path),
+        "checkpoint_sha256": handle.sha256,
+        "manifest_sha256": data.demonstrations.manifest_sha256,
+        "evaluation": evaluation,
+    }
+    result = publish(
+        cfg,
+        JOB,
+        result,
+        started_ms=started_ms,
+        run_name=f"evaluate-{handle.sha256[:12]}",
+        metrics=metrics,
+        checks=checks,
+        tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+        plots=[plot],
+        code=code_version(),
+    )
     print_evaluation(evaluation)
     return result

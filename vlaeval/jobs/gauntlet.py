@@ -49,20 +49,34 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     code = code_version()
     shuffled = settings.cluster_order == ClusterOrder.shuffled
     lineage = build_lineage(
-        candidate_version=settings.candidate_version, baseline_version=settings.baseline_version,
+        candidate_version=settings.candidate_version,
+        baseline_version=settings.baseline_version,
         data_source=inputs.source.describe(),
         seeds={"gauntlet": settings.seed, "cluster_order": order_seed(settings) if shuffled else None},
-        cluster_order="shuffled: a seeded random permutation of each stratum's clusters" if shuffled else
-        "as_given: the source's order, declared random by the user (gauntlet.cluster_order=as_given)",
-        config_sha256=config_sha256(plain), require_clean_code=settings.require_clean_code)
+        cluster_order="shuffled: a seeded random permutation of each stratum's clusters"
+        if shuffled
+        else "as_given: the source's order, declared random by the user (gauntlet.cluster_order=as_given)",
+        config_sha256=config_sha256(plain),
+        require_clean_code=settings.require_clean_code,
+    )
     cache = ArrayCache(cfg.paths.cache_dir, enabled=settings.use_cache, namespace="gauntlet-units")
 
     with console.unit_progress("gauntlet", settings.budget_units) as update:
+
         def on_batch(p: BatchProgress) -> None:
             update(completed=p.units_evaluated_total, description=f"{p.stratum} [{p.decision}]")
 
-        result = run_gauntlet(settings, inputs.strata, inputs.effects, inputs.source, cache, lineage,
-                              absent=inputs.resolved.absent, required_absent=inputs.required_absent, on_batch=on_batch)
+        result = run_gauntlet(
+            settings,
+            inputs.strata,
+            inputs.effects,
+            inputs.source,
+            cache,
+            lineage,
+            absent=inputs.resolved.absent,
+            required_absent=inputs.required_absent,
+            on_batch=on_batch,
+        )
     result["preflight"] = preflight
     result["notices"] = inputs.resolved.notices
     for path in result["cache"]["corrupt_entries"]:
@@ -71,10 +85,20 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     plots = [plot_trajectories(result, output_dir(cfg) / "gauntlet_trajectories.png")] if settings.plot else []
     metrics, checks, tags, history = tracking_view(result)
     trajectories = save_trajectories(result, output_dir(cfg) / TRAJECTORY_FILE)
-    result = publish(cfg, JOB, result, started_ms=started_ms,
-                     run_name=f"gauntlet {settings.candidate_version} vs {settings.baseline_version}",
-                     metrics=metrics, checks=checks, tags=tags, history=history, plots=plots, code=code,
-                     extra_artifacts=[(trajectories, None)])
+    result = publish(
+        cfg,
+        JOB,
+        result,
+        started_ms=started_ms,
+        run_name=f"gauntlet {settings.candidate_version} vs {settings.baseline_version}",
+        metrics=metrics,
+        checks=checks,
+        tags=tags,
+        history=history,
+        plots=plots,
+        code=code,
+        extra_artifacts=[(trajectories, None)],
+    )
     print_summary(result)
     if settings.exit_code_from_recommendation:
         result["exit_code"] = RECOMMENDATION_EXIT_CODES[result["recommendation"]["recommendation"]]
@@ -90,9 +114,14 @@ def save_trajectories(result: Dict[str, Any], path: Path) -> Path:
         trajectory = s["trajectory"]
         ends = [clusters - 1 for clusters in trajectory["looks"]]
         arrays.update({f"{s['stratum']}/{series}": np.asarray(values) for series, values in trajectory.items()})
-        s["trajectory"] = {"per_cluster_file": path.name, "clusters": len(trajectory.get("clusters", [])),
-                           "at_batch_ends": {series: [values[i] for i in ends] for series, values in trajectory.items()
-                                             if series != "looks"} | {"looks": list(trajectory["looks"])}}
+        s["trajectory"] = {
+            "per_cluster_file": path.name,
+            "clusters": len(trajectory.get("clusters", [])),
+            "at_batch_ends": {
+                series: [values[i] for i in ends] for series, values in trajectory.items() if series != "looks"
+            }
+            | {"looks": list(trajectory["looks"])},
+        }
     return atomic_write_npz(path, arrays)
 
 
@@ -101,8 +130,13 @@ def run_preflight(inputs: GauntletInputs) -> Dict[str, Any] | None:
     settings = inputs.settings
     if settings.preflight == "off":
         return None
-    plan = plan_gauntlet(settings, inputs.strata, assumed_effect=settings.assumed_effect,
-                         replications=settings.plan_replications, plans=inputs.plans)
+    plan = plan_gauntlet(
+        settings,
+        inputs.strata,
+        assumed_effect=settings.assumed_effect,
+        replications=settings.plan_replications,
+        plans=inputs.plans,
+    )
     if plan["warnings"] and settings.preflight == "error":
         raise UserInputError(f"pre-flight: {plan['warnings'][0]} (or set gauntlet.preflight=warn)")
     for line in plan["warnings"]:
@@ -139,16 +173,18 @@ def tracking_view(result: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, b
     for s in result["strata"]:
         key = f"stratum.{s['stratum']}"
         cs = s["confidence_sequence"]
-        metrics.update({
-            f"{key}.units_evaluated": s["units_evaluated"],
-            f"{key}.delta_estimate": s["delta_estimate"],
-            f"{key}.cs_lower": cs["lower"],
-            f"{key}.cs_upper": cs["upper"],
-            f"{key}.decision_pass": float(s["decision"] == DECISION_PASS),
-            f"{key}.decision_regression": float(s["decision"] == DECISION_REGRESSION),
-            f"{key}.baseline_success_rate": s["success_rates"]["baseline"]["rate"],
-            f"{key}.candidate_success_rate": s["success_rates"]["candidate"]["rate"],
-        })
+        metrics.update(
+            {
+                f"{key}.units_evaluated": s["units_evaluated"],
+                f"{key}.delta_estimate": s["delta_estimate"],
+                f"{key}.cs_lower": cs["lower"],
+                f"{key}.cs_upper": cs["upper"],
+                f"{key}.decision_pass": float(s["decision"] == DECISION_PASS),
+                f"{key}.decision_regression": float(s["decision"] == DECISION_REGRESSION),
+                f"{key}.baseline_success_rate": s["success_rates"]["baseline"]["rate"],
+                f"{key}.candidate_success_rate": s["success_rates"]["candidate"]["rate"],
+            }
+        )
         if s.get("catastrophic_bound") is not None:
             metrics[f"{key}.catastrophic_upper_bound"] = s["catastrophic_bound"]["upper"]
         tags[f"{key}.decision"] = s["decision"]

@@ -29,8 +29,10 @@ RECOMMENDATIONS = (LAUNCH, DO_NOT_LAUNCH, NEEDS_REVIEW)
 def run(cfg: DictConfig) -> Dict[str, Any]:
     h = cfg.history
     require(h.limit >= 1, f"history.limit={h.limit} must be >= 1")
-    require(h.recommendation is None or h.recommendation in RECOMMENDATIONS,
-            f"history.recommendation={h.recommendation!r} is unknown; use one of {', '.join(RECOMMENDATIONS)}")
+    require(
+        h.recommendation is None or h.recommendation in RECOMMENDATIONS,
+        f"history.recommendation={h.recommendation!r} is unknown; use one of {', '.join(RECOMMENDATIONS)}",
+    )
     tracked: List[Dict[str, Any]] = []
     uri = None
     if cfg.tracking.enabled:
@@ -41,22 +43,55 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     if not rows:
         console.show(f"no gauntlet runs in {where} yet: run `python main.py job=gauntlet`")
         return {"runs": [], "shown": None}
-    console.show(console.table(
-        f"Gauntlet runs in {where} (newest first)",
-        ["run id", "mlflow run", "started", "status", "candidate", "recommendation", "halted", "units", "wall s", "overrides"],
-        [(r["run_id"], r["mlflow_run_id"] or r["where"], r["started"], r["status"], r["candidate_version"],
-          r["recommendation"], "HALTED" if r["halted"] else "", r["units_evaluated"], r["wall_s"], r["overrides"])
-         for r in rows]))
+    console.show(
+        console.table(
+            f"Gauntlet runs in {where} (newest first)",
+            [
+                "run id",
+                "mlflow run",
+                "started",
+                "status",
+                "candidate",
+                "recommendation",
+                "halted",
+                "units",
+                "wall s",
+                "overrides",
+            ],
+            [
+                (
+                    r["run_id"],
+                    r["mlflow_run_id"] or r["where"],
+                    r["started"],
+                    r["status"],
+                    r["candidate_version"],
+                    r["recommendation"],
+                    "HALTED" if r["halted"] else "",
+                    r["units_evaluated"],
+                    r["wall_s"],
+                    r["overrides"],
+                )
+                for r in rows
+            ],
+        )
+    )
     shown = pick(rows, h.run_id)
     if h.run_id is not None:
-        require(shown is not None, f"history.run_id={h.run_id} is not among the listed gauntlet runs; "
-                                   "check the id or raise history.limit")
+        require(
+            shown is not None,
+            f"history.run_id={h.run_id} is not among the listed gauntlet runs; check the id or raise history.limit",
+        )
     result = shown["load"]() if shown is not None else None
     if shown is not None and result is not None:
-        console.show(f"\nrun {shown['run_id']}" + (f" (mlflow {shown['mlflow_run_id']})" if shown["mlflow_run_id"] else "") + ":")
+        console.show(
+            f"\nrun {shown['run_id']}" + (f" (mlflow {shown['mlflow_run_id']})" if shown["mlflow_run_id"] else "") + ":"
+        )
         print_summary(result)
-    history = {"tracking_uri": uri, "runs": [{k: v for k, v in r.items() if k != "load"} for r in rows],
-               "shown": result}
+    history = {
+        "tracking_uri": uri,
+        "runs": [{k: v for k, v in r.items() if k != "load"} for r in rows],
+        "shown": result,
+    }
     atomic_write_json(output_dir(cfg) / "history.json", history)
     return history
 
@@ -80,15 +115,24 @@ def mlflow_rows(cfg: DictConfig) -> tuple[List[Dict[str, Any]], str]:
     for r in runs:
         metrics, tags, params = r.data.metrics, r.data.tags, r.data.params
         wall = (r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else None
-        rows.append({
-            "run_id": tags.get("vlaeval.run_id", r.info.run_id), "mlflow_run_id": r.info.run_id, "where": "mlflow",
-            "started": _time(r.info.start_time), "status": r.info.status,
-            "candidate_version": params.get("gauntlet.candidate_version", "-"),
-            "recommendation": tags.get("recommendation", "-"), "halted": tags.get("halted") == "true",
-            "units_evaluated": int(metrics["scale.units_evaluated"]) if "scale.units_evaluated" in metrics else None,
-            "wall_s": None if wall is None else round(wall, 1), "overrides": tags.get("hydra.overrides", ""),
-            "load": lambda r=r: run_json(client, r, RESULT_FILE),
-        })
+        rows.append(
+            {
+                "run_id": tags.get("vlaeval.run_id", r.info.run_id),
+                "mlflow_run_id": r.info.run_id,
+                "where": "mlflow",
+                "started": _time(r.info.start_time),
+                "status": r.info.status,
+                "candidate_version": params.get("gauntlet.candidate_version", "-"),
+                "recommendation": tags.get("recommendation", "-"),
+                "halted": tags.get("halted") == "true",
+                "units_evaluated": int(metrics["scale.units_evaluated"])
+                if "scale.units_evaluated" in metrics
+                else None,
+                "wall_s": None if wall is None else round(wall, 1),
+                "overrides": tags.get("hydra.overrides", ""),
+                "load": lambda r=r: run_json(client, r, RESULT_FILE),
+            }
+        )
     return rows, resolve_uri(cfg.tracking)
 
 
@@ -113,16 +157,22 @@ def local_rows(cfg: DictConfig) -> List[Dict[str, Any]]:
                 continue
             if cfg.history.recommendation is not None and rec != cfg.history.recommendation:
                 continue
-            rows.append({
-                "run_id": result.get("run_id", path.parent.name), "mlflow_run_id": None,
-                "where": "queued for sync" if queued else "local (untracked)",
-                "started": _time(path.stat().st_mtime * 1000), "status": "FINISHED",
-                "candidate_version": version, "recommendation": rec, "halted": bool(result.get("halted")),
-                "units_evaluated": result.get("scale", {}).get("units_evaluated"),
-                "wall_s": round(result.get("metrics", {}).get("timing.job_s", 0.0), 1) or None,
-                "overrides": result.get("tags", {}).get("hydra.overrides", ""),
-                "load": lambda result=result: result,
-            })
+            rows.append(
+                {
+                    "run_id": result.get("run_id", path.parent.name),
+                    "mlflow_run_id": None,
+                    "where": "queued for sync" if queued else "local (untracked)",
+                    "started": _time(path.stat().st_mtime * 1000),
+                    "status": "FINISHED",
+                    "candidate_version": version,
+                    "recommendation": rec,
+                    "halted": bool(result.get("halted")),
+                    "units_evaluated": result.get("scale", {}).get("units_evaluated"),
+                    "wall_s": round(result.get("metrics", {}).get("timing.job_s", 0.0), 1) or None,
+                    "overrides": result.get("tags", {}).get("hydra.overrides", ""),
+                    "load": lambda result=result: result,
+                }
+            )
     return rows
 
 

@@ -28,13 +28,18 @@ ARTIFACT_FILE = "gradient_artifact.json"
 def validate_gradients(cfg: DictConfig) -> None:
     g = cfg.gradients
     seeds = list(g.seeds)
-    require(len(seeds) >= 2, f"gradients.seeds has {len(seeds)} seed(s); give at least 2 (the default is 512), "
-                             "e.g. gradients.seeds=[5000,5001,5002,5003]")
+    require(
+        len(seeds) >= 2,
+        f"gradients.seeds has {len(seeds)} seed(s); give at least 2 (the default is 512), "
+        "e.g. gradients.seeds=[5000,5001,5002,5003]",
+    )
     duplicated = sorted({s for s in seeds if seeds.count(s) > 1})
     require(not duplicated, f"gradients.seeds repeats {duplicated}; each gradient seed must be unique")
     require(g.num_anchors >= 4, f"gradients.num_anchors={g.num_anchors} must be >= 4 (the audit needs at least four)")
     require(g.batch_size >= 1, f"gradients.batch_size={g.batch_size} must be >= 1")
-    require(str(cfg.device) == "cpu" or str(cfg.device).startswith("cuda"), f"device={cfg.device!r} must be cpu or cuda[:N]")
+    require(
+        str(cfg.device) == "cpu" or str(cfg.device).startswith("cuda"), f"device={cfg.device!r} must be cpu or cuda[:N]"
+    )
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
@@ -44,17 +49,31 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     artifact = build_gradient_artifact(cfg.gradients, cfg.flow, str(cfg.device), data, handle)
     reliability, runtime = artifact["reliability"], artifact["gradient_runtime"]
     rms = np.array([a["gradient_rms"] for a in artifact["anchors"]])
-    metrics = {"gradients.split_half_spearman": reliability["split_half_spearman"],
-               "gradients.spearman_brown": reliability["spearman_brown"],
-               "gradients.mean_gradient_rms": float(rms.mean()),
-               "gradients.anchors": float(rms.size), "gradients.seeds": float(len(cfg.gradients.seeds)),
-               "timing.gradient_seconds": runtime["elapsed_seconds"]}
-    result = publish(cfg, JOB, {"artifact": artifact}, started_ms=started_ms, run_name=f"gradients-{handle.sha256[:12]}",
-                     metrics=metrics, checks={}, tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256}, code=code_version(),
-                     artifact_file=ARTIFACT_FILE)
-    console.show(f"gradient artifact: {rms.size} anchors x {len(cfg.gradients.seeds)} seeds over "
-                 f"{artifact['parameter_count']:,} {cfg.gradients.trainable} parameters in {runtime['elapsed_seconds']:.2f} s; "
-                 f"split-half reliability of gradient RMS {reliability['split_half_spearman']:.3f} "
-                 f"(Spearman-Brown {reliability['spearman_brown']:.3f})")
+    metrics = {
+        "gradients.split_half_spearman": reliability["split_half_spearman"],
+        "gradients.spearman_brown": reliability["spearman_brown"],
+        "gradients.mean_gradient_rms": float(rms.mean()),
+        "gradients.anchors": float(rms.size),
+        "gradients.seeds": float(len(cfg.gradients.seeds)),
+        "timing.gradient_seconds": runtime["elapsed_seconds"],
+    }
+    result = publish(
+        cfg,
+        JOB,
+        {"artifact": artifact},
+        started_ms=started_ms,
+        run_name=f"gradients-{handle.sha256[:12]}",
+        metrics=metrics,
+        checks={},
+        tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+        code=code_version(),
+        artifact_file=ARTIFACT_FILE,
+    )
+    console.show(
+        f"gradient artifact: {rms.size} anchors x {len(cfg.gradients.seeds)} seeds over "
+        f"{artifact['parameter_count']:,} {cfg.gradients.trainable} parameters in {runtime['elapsed_seconds']:.2f} s; "
+        f"split-half reliability of gradient RMS {reliability['split_half_spearman']:.3f} "
+        f"(Spearman-Brown {reliability['spearman_brown']:.3f})"
+    )
     console.show(f"artifact: {result['artifact_path']}")
     return result

@@ -31,16 +31,29 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     settings = inputs.settings
     for line in inputs.resolved.notices:
         console.show(f"notice: {line}")
-    plan = plan_gauntlet(settings, inputs.strata, assumed_effect=settings.assumed_effect,
-                         replications=settings.plan_replications, plans=inputs.plans)
+    plan = plan_gauntlet(
+        settings,
+        inputs.strata,
+        assumed_effect=settings.assumed_effect,
+        replications=settings.plan_replications,
+        plans=inputs.plans,
+    )
     metrics: Dict[str, Any] = {"plan.expected_units": plan["expected_units"], "plan.ok": float(plan["ok"])}
     for row in plan["strata"]:
         key = f"stratum.{row['stratum']}"
         metrics[f"{key}.median_units"] = row["median_units"] if math.isfinite(row["median_units"]) else None
         metrics[f"{key}.decision_probability_within_limit"] = row["decision_probability_within_limit"]
-    result = publish(cfg, JOB, {"plan": plan}, started_ms=started_ms, run_name=f"plan-{settings.candidate_version}",
-                     metrics=metrics, checks={"plan_ok": plan["ok"]},
-                     tags={"plan.test_mode": plan["test_mode"]}, code=code_version())
+    result = publish(
+        cfg,
+        JOB,
+        {"plan": plan},
+        started_ms=started_ms,
+        run_name=f"plan-{settings.candidate_version}",
+        metrics=metrics,
+        checks={"plan_ok": plan["ok"]},
+        tags={"plan.test_mode": plan["test_mode"]},
+        code=code_version(),
+    )
     print_plan(plan)
     return result
 
@@ -51,19 +64,47 @@ def units(value: float) -> str:
 
 def print_plan(plan: Dict[str, Any]) -> None:
     observed = any("clusters_needed_at_observed_effect" in r for r in plan["strata"])  # a file's plan
-    rows = [(r["stratum"], f"{r['margin_delta']:g}", r["cluster_size"], r["expected_decision"],
-             units(r["median_clusters"]), units(r["median_units"]), units(r["p90_units"]), f"{r['unit_limit']:,}",
-             f"{r['decision_probability_within_limit']:.0%}", units(r["floor_clusters"]), units(r["fixed_n_z_clusters"]))
-            + ((f"{r['observed_effect']:+.3f}", units(r["clusters_needed_at_observed_effect"])) if observed else ())
-            for r in plan["strata"]]
-    console.show(console.table(
-        f"Plan at assumed effect {plan['assumed_effect']:+g} ({plan['test_mode']} test, alpha {plan['alpha']:g}, "
-        f"alarms at {plan['alarm_alpha']:.3g})",
-        ["stratum", "margin", "cluster", "decision", "clusters (median)", "units (median)", "units (p90)", "limit",
-         "P(decide)", "floor clusters", "fixed-n z clusters"]
-        + (["observed effect", "clusters needed at it"] if observed else []), rows))
-    console.show(f"expected units to decide every stratum: {units(plan['expected_units'])} of budget "
-                 f"{plan['budget_units']:,}")
+    rows = [
+        (
+            r["stratum"],
+            f"{r['margin_delta']:g}",
+            r["cluster_size"],
+            r["expected_decision"],
+            units(r["median_clusters"]),
+            units(r["median_units"]),
+            units(r["p90_units"]),
+            f"{r['unit_limit']:,}",
+            f"{r['decision_probability_within_limit']:.0%}",
+            units(r["floor_clusters"]),
+            units(r["fixed_n_z_clusters"]),
+        )
+        + ((f"{r['observed_effect']:+.3f}", units(r["clusters_needed_at_observed_effect"])) if observed else ())
+        for r in plan["strata"]
+    ]
+    console.show(
+        console.table(
+            f"Plan at assumed effect {plan['assumed_effect']:+g} ({plan['test_mode']} test, alpha {plan['alpha']:g}, "
+            f"alarms at {plan['alarm_alpha']:.3g})",
+            [
+                "stratum",
+                "margin",
+                "cluster",
+                "decision",
+                "clusters (median)",
+                "units (median)",
+                "units (p90)",
+                "limit",
+                "P(decide)",
+                "floor clusters",
+                "fixed-n z clusters",
+            ]
+            + (["observed effect", "clusters needed at it"] if observed else []),
+            rows,
+        )
+    )
+    console.show(
+        f"expected units to decide every stratum: {units(plan['expected_units'])} of budget {plan['budget_units']:,}"
+    )
     for line in plan["warnings"]:
         console.show(f"  warning: {line}")
     if plan["ok"]:

@@ -29,21 +29,33 @@ from vlaeval.runs import RESULT_FILE, VOLATILE_METRIC_PREFIXES, output_dir
 JOB = "reproduce"
 REPRODUCIBLE_JOBS = ("gauntlet", "train", "evaluate", "gradients", "residual_audit")
 TRUSTED_TARGET_PREFIX = "vlaeval."
-COMPARED_TAG_PREFIXES = ("recommendation", "halted", "gate.pass", "gate.failed", "stratum.", "config.sha256",
-                         "checkpoint.sha256", "data.manifest_sha256")
+COMPARED_TAG_PREFIXES = (
+    "recommendation",
+    "halted",
+    "gate.pass",
+    "gate.failed",
+    "stratum.",
+    "config.sha256",
+    "checkpoint.sha256",
+    "data.manifest_sha256",
+)
 EXIT_NOT_REPRODUCED = 4
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
     source = cfg.reproduce.run_id
-    require(source is not None and str(source).strip() != "",
-            "job=reproduce needs reproduce.run_id=<MLflow run id or local run directory>")
+    require(
+        source is not None and str(source).strip() != "",
+        "job=reproduce needs reproduce.run_id=<MLflow run id or local run directory>",
+    )
     saved, original = load_original(cfg, str(source))
     refuse_untrusted_targets(saved, list(cfg.reproduce.trusted_targets))
     rerun_cfg = rerun_config(cfg, saved)
     job_name = str(rerun_cfg.job.name)
-    require(job_name in REPRODUCIBLE_JOBS,
-            f"run {source} is a job={job_name} run; reproduce re-runs {', '.join(REPRODUCIBLE_JOBS)}")
+    require(
+        job_name in REPRODUCIBLE_JOBS,
+        f"run {source} is a job={job_name} run; reproduce re-runs {', '.join(REPRODUCIBLE_JOBS)}",
+    )
 
     warnings = version_warnings(original["tags"])
     for w in warnings:
@@ -54,28 +66,50 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
 
     comparisons = compare(original, rerun)
     all_identical = all(c["verdict"] == "identical" for c in comparisons)
-    console.show(console.table(
-        f"Reproduction of {source} ({job_name})", ["key", "original", "re-run", "verdict"],
-        [(c["key"], _show(c["original"]), _show(c["rerun"]), c["verdict"]) for c in comparisons]))
+    console.show(
+        console.table(
+            f"Reproduction of {source} ({job_name})",
+            ["key", "original", "re-run", "verdict"],
+            [(c["key"], _show(c["original"]), _show(c["rerun"]), c["verdict"]) for c in comparisons],
+        )
+    )
     differing = sum(c["verdict"] != "identical" for c in comparisons)
-    data_change = next((c for c in comparisons if c["key"] == "data.manifest_sha256" and c["verdict"] != "identical"), None)
+    data_change = next(
+        (c for c in comparisons if c["key"] == "data.manifest_sha256" and c["verdict"] != "identical"), None
+    )
     if data_change is not None:
-        console.show(f"[yellow]the input data changed[/yellow]: manifest digest {str(data_change['original'])[:16]}... "
-                     f"then, {str(data_change['rerun'])[:16]}... now -- the numbers cannot be expected to match")
-    console.show(f"{len(comparisons) - differing} identical, {differing} differ"
-                 + ("" if all_identical else "  <- NOT reproduced (exit code 4)"))
-    report = {"source": str(source), "job": job_name, "warnings": warnings, "all_identical": all_identical,
-              "data_changed": data_change is not None, "comparisons": comparisons,
-              "rerun_result": rerun.get("result_path"), "rerun_mlflow_run_id": rerun.get("mlflow_run_id")}
+        console.show(
+            f"[yellow]the input data changed[/yellow]: manifest digest {str(data_change['original'])[:16]}... "
+            f"then, {str(data_change['rerun'])[:16]}... now -- the numbers cannot be expected to match"
+        )
+    console.show(
+        f"{len(comparisons) - differing} identical, {differing} differ"
+        + ("" if all_identical else "  <- NOT reproduced (exit code 4)")
+    )
+    report = {
+        "source": str(source),
+        "job": job_name,
+        "warnings": warnings,
+        "all_identical": all_identical,
+        "data_changed": data_change is not None,
+        "comparisons": comparisons,
+        "rerun_result": rerun.get("result_path"),
+        "rerun_mlflow_run_id": rerun.get("mlflow_run_id"),
+    }
     report_path = atomic_write_json(output_dir(cfg) / "reproduce.json", report)
     if rerun.get("mlflow_run_id"):
         from vlaeval.tracking.queries import annotate_run
 
-        annotate_run(cfg.tracking, rerun["mlflow_run_id"], artifacts=[report_path],
-                     tags={"vlaeval.reproduced_from": str(source), "reproduce.verdict":
-                           "identical" if all_identical else "differs"},
-                     metrics={"reproduce.identical": float(len(comparisons) - differing),
-                              "reproduce.differs": float(differing)})
+        annotate_run(
+            cfg.tracking,
+            rerun["mlflow_run_id"],
+            artifacts=[report_path],
+            tags={
+                "vlaeval.reproduced_from": str(source),
+                "reproduce.verdict": "identical" if all_identical else "differs",
+            },
+            metrics={"reproduce.identical": float(len(comparisons) - differing), "reproduce.differs": float(differing)},
+        )
     if not all_identical:
         report["exit_code"] = EXIT_NOT_REPRODUCED
     return report
@@ -130,9 +164,11 @@ def refuse_untrusted_targets(saved: DictConfig, trusted: Sequence[str] = ()) -> 
     plain = OmegaConf.to_container(saved, resolve=False)
     for path, target in _walk_targets(plain):
         if not (isinstance(target, str) and target.startswith(prefixes)):
-            raise UserInputError(f"saved config sets {path}={target!r}, outside the {TRUSTED_TARGET_PREFIX!r} "
-                                 "namespace: refused (a saved config is untrusted input); if you trust that code, "
-                                 f"add reproduce.trusted_targets=[{str(target).split('.')[0]}.]")
+            raise UserInputError(
+                f"saved config sets {path}={target!r}, outside the {TRUSTED_TARGET_PREFIX!r} "
+                "namespace: refused (a saved config is untrusted input); if you trust that code, "
+                f"add reproduce.trusted_targets=[{str(target).split('.')[0]}.]"
+            )
 
 
 def rerun_config(cfg: DictConfig, saved: DictConfig) -> DictConfig:
@@ -145,8 +181,10 @@ def rerun_config(cfg: DictConfig, saved: DictConfig) -> DictConfig:
         if overrides:
             rerun = OmegaConf.merge(rerun, OmegaConf.from_dotlist(overrides))
     except Exception as error:
-        raise UserInputError(f"saved config does not fit today's schema ({first_line(error)}); "
-                             "reproduce it with the vlaeval version that made it") from None
+        raise UserInputError(
+            f"saved config does not fit today's schema ({first_line(error)}); "
+            "reproduce it with the vlaeval version that made it"
+        ) from None
     rerun.paths.output_dir = str(output_dir(cfg) / "rerun")
     rerun.paths.cache_dir = cfg.paths.cache_dir
     rerun.tracking = cfg.tracking
@@ -157,8 +195,10 @@ def rerun_config(cfg: DictConfig, saved: DictConfig) -> DictConfig:
 def version_warnings(original_tags: Mapping[str, Any]) -> List[str]:
     code = code_version()
     out = []
-    for tag, now, label in (("git.sha", code["git_sha"], "git sha"),
-                            ("vlaeval.version", code["vlaeval_version"], "vlaeval version")):
+    for tag, now, label in (
+        ("git.sha", code["git_sha"], "git sha"),
+        ("vlaeval.version", code["vlaeval_version"], "vlaeval version"),
+    ):
         then = original_tags.get(tag)
         if then is not None and now is not None and str(then) != str(now):
             out.append(f"{label} differs: original {then}, now {now}")

@@ -38,8 +38,10 @@ def validate_audit(cfg: DictConfig) -> None:
     m = int(e.samples_per_estimator)
     require(m >= 2 and m % 2 == 0, f"estimator.samples_per_estimator={m} must be an even number >= 2")
     seeds = [int(s) for s in e.seeds]
-    require(len(seeds) >= 4 and len(seeds) % 2 == 0,
-            f"estimator.seeds has {len(seeds)} seeds; give an even number >= 4 (split-half repeatability)")
+    require(
+        len(seeds) >= 4 and len(seeds) % 2 == 0,
+        f"estimator.seeds has {len(seeds)} seeds; give an even number >= 4 (split-half repeatability)",
+    )
     duplicated = sorted({s for s in seeds if seeds.count(s) > 1})
     require(not duplicated, f"estimator.seeds repeats {duplicated}; estimator seeds must be unique")
     require(e.anchor_batch_size >= 1, f"estimator.anchor_batch_size={e.anchor_batch_size} must be >= 1")
@@ -52,8 +54,11 @@ def validate_audit(cfg: DictConfig) -> None:
 
 def check_seed_separation(estimator_seeds: List[int], gradient_seeds: List[int]) -> None:
     overlap = sorted(set(estimator_seeds) & set(int(s) for s in gradient_seeds))
-    require(not overlap, f"estimator.seeds overlap the gradient artifact's gradient seeds {overlap[:5]}; "
-                         "choose disjoint seeds so scores and gradients use independent draws")
+    require(
+        not overlap,
+        f"estimator.seeds overlap the gradient artifact's gradient seeds {overlap[:5]}; "
+        "choose disjoint seeds so scores and gradients use independent draws",
+    )
 
 
 def recover_anchors(data: Any, artifact_anchors: List[Dict[str, Any]]) -> Tuple[np.ndarray, List[Dict[str, Any]]]:
@@ -61,14 +66,18 @@ def recover_anchors(data: Any, artifact_anchors: List[Dict[str, Any]]) -> Tuple[
     epoch = int(artifact_anchors[0]["sampling_trace"]["epoch"])
     index, traces = draw(data.anchors, len(artifact_anchors), epoch)
     if index.size < len(artifact_anchors):
-        raise UserInputError(f"the dataset has {index.size} anchors but the gradient artifact lists "
-                             f"{len(artifact_anchors)}; it was made from other data")
+        raise UserInputError(
+            f"the dataset has {index.size} anchors but the gradient artifact lists "
+            f"{len(artifact_anchors)}; it was made from other data"
+        )
     for position, (observed, anchor) in enumerate(zip(traces, artifact_anchors)):
         expected = {f: anchor["sampling_trace"].get(f) for f in TRACE_FIELDS}
         if {f: observed[f] for f in TRACE_FIELDS} != expected:
             field = next(f for f in TRACE_FIELDS if observed[f] != expected[f])
-            raise UserInputError(f"sample trace mismatch at position {position}: {field} is {observed[field]!r} here "
-                                 f"but {expected[field]!r} in the gradient artifact (made from other data or sampler)")
+            raise UserInputError(
+                f"sample trace mismatch at position {position}: {field} is {observed[field]!r} here "
+                f"but {expected[field]!r} in the gradient artifact (made from other data or sampler)"
+            )
     return index, traces
 
 
@@ -96,49 +105,88 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         check_seed_separation(estimator_seeds, list(cfg.gradients.seeds))
     data, handle = load_data_and_policy(cfg)
     if given is None:
-        metadata, artifact_anchors = cached_gradient_artifact(cfg.gradients, cfg.flow, str(cfg.device),
-                                                               str(cfg.paths.cache_dir), data, handle)
+        metadata, artifact_anchors = cached_gradient_artifact(
+            cfg.gradients, cfg.flow, str(cfg.device), str(cfg.paths.cache_dir), data, handle
+        )
     if metadata["checkpoint_sha256"] is not None and metadata["checkpoint_sha256"] != handle.sha256:
-        raise UserInputError(f"checkpoint {handle.path} (sha256 {handle.sha256[:12]}...) differs from the gradient "
-                             f"artifact's ({str(metadata['checkpoint_sha256'])[:12]}...); use the checkpoint it was made with")
+        raise UserInputError(
+            f"checkpoint {handle.path} (sha256 {handle.sha256[:12]}...) differs from the gradient "
+            f"artifact's ({str(metadata['checkpoint_sha256'])[:12]}...); use the checkpoint it was made with"
+        )
     anchor_index, traces = recover_anchors(data, artifact_anchors)
 
     started = time.perf_counter()
-    with PeakMemory(str(cfg.device)) as peak, console.unit_progress(f"scoring ({cfg.estimator.kind})", anchor_index.size) as update:
-        scores = score_anchors(handle.model, data.anchors, anchor_index, data.instruction_table,
-                               kind=str(cfg.estimator.kind), seeds=estimator_seeds, samples_per_estimator=int(cfg.estimator.samples_per_estimator),
-                               anchor_batch_size=int(cfg.estimator.anchor_batch_size), flow=cfg.flow,
-                               device=str(cfg.device), progress=lambda done, total: update(completed=done))
+    with (
+        PeakMemory(str(cfg.device)) as peak,
+        console.unit_progress(f"scoring ({cfg.estimator.kind})", anchor_index.size) as update,
+    ):
+        scores = score_anchors(
+            handle.model,
+            data.anchors,
+            anchor_index,
+            data.instruction_table,
+            kind=str(cfg.estimator.kind),
+            seeds=estimator_seeds,
+            samples_per_estimator=int(cfg.estimator.samples_per_estimator),
+            anchor_batch_size=int(cfg.estimator.anchor_batch_size),
+            flow=cfg.flow,
+            device=str(cfg.device),
+            progress=lambda done, total: update(completed=done),
+        )
     elapsed = time.perf_counter() - started
 
     matrix = scores.estimator_residuals
     score = matrix.mean(axis=0)
-    require(bool(np.all(np.isfinite(score)) and np.all(score >= 0)),
-            "the policy's residuals are not all finite and >= 0; a flow-matching loss cannot be negative: check "
-            "the policy's velocity and target convention")
+    require(
+        bool(np.all(np.isfinite(score)) and np.all(score >= 0)),
+        "the policy's residuals are not all finite and >= 0; a flow-matching loss cannot be negative: check "
+        "the policy's velocity and target convention",
+    )
     gradient_rms = np.array([a["gradient_rms"] for a in artifact_anchors])
     mean_losses = np.array([a["mean_gradient_loss"] for a in artifact_anchors])
     per_seed_rms, per_seed_losses = per_seed_values(artifact_anchors)
     a = cfg.audit
     rep = repeatability(matrix)
     gradient_reliability = (metadata.get("reliability") or {}).get("spearman_brown")
-    alignment = alignment_audit(score, gradient_rms, mean_losses, alpha=a.alpha, percentile_epsilon=a.percentile_epsilon,
-                                permutation_count=int(a.permutations), permutation_seed=int(a.permutation_seed),
-                                proposal_power=a.proposal_power, score_reliability=rep["spearman_brown_reliability"],
-                                gradient_reliability=gradient_reliability, per_seed_gradient_rms=per_seed_rms,
-                                per_seed_losses=per_seed_losses, bootstrap_seed=int(a.permutation_seed),
-                                keep_null_distributions=True)
-    robustness = leave_one_out_robustness(score, gradient_rms, alpha=a.alpha, percentile_epsilon=a.percentile_epsilon,
-                                          proposal_power=a.proposal_power)
-    gate = gate_decision(sample_count=anchor_index.size, repeatability=rep, alignment=alignment,
-                         robustness=robustness, gate=cfg.gate)
+    alignment = alignment_audit(
+        score,
+        gradient_rms,
+        mean_losses,
+        alpha=a.alpha,
+        percentile_epsilon=a.percentile_epsilon,
+        permutation_count=int(a.permutations),
+        permutation_seed=int(a.permutation_seed),
+        proposal_power=a.proposal_power,
+        score_reliability=rep["spearman_brown_reliability"],
+        gradient_reliability=gradient_reliability,
+        per_seed_gradient_rms=per_seed_rms,
+        per_seed_losses=per_seed_losses,
+        bootstrap_seed=int(a.permutation_seed),
+        keep_null_distributions=True,
+    )
+    robustness = leave_one_out_robustness(
+        score, gradient_rms, alpha=a.alpha, percentile_epsilon=a.percentile_epsilon, proposal_power=a.proposal_power
+    )
+    gate = gate_decision(
+        sample_count=anchor_index.size, repeatability=rep, alignment=alignment, robustness=robustness, gate=cfg.gate
+    )
     null = alignment["random_permutation_control"]
     null_spearman, null_ratio = null.pop("null_spearman"), null.pop("null_second_moment")  # plotted, not saved
 
     plots = []
     if a.plot:
-        plots.append(plot_audit(score, gradient_rms, matrix, alignment, robustness, null_spearman, null_ratio,
-                                output_dir(cfg) / "residual_audit.png"))
+        plots.append(
+            plot_audit(
+                score,
+                gradient_rms,
+                matrix,
+                alignment,
+                robustness,
+                null_spearman,
+                null_ratio,
+                output_dir(cfg) / "residual_audit.png",
+            )
+        )
     result = {
         "schema_version": RESULT_SCHEMA_VERSION,
         "status": gate["status"],
@@ -150,8 +198,8 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             "name": "frozen_flow_matching_residual",
             "estimator": str(cfg.estimator.kind),
             "unbiased": UNBIASED[str(cfg.estimator.kind)],
-            "variance_reduction": DESCRIPTIONS[str(cfg.estimator.kind)] + [
-                "one shared conditioning encode per anchor", "action head batched across anchors"],
+            "variance_reduction": DESCRIPTIONS[str(cfg.estimator.kind)]
+            + ["one shared conditioning encode per anchor", "action head batched across anchors"],
             "model_mode": "eval",
             "estimator_seeds": estimator_seeds,
             "samples_per_estimator": int(cfg.estimator.samples_per_estimator),
@@ -159,27 +207,53 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             "proposal_power": float(a.proposal_power),
             "forbidden_labels": ["likelihood", "entropy", "surprisal"],
         },
-        "score_runtime": {"elapsed_seconds": elapsed, "seconds_per_anchor": elapsed / anchor_index.size,
-                          "anchors_per_second": anchor_index.size / elapsed, "device": str(cfg.device),
-                          **peak.report()},
+        "score_runtime": {
+            "elapsed_seconds": elapsed,
+            "seconds_per_anchor": elapsed / anchor_index.size,
+            "anchors_per_second": anchor_index.size / elapsed,
+            "device": str(cfg.device),
+            **peak.report(),
+        },
         "repeatability": rep,
         "alignment": alignment,
         "leave_one_out_robustness": robustness,
         "gate": gate,
-        "anchors": [{"anchor_position": i, "estimator_residuals": matrix[:, i].tolist(),
-                     "sample_losses": scores.sample_losses[:, i].tolist(), "time_values": scores.time_values[:, i].tolist(),
-                     "mean_residual": float(score[i]), "sampling_trace": traces[i],
-                     "gradient_rms": float(gradient_rms[i]), "mean_gradient_loss": float(mean_losses[i])}
-                    for i in range(anchor_index.size)],
+        "anchors": [
+            {
+                "anchor_position": i,
+                "estimator_residuals": matrix[:, i].tolist(),
+                "sample_losses": scores.sample_losses[:, i].tolist(),
+                "time_values": scores.time_values[:, i].tolist(),
+                "mean_residual": float(score[i]),
+                "sampling_trace": traces[i],
+                "gradient_rms": float(gradient_rms[i]),
+                "mean_gradient_loss": float(mean_losses[i]),
+            }
+            for i in range(anchor_index.size)
+        ],
     }
     metrics = headline_metrics(result)
-    tags = {"gate.status": gate["status"], "gate.eligible_for_500_step_ablation": str(gate["eligible_for_500_step_ablation"]).lower(),
-            "estimator.kind": str(cfg.estimator.kind), "estimator.unbiased": str(UNBIASED[str(cfg.estimator.kind)]).lower(),
-            "checkpoint.sha256": handle.sha256,
-            "data.manifest_sha256": data.demonstrations.manifest_sha256}
-    result = publish(cfg, JOB, result, started_ms=started_ms, run_name=f"audit {cfg.estimator.kind} {handle.sha256[:8]}",
-                     metrics=metrics, checks=gate["checks"], tags=tags, plots=plots, code=code_version(),
-                     gate_pass=gate["eligible_for_500_step_ablation"])
+    tags = {
+        "gate.status": gate["status"],
+        "gate.eligible_for_500_step_ablation": str(gate["eligible_for_500_step_ablation"]).lower(),
+        "estimator.kind": str(cfg.estimator.kind),
+        "estimator.unbiased": str(UNBIASED[str(cfg.estimator.kind)]).lower(),
+        "checkpoint.sha256": handle.sha256,
+        "data.manifest_sha256": data.demonstrations.manifest_sha256,
+    }
+    result = publish(
+        cfg,
+        JOB,
+        result,
+        started_ms=started_ms,
+        run_name=f"audit {cfg.estimator.kind} {handle.sha256[:8]}",
+        metrics=metrics,
+        checks=gate["checks"],
+        tags=tags,
+        plots=plots,
+        code=code_version(),
+        gate_pass=gate["eligible_for_500_step_ablation"],
+    )
     print_summary(result)
     return result
 
@@ -188,7 +262,8 @@ def headline_metrics(result: Dict[str, Any]) -> Dict[str, float]:
     al, rep, loo = result["alignment"], result["repeatability"], result["leave_one_out_robustness"]
     perm, prop = al["random_permutation_control"], al["proposal"]
     metrics = {
-        "repeatability.spearman": rep["spearman"], "repeatability.kendall": rep["kendall"],
+        "repeatability.spearman": rep["spearman"],
+        "repeatability.kendall": rep["kendall"],
         "repeatability.mean_anchor_cv": rep["mean_anchor_cv"],
         "alignment.spearman_residual_vs_gradient_rms": al["spearman_residual_vs_gradient_rms"],
         "alignment.kendall_residual_vs_gradient_rms": al["kendall_residual_vs_gradient_rms"],
@@ -211,30 +286,42 @@ def headline_metrics(result: Dict[str, Any]) -> Dict[str, float]:
     }
     baseline = al["baseline_comparison"]
     if baseline.get("available", True):
-        metrics.update({
-            "baseline.residual_spearman": baseline["residual"]["spearman"],
-            "baseline.training_loss_spearman": baseline["training_loss"]["spearman"],
-            "baseline.training_loss_spearman_shared_draws": baseline["training_loss_shared_draws"]["spearman"],
-            "baseline.residual_ratio": baseline["residual"]["second_moment_ratio"],
-            "baseline.training_loss_ratio": baseline["training_loss"]["second_moment_ratio"],
-            "baseline.training_loss_ratio_shared_draws": baseline["training_loss_shared_draws"]["second_moment_ratio"],
-            "baseline.score_beats_training_loss": float(baseline["score_beats_training_loss"]),
-        })
+        metrics.update(
+            {
+                "baseline.residual_spearman": baseline["residual"]["spearman"],
+                "baseline.training_loss_spearman": baseline["training_loss"]["spearman"],
+                "baseline.training_loss_spearman_shared_draws": baseline["training_loss_shared_draws"]["spearman"],
+                "baseline.residual_ratio": baseline["residual"]["second_moment_ratio"],
+                "baseline.training_loss_ratio": baseline["training_loss"]["second_moment_ratio"],
+                "baseline.training_loss_ratio_shared_draws": baseline["training_loss_shared_draws"][
+                    "second_moment_ratio"
+                ],
+                "baseline.score_beats_training_loss": float(baseline["score_beats_training_loss"]),
+            }
+        )
     return metrics
 
 
 def print_summary(result: Dict[str, Any]) -> None:
     gate = result["gate"]
-    console.print_checks(f"Residual audit gate ({gate['preset']}, {result['sample_count']} anchors, "
-                         f"estimator {result['score_definition']['estimator']}"
-                         f"{'' if result['score_definition']['unbiased'] else ', BIASED'})", gate["checks"])
+    console.print_checks(
+        f"Residual audit gate ({gate['preset']}, {result['sample_count']} anchors, "
+        f"estimator {result['score_definition']['estimator']}"
+        f"{'' if result['score_definition']['unbiased'] else ', BIASED'})",
+        gate["checks"],
+    )
     m = result["metrics"]
     console.show(
         f"repeatability rho {m['repeatability.spearman']:.3f} | residual vs gradient RMS rho "
         f"{m['alignment.spearman_residual_vs_gradient_rms']:.3f} | second-moment ratio "
         f"{m['proposal.information_to_baseline_ratio']:.3f} (in-sample oracle {m['proposal.oracle_ratio']:.3f}"
-        + (f", attainable oracle {m['proposal.attainable_oracle_ratio']:.3f}" if m.get("proposal.attainable_oracle_ratio") else "")
-        + ")")
+        + (
+            f", attainable oracle {m['proposal.attainable_oracle_ratio']:.3f}"
+            if m.get("proposal.attainable_oracle_ratio")
+            else ""
+        )
+        + ")"
+    )
     baseline = result["alignment"]["baseline_comparison"]
     if baseline.get("available", True):
         console.show(
@@ -242,13 +329,20 @@ def print_summary(result: Dict[str, Any]) -> None:
             f"ratio {baseline['residual']['second_moment_ratio']:.3f} vs training loss rho "
             f"{baseline['training_loss']['spearman']:.3f} ratio {baseline['training_loss']['second_moment_ratio']:.3f} "
             f"(shared draws, inflated: rho {baseline['training_loss_shared_draws']['spearman']:.3f}): "
-            f"{baseline['verdict'].upper()} (95% bootstrap intervals of the differences)")
+            f"{baseline['verdict'].upper()} (95% bootstrap intervals of the differences)"
+        )
     else:
         console.show(f"baseline: {baseline['reason']}")
     for name, value in gate.get("informational", {}).items():  # reported, not required by this preset
-        console.show(f"  informational (not a gate check here): {name} = {'unknown' if value is None else str(value).lower()}")
-    console.show(f"status: {gate['status']}   eligible for the 500-step ablation: "
-                 f"{console.styled('PASS' if gate['eligible_for_500_step_ablation'] else 'FAIL')}")
+        console.show(
+            f"  informational (not a gate check here): {name} = {'unknown' if value is None else str(value).lower()}"
+        )
+    console.show(
+        f"status: {gate['status']}   eligible for the 500-step ablation: "
+        f"{console.styled('PASS' if gate['eligible_for_500_step_ablation'] else 'FAIL')}"
+    )
     if result.get("result_path"):
-        console.show(f"result: {result['result_path']}" +
-                     (f"   mlflow run: {result['mlflow_run_id']}" if result.get("mlflow_run_id") else ""))
+        console.show(
+            f"result: {result['result_path']}"
+            + (f"   mlflow run: {result['mlflow_run_id']}" if result.get("mlflow_run_id") else "")
+        )

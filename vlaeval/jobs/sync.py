@@ -22,8 +22,10 @@ SYNCED_FILE = "mlflow_synced.json"
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
-    require(cfg.tracking.enabled, "job=sync uploads to a tracking store: drop tracking=disabled "
-                                  "(use tracking=server or tracking.uri=<store>)")
+    require(
+        cfg.tracking.enabled,
+        "job=sync uploads to a tracking store: drop tracking=disabled (use tracking=server or tracking.uri=<store>)",
+    )
     roots = [Path(str(p)) for p in cfg.sync.paths]
     uri = tracking.resolve_uri(cfg.tracking)
     shown_uri = tracking.redact_uri(uri)
@@ -41,15 +43,28 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         except Exception as error:
             row["status"] = f"failed: {describe(error)}"
         rows.append(row)
-    report = {"tracking_uri": shown_uri, "searched": [str(r) for r in roots], "runs": rows,
-              "uploaded": sum(r["status"] == "uploaded" for r in rows),
-              "failed": sum(r["status"] != "uploaded" for r in rows)}
+    report = {
+        "tracking_uri": shown_uri,
+        "searched": [str(r) for r in roots],
+        "runs": rows,
+        "uploaded": sum(r["status"] == "uploaded" for r in rows),
+        "failed": sum(r["status"] != "uploaded" for r in rows),
+    }
     atomic_write_json(output_dir(cfg) / "sync.json", report)
-    console.show(console.table(f"Queued runs synced to {shown_uri}", ["run dir", "experiment", "run id", "status"],
-                               [(r["run_dir"], r["experiment"], r.get("run_id", "-"), r["status"]) for r in rows]))
-    console.show(f"{report['uploaded']} uploaded, {report['failed']} failed, of {len(rows)} queued under "
-                 f"{', '.join(report['searched'])}")
+    console.show(
+        console.table(
+            f"Queued runs synced to {shown_uri}",
+            ["run dir", "experiment", "run id", "status"],
+            [(r["run_dir"], r["experiment"], r.get("run_id", "-"), r["status"]) for r in rows],
+        )
+    )
+    console.show(
+        f"{report['uploaded']} uploaded, {report['failed']} failed, of {len(rows)} queued under "
+        f"{', '.join(report['searched'])}"
+    )
     if report["failed"]:
-        raise tracking.TrackingError(f"{report['failed']} queued run(s) could not be uploaded to {shown_uri}; they stay "
-                                     "queued: run job=sync again once the store is reachable")
+        raise tracking.TrackingError(
+            f"{report['failed']} queued run(s) could not be uploaded to {shown_uri}; they stay "
+            "queued: run job=sync again once the store is reachable"
+        )
     return report

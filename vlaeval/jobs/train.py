@@ -43,36 +43,59 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     data = load_data(cfg)
     out = output_dir(cfg)
     with console.unit_progress("training", int(cfg.train.steps)) as update:
-        handle = train_and_save(PolicySpec.of(cfg), data, out / "model.pt",
-                                lambda step, loss: update(completed=step, description=f"training loss {loss:.4f}"))
+        handle = train_and_save(
+            PolicySpec.of(cfg),
+            data,
+            out / "model.pt",
+            lambda step, loss: update(completed=step, description=f"training loss {loss:.4f}"),
+        )
     # The run's checkpoint also fills the builtin cache slot for this config.
     slot = cfg.paths.cache_dir + f"/checkpoints/{checkpoint_key(PolicySpec.of(cfg), data)}"
     _copy_checkpoint(handle.path, slot)
     metrics_train = handle.sidecar["metrics"]
     result: Dict[str, Any] = {
-        "checkpoint": str(handle.path), "checkpoint_sha256": handle.sha256,
-        "manifest_sha256": data.demonstrations.manifest_sha256, "dataset": data.demonstrations.manifest,
-        "train": metrics_train, "parameters": sum(p.numel() for p in handle.model.parameters()),
+        "checkpoint": str(handle.path),
+        "checkpoint_sha256": handle.sha256,
+        "manifest_sha256": data.demonstrations.manifest_sha256,
+        "dataset": data.demonstrations.manifest,
+        "train": metrics_train,
+        "parameters": sum(p.numel() for p in handle.model.parameters()),
     }
-    metrics = {"train.final_loss": metrics_train["final_loss"], "timing.train_seconds": metrics_train["train_seconds"],
-               "data.steps": data.demonstrations.manifest["steps"], "model.parameters": result["parameters"]}
+    metrics = {
+        "train.final_loss": metrics_train["final_loss"],
+        "timing.train_seconds": metrics_train["train_seconds"],
+        "data.steps": data.demonstrations.manifest["steps"],
+        "model.parameters": result["parameters"],
+    }
     history = {"train.loss": metrics_train["loss_curve"]}
     checks: Dict[str, bool] = {}
     plots = []
     if cfg.train.evaluate_after:
-        evaluation = evaluate_closed_loop(handle.model, data.demonstrations.tasks, data.instruction_table,
-                                          cfg.evaluate, cfg.flow)
+        evaluation = evaluate_closed_loop(
+            handle.model, data.demonstrations.tasks, data.instruction_table, cfg.evaluate, cfg.flow
+        )
         result["evaluation"] = evaluation
         eval_metrics, checks = evaluation_view(evaluation)
         metrics.update(eval_metrics)
         plots.append(plot_success(evaluation, out / "success_rates.png"))
-    result = publish(cfg, JOB, result, started_ms=started_ms, run_name=f"train-{handle.sha256[:12]}",
-                     metrics=metrics, checks=checks, tags={"checkpoint.sha256": handle.sha256,
-                                                           "data.manifest_sha256": data.demonstrations.manifest_sha256},
-                     history=history, plots=plots, code=code_version(),
-                     extra_artifacts=[(handle.path, "checkpoint"), (sidecar_path(handle.path), "checkpoint")])
-    console.show(f"trained {result['parameters']:,} parameters for {metrics_train['steps']} steps in "
-                 f"{metrics_train['train_seconds']:.1f} s: final loss {metrics_train['final_loss']:.4f}")
+    result = publish(
+        cfg,
+        JOB,
+        result,
+        started_ms=started_ms,
+        run_name=f"train-{handle.sha256[:12]}",
+        metrics=metrics,
+        checks=checks,
+        tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+        history=history,
+        plots=plots,
+        code=code_version(),
+        extra_artifacts=[(handle.path, "checkpoint"), (sidecar_path(handle.path), "checkpoint")],
+    )
+    console.show(
+        f"trained {result['parameters']:,} parameters for {metrics_train['steps']} steps in "
+        f"{metrics_train['train_seconds']:.1f} s: final loss {metrics_train['final_loss']:.4f}"
+    )
     if "evaluation" in result:
         print_evaluation(result["evaluation"])
     console.show(f"checkpoint: {handle.path} (sha256 {handle.sha256[:16]}...)")

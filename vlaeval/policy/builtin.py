@@ -61,7 +61,9 @@ class PolicySpec:
         return cls(cfg.model, cfg.data, cfg.flow, cfg.train)
 
 
-def prepare_data(data_cfg: Any, cache_dir: str, progress: Optional[Callable[[int, int, str], None]] = None) -> PolicyData:
+def prepare_data(
+    data_cfg: Any, cache_dir: str, progress: Optional[Callable[[int, int, str], None]] = None
+) -> PolicyData:
     """The data component (`data._target_`) loaded -- recorded or read from its cache -- with its anchors."""
     source = instantiate(data_cfg)
     demos, built = source.load(cache_dir, progress)
@@ -72,8 +74,13 @@ def prepare_data(data_cfg: Any, cache_dir: str, progress: Optional[Callable[[int
 
 def build_model(spec: PolicySpec, data: PolicyData) -> torch.nn.Module:
     torch.manual_seed(int(spec.train.seed))  # initial weights are part of the config
-    model = instantiate(spec.model, vocab=vocabulary(data.demonstrations.instructions), obs_dim=OBS_DIM,
-                        action_dim=ACTION_DIM, horizon=int(spec.data.horizon))
+    model = instantiate(
+        spec.model,
+        vocab=vocabulary(data.demonstrations.instructions),
+        obs_dim=OBS_DIM,
+        action_dim=ACTION_DIM,
+        horizon=int(spec.data.horizon),
+    )
     if hasattr(model, "set_observation_statistics"):
         obs = torch.from_numpy(data.demonstrations.observations)
         model.set_observation_statistics(obs.mean(0), obs.std(0))
@@ -82,19 +89,31 @@ def build_model(spec: PolicySpec, data: PolicyData) -> torch.nn.Module:
 
 def checkpoint_key(spec: PolicySpec, data: PolicyData) -> str:
     train = {k: v for k, v in to_plain(spec.train).items() if k not in NON_WEIGHT_TRAIN_KEYS}
-    return sha256_json({"data_manifest": data.demonstrations.manifest_sha256, "horizon": int(spec.data.horizon),
-                        "model": to_plain(spec.model), "flow": to_plain(spec.flow), "train": train,
-                        "torch": torch.__version__.split("+")[0]})
+    return sha256_json(
+        {
+            "data_manifest": data.demonstrations.manifest_sha256,
+            "horizon": int(spec.data.horizon),
+            "model": to_plain(spec.model),
+            "flow": to_plain(spec.flow),
+            "train": train,
+            "torch": torch.__version__.split("+")[0],
+        }
+    )
 
 
 def sidecar_for(spec: PolicySpec, data: PolicyData, metrics: Dict[str, Any]) -> Dict[str, Any]:
-    return {"config": {name: to_plain(getattr(spec, name)) for name in ("data", "model", "flow", "train")},
-            "manifest_sha256": data.demonstrations.manifest_sha256, "seed": int(spec.train.seed),
-            "vocab": vocabulary(data.demonstrations.instructions), "metrics": metrics}
+    return {
+        "config": {name: to_plain(getattr(spec, name)) for name in ("data", "model", "flow", "train")},
+        "manifest_sha256": data.demonstrations.manifest_sha256,
+        "seed": int(spec.train.seed),
+        "vocab": vocabulary(data.demonstrations.instructions),
+        "metrics": metrics,
+    }
 
 
-def train_and_save(spec: PolicySpec, data: PolicyData, path: Path,
-                   progress: Optional[Callable[[int, float], None]] = None) -> PolicyHandle:
+def train_and_save(
+    spec: PolicySpec, data: PolicyData, path: Path, progress: Optional[Callable[[int, float], None]] = None
+) -> PolicyHandle:
     model = build_model(spec, data)
     metrics = train_policy(model, data.anchors, data.instruction_table, spec.train, spec.flow, progress)
     sidecar = save_checkpoint(model, path, sidecar_for(spec, data, metrics))
@@ -109,14 +128,21 @@ def load_policy(spec: PolicySpec, data: PolicyData, path: Path) -> PolicyHandle:
     except RuntimeError as error:
         recorded = (sidecar or {}).get("config", {}).get("model")
         was = f"it was trained as model={recorded}" if recorded else "it records no model config"
-        raise UserInputError(f"checkpoint {path} does not fit model={to_plain(spec.model)} on this data ({was}; "
-                             f"{first_line(error, 120)}); use the model and data config it was trained with") from None
+        raise UserInputError(
+            f"checkpoint {path} does not fit model={to_plain(spec.model)} on this data ({was}; "
+            f"{first_line(error, 120)}); use the model and data config it was trained with"
+        ) from None
     model.eval()
     return PolicyHandle(model, path, digest, sidecar or {}, False)
 
 
-def obtain_policy(spec: PolicySpec, checkpoint: Any, cache_dir: str, data: PolicyData,
-                  progress: Optional[Callable[[int, float], None]] = None) -> PolicyHandle:
+def obtain_policy(
+    spec: PolicySpec,
+    checkpoint: Any,
+    cache_dir: str,
+    data: PolicyData,
+    progress: Optional[Callable[[int, float], None]] = None,
+) -> PolicyHandle:
     """The policy the checkpoint section names: a given file (checkpoint=path), or the built-in one
     for this spec, trained on first use and cached by its key (checkpoint=builtin)."""
     if checkpoint.kind == CheckpointKind.path:

@@ -34,16 +34,17 @@ def save_checkpoint(model: torch.nn.Module, path: Path, sidecar: Mapping[str, An
         handle.write(data)
 
     atomic_write_bytes(path, write)
-    written = {"schema_version": CHECKPOINT_SCHEMA_VERSION, **sidecar, "sha256": sha256_bytes(data),
-               "file": path.name}
+    written = {"schema_version": CHECKPOINT_SCHEMA_VERSION, **sidecar, "sha256": sha256_bytes(data), "file": path.name}
     atomic_write_json(sidecar_path(path), written)
     return written
 
 
 def not_a_checkpoint(path: Path, error: BaseException) -> UserInputError:
-    return UserInputError(f"checkpoint {path} is not a readable torch.save file ({type(error).__name__} while reading it: "
-                          f"{first_line(error, 60)}); pass the .pt file a training run wrote "
-                          "(torch.save(model.state_dict(), path))")
+    return UserInputError(
+        f"checkpoint {path} is not a readable torch.save file ({type(error).__name__} while reading it: "
+        f"{first_line(error, 60)}); pass the .pt file a training run wrote "
+        "(torch.save(model.state_dict(), path))"
+    )
 
 
 def load_state_dict(path: Path) -> tuple[Dict[str, torch.Tensor], Optional[Dict[str, Any]], str]:
@@ -52,14 +53,18 @@ def load_state_dict(path: Path) -> tuple[Dict[str, torch.Tensor], Optional[Dict[
     digest = sha256_file(path)
     sidecar = read_json(sidecar_path(path)) if sidecar_path(path).is_file() else None
     if sidecar is not None and sidecar.get("sha256") not in (None, digest):
-        raise UserInputError(f"checkpoint {path} does not match the sha256 in {sidecar_path(path).name} "
-                             "(truncated or modified); retrain it or restore the file")
+        raise UserInputError(
+            f"checkpoint {path} does not match the sha256 in {sidecar_path(path).name} "
+            "(truncated or modified); retrain it or restore the file"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         if "weights only" in str(error).lower() or "weights_only" in str(error).lower():
-            raise UserInputError(f"checkpoint {path} holds pickled code or objects, refused by weights-only loading "
-                                 f"({first_line(error, 100)}); save model.state_dict() instead") from None
+            raise UserInputError(
+                f"checkpoint {path} holds pickled code or objects, refused by weights-only loading "
+                f"({first_line(error, 100)}); save model.state_dict() instead"
+            ) from None
         raise not_a_checkpoint(path, error) from None
     except Exception as error:
         raise not_a_checkpoint(path, error) from None

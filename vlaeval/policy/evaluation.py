@@ -16,15 +16,19 @@ from vlaeval.errors import require
 def validate_evaluate(cfg: DictConfig) -> None:
     e = cfg.evaluate
     require(e.episodes_per_task >= 1, f"evaluate.episodes_per_task={e.episodes_per_task} must be >= 1")
-    require(1 <= e.execute_actions <= cfg.data.horizon,
-            f"evaluate.execute_actions={e.execute_actions} must be in [1, data.horizon={cfg.data.horizon}]")
+    require(
+        1 <= e.execute_actions <= cfg.data.horizon,
+        f"evaluate.execute_actions={e.execute_actions} must be in [1, data.horizon={cfg.data.horizon}]",
+    )
     require(e.max_steps >= 1, f"evaluate.max_steps={e.max_steps} must be >= 1")
     require(cfg.flow.sampling_steps >= 1, f"flow.sampling_steps={cfg.flow.sampling_steps} must be >= 1")
 
 
 def evaluation_view(evaluation: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, bool]]:
-    metrics = {"eval.policy_success_rate": evaluation["policy_success_rate"],
-               "eval.expert_success_rate": evaluation["expert_success_rate"]}
+    metrics = {
+        "eval.policy_success_rate": evaluation["policy_success_rate"],
+        "eval.expert_success_rate": evaluation["expert_success_rate"],
+    }
     for task, row in evaluation["per_task"].items():
         metrics[f"eval.{task}.policy_success_rate"] = row["policy_success_rate"]
         metrics[f"eval.{task}.expert_success_rate"] = row["expert_success_rate"]
@@ -32,11 +36,21 @@ def evaluation_view(evaluation: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[
 
 
 def print_evaluation(evaluation: Dict[str, Any]) -> None:
-    rows = [(task, f"{r['policy_success_rate']:.2f}", f"{r['expert_success_rate']:.2f}", r["episodes"])
-            for task, r in evaluation["per_task"].items()]
-    rows.append(("all", f"{evaluation['policy_success_rate']:.2f}", f"{evaluation['expert_success_rate']:.2f}",
-                 sum(r["episodes"] for r in evaluation["per_task"].values())))
-    console.show(console.table("Closed-loop success on held-out episodes", ["task", "policy", "expert", "episodes"], rows))
+    rows = [
+        (task, f"{r['policy_success_rate']:.2f}", f"{r['expert_success_rate']:.2f}", r["episodes"])
+        for task, r in evaluation["per_task"].items()
+    ]
+    rows.append(
+        (
+            "all",
+            f"{evaluation['policy_success_rate']:.2f}",
+            f"{evaluation['expert_success_rate']:.2f}",
+            sum(r["episodes"] for r in evaluation["per_task"].values()),
+        )
+    )
+    console.show(
+        console.table("Closed-loop success on held-out episodes", ["task", "policy", "expert", "episodes"], rows)
+    )
 
 
 def plot_success(evaluation: Dict[str, Any], path: Path) -> Path:

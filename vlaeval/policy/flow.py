@@ -11,7 +11,9 @@ import torch
 
 
 def sample_flow_time(rng: np.random.Generator, size: int, flow: Any) -> np.ndarray:
-    return rng.beta(float(flow.beta_a), float(flow.beta_b), size=size) * float(flow.time_scale) + float(flow.time_offset)
+    return rng.beta(float(flow.beta_a), float(flow.beta_b), size=size) * float(flow.time_scale) + float(
+        flow.time_offset
+    )
 
 
 def noisy_actions(actions: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -19,7 +21,9 @@ def noisy_actions(actions: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -
     return t * noise + (1.0 - t) * actions
 
 
-def per_sample_loss(velocity: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def per_sample_loss(
+    velocity: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Mean squared velocity error over each sample's unpadded chunk entries: shape (B,)."""
     error = (velocity - (noise - actions)) ** 2  # (B, H, A)
     weights = mask.to(error.dtype).unsqueeze(-1).expand_as(error)

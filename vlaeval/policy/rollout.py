@@ -27,8 +27,9 @@ def _run(runner: EpisodeRunner, task: str, variant: int, act, max_steps: int) ->
     return False
 
 
-def evaluate_closed_loop(model: torch.nn.Module, tasks: List[str], instruction_table: torch.Tensor,
-                         evaluate: Any, flow: Any, progress=None) -> Dict[str, Any]:
+def evaluate_closed_loop(
+    model: torch.nn.Module, tasks: List[str], instruction_table: torch.Tensor, evaluate: Any, flow: Any, progress=None
+) -> Dict[str, Any]:
     plan = episode_plan(tasks, int(evaluate.episodes_per_task), int(evaluate.seed), HELD_OUT_VARIANTS)
     runner = EpisodeRunner()
     per_task: Dict[str, Dict[str, List[bool]]] = {t: {"policy": [], "expert": []} for t in tasks}
@@ -37,7 +38,7 @@ def evaluate_closed_loop(model: torch.nn.Module, tasks: List[str], instruction_t
         for i, ep in enumerate(plan):
             task, task_index = ep["task"], ep["task_index"]
             generator = torch.Generator().manual_seed(stable_seed("rollout", ep["seed"]) % (2**63))
-            instruction = instruction_table[task_index:task_index + 1]
+            instruction = instruction_table[task_index : task_index + 1]
 
             def policy_act(obs, instruction=instruction, generator=generator):
                 batch = {"observation": torch.as_tensor(obs, dtype=torch.float32)[None], "instruction": instruction}
@@ -47,16 +48,32 @@ def evaluate_closed_loop(model: torch.nn.Module, tasks: List[str], instruction_t
 
             expert = runner.expert(task)
             per_task[task]["policy"].append(_run(runner, task, ep["variant"], policy_act, int(evaluate.max_steps)))
-            per_task[task]["expert"].append(_run(runner, task, ep["variant"], lambda obs, expert=expert: [expert.get_action(obs)],
-                                                 int(evaluate.max_steps)))
+            per_task[task]["expert"].append(
+                _run(
+                    runner,
+                    task,
+                    ep["variant"],
+                    lambda obs, expert=expert: [expert.get_action(obs)],
+                    int(evaluate.max_steps),
+                )
+            )
             if progress is not None:
                 progress(i + 1, len(plan), task)
     finally:
         runner.close()
-    rows = {t: {"policy_success_rate": float(np.mean(v["policy"])), "expert_success_rate": float(np.mean(v["expert"])),
-                "episodes": len(v["policy"]), "policy_successes": v["policy"], "expert_successes": v["expert"]}
-            for t, v in per_task.items()}
-    return {"per_task": rows,
-            "policy_success_rate": float(np.mean([s for v in per_task.values() for s in v["policy"]])),
-            "expert_success_rate": float(np.mean([s for v in per_task.values() for s in v["expert"]])),
-            "held_out_variants": [HELD_OUT_VARIANTS.start, HELD_OUT_VARIANTS.stop]}
+    rows = {
+        t: {
+            "policy_success_rate": float(np.mean(v["policy"])),
+            "expert_success_rate": float(np.mean(v["expert"])),
+            "episodes": len(v["policy"]),
+            "policy_successes": v["policy"],
+            "expert_successes": v["expert"],
+        }
+        for t, v in per_task.items()
+    }
+    return {
+        "per_task": rows,
+        "policy_success_rate": float(np.mean([s for v in per_task.values() for s in v["policy"]])),
+        "expert_success_rate": float(np.mean([s for v in per_task.values() for s in v["expert"]])),
+        "held_out_variants": [HELD_OUT_VARIANTS.start, HELD_OUT_VARIANTS.stop],
+    }

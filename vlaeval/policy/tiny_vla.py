@@ -40,9 +40,19 @@ def mlp(sizes: Sequence[int]) -> nn.Sequential:
 
 
 class TinyVLA(nn.Module):
-    def __init__(self, vocab: Sequence[str], obs_dim: int, action_dim: int, horizon: int, *,
-                 encoder_hidden: int = 256, conditioning_dim: int = 128, head_hidden: int = 256,
-                 head_layers: int = 3, time_embedding_dim: int = 32) -> None:
+    def __init__(
+        self,
+        vocab: Sequence[str],
+        obs_dim: int,
+        action_dim: int,
+        horizon: int,
+        *,
+        encoder_hidden: int = 256,
+        conditioning_dim: int = 128,
+        head_hidden: int = 256,
+        head_layers: int = 3,
+        time_embedding_dim: int = 32,
+    ) -> None:
         super().__init__()
         self.vocab = list(vocab)
         self.obs_mean: torch.Tensor

@@ -13,8 +13,9 @@ from vlaeval.data.anchors import AnchorSet
 from vlaeval.policy.flow import noisy_actions, per_sample_loss, sample_flow_time
 
 
-def anchor_batch(anchors: AnchorSet, index: np.ndarray, instruction_table: torch.Tensor,
-                 device: str = "cpu") -> Dict[str, torch.Tensor]:
+def anchor_batch(
+    anchors: AnchorSet, index: np.ndarray, instruction_table: torch.Tensor, device: str = "cpu"
+) -> Dict[str, torch.Tensor]:
     """The tensors of anchors[index]: observation, instruction tokens, target chunk and mask."""
     index = np.asarray(index)
     return {
@@ -25,23 +26,35 @@ def anchor_batch(anchors: AnchorSet, index: np.ndarray, instruction_table: torch
     }
 
 
-def flow_draws(rng: np.random.Generator, n: int, horizon: int, action_dim: int, flow: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+def flow_draws(
+    rng: np.random.Generator, n: int, horizon: int, action_dim: int, flow: Any
+) -> Tuple[torch.Tensor, torch.Tensor]:
     t = torch.from_numpy(sample_flow_time(rng, n, flow).astype(np.float32))
     noise = torch.from_numpy(rng.standard_normal((n, horizon, action_dim)).astype(np.float32))
     return t, noise
 
 
-def flow_matching_losses(model: Any, batch: Dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+def flow_matching_losses(
+    model: Any, batch: Dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor
+) -> torch.Tensor:
     conditioning = model.encode(batch)
     x_t = noisy_actions(batch["target_actions"], noise, t)
     return per_sample_loss(model.velocity(conditioning, x_t, t), batch["target_actions"], noise, batch["target_mask"])
 
 
-def train_policy(model: torch.nn.Module, anchors: AnchorSet, instruction_table: torch.Tensor, train: Any,
-                 flow: Any, progress: Optional[Callable[[int, float], None]] = None) -> Dict[str, Any]:
+def train_policy(
+    model: torch.nn.Module,
+    anchors: AnchorSet,
+    instruction_table: torch.Tensor,
+    train: Any,
+    flow: Any,
+    progress: Optional[Callable[[int, float], None]] = None,
+) -> Dict[str, Any]:
     torch.use_deterministic_algorithms(True)
     rng = np.random.default_rng(stable_seed("train", int(train.seed)))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=float(train.learning_rate), weight_decay=float(train.weight_decay))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=float(train.learning_rate), weight_decay=float(train.weight_decay)
+    )
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(int(train.steps), 1))
     curve: List[Tuple[int, float]] = []
     window: List[float] = []
@@ -62,5 +75,9 @@ def train_policy(model: torch.nn.Module, anchors: AnchorSet, instruction_table: 
             if progress is not None:
                 progress(step, curve[-1][1])
     model.eval()
-    return {"loss_curve": curve, "final_loss": curve[-1][1] if curve else None,
-            "train_seconds": time.perf_counter() - started, "steps": int(train.steps)}
+    return {
+        "loss_curve": curve,
+        "final_loss": curve[-1][1] if curve else None,
+        "train_seconds": time.perf_counter() - started,
+        "steps": int(train.steps),
+    }

@@ -36,8 +36,10 @@ from vlaeval.policy.training import anchor_batch
 UNBIASED = {"iid": True, "midpoint_antithetic": False, "stratified": True, "sobol": True}
 DESCRIPTIONS = {
     "iid": ["plain Monte Carlo over the training distribution of (t, eps)"],
-    "midpoint_antithetic": ["deterministic midpoint stratification of Beta flow time (biased: fixed t)",
-                            "paired antithetic Gaussian noise"],
+    "midpoint_antithetic": [
+        "deterministic midpoint stratification of Beta flow time (biased: fixed t)",
+        "paired antithetic Gaussian noise",
+    ],
     "stratified": ["randomly shifted stratification of the flow-time CDF (unbiased)", "iid Gaussian noise"],
     "sobol": ["scrambled Sobol' points for flow time and noise (randomized QMC, unbiased)"],
 }
@@ -50,7 +52,9 @@ def time_quantile(u: np.ndarray, flow: Any) -> np.ndarray:
     return x * float(flow.time_scale) + float(flow.time_offset)
 
 
-def draw_pairs(kind: str, seed: int, anchors: int, m: int, chunk_shape: tuple, flow: Any) -> tuple[np.ndarray, np.ndarray]:
+def draw_pairs(
+    kind: str, seed: int, anchors: int, m: int, chunk_shape: tuple, flow: Any
+) -> tuple[np.ndarray, np.ndarray]:
     """(t of shape (anchors, m), noise of shape (anchors, m, *chunk_shape)) for one estimator seed;
     anchor i of the audited list always gets row i, whatever the batching."""
     rng = np.random.default_rng(stable_seed("residual", kind, int(seed)))
@@ -97,9 +101,20 @@ def _per_draw(x: torch.Tensor, seeds: int, samples: int) -> torch.Tensor:
     return x[None, :, None].expand(seeds, b, samples, *x.shape[1:]).reshape(seeds * b * samples, *x.shape[1:])
 
 
-def score_anchors(model: Any, anchors: AnchorSet, anchor_index: np.ndarray, instruction_table: torch.Tensor, *,
-                  kind: str, seeds: Sequence[int], samples_per_estimator: int, anchor_batch_size: int, flow: Any,
-                  device: str = "cpu", progress: Optional[Callable[[int, int], None]] = None) -> ResidualScores:
+def score_anchors(
+    model: Any,
+    anchors: AnchorSet,
+    anchor_index: np.ndarray,
+    instruction_table: torch.Tensor,
+    *,
+    kind: str,
+    seeds: Sequence[int],
+    samples_per_estimator: int,
+    anchor_batch_size: int,
+    flow: Any,
+    device: str = "cpu",
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> ResidualScores:
     model = model.to(device).eval()
     s, m, k = len(seeds), int(samples_per_estimator), anchor_index.size
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])

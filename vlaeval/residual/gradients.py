@@ -26,8 +26,9 @@ from vlaeval.policy.training import anchor_batch, flow_matching_losses
 @contextlib.contextmanager
 def recorded_linear_io(modules: Sequence[torch.nn.Linear]) -> Iterator[List[Tuple[torch.Tensor, torch.Tensor]]]:
     records: List[Tuple[torch.Tensor, torch.Tensor]] = []
-    handles = [m.register_forward_hook(lambda module, inputs, output: records.append((inputs[0], output)))
-               for m in modules]
+    handles = [
+        m.register_forward_hook(lambda module, inputs, output: records.append((inputs[0], output))) for m in modules
+    ]
     try:
         yield records
     finally:
@@ -35,8 +36,9 @@ def recorded_linear_io(modules: Sequence[torch.nn.Linear]) -> Iterator[List[Tupl
             h.remove()
 
 
-def per_sample_sq_grad_norms(model: Any, modules: Sequence[torch.nn.Linear], batch: Dict[str, torch.Tensor],
-                             t: torch.Tensor, noise: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def per_sample_sq_grad_norms(
+    model: Any, modules: Sequence[torch.nn.Linear], batch: Dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(squared gradient norm over the modules' parameters, loss) per sample, shape (B,) each."""
     with recorded_linear_io(modules) as records:
         losses = flow_matching_losses(model, batch, t, noise)
@@ -51,20 +53,27 @@ def per_sample_sq_grad_norms(model: Any, modules: Sequence[torch.nn.Linear], bat
     return sq.detach(), losses.detach()
 
 
-def per_sample_sq_grad_norms_loop(model: Any, parameters: Sequence[torch.nn.Parameter], batch: Dict[str, torch.Tensor],
-                                  t: torch.Tensor, noise: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def per_sample_sq_grad_norms_loop(
+    model: Any,
+    parameters: Sequence[torch.nn.Parameter],
+    batch: Dict[str, torch.Tensor],
+    t: torch.Tensor,
+    noise: torch.Tensor,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """The reference: one autograd pass per sample (what the batched method must equal)."""
     sq, losses = [], []
     for i in range(t.shape[0]):
-        one = {k: v[i:i + 1] for k, v in batch.items()}
-        loss = flow_matching_losses(model, one, t[i:i + 1], noise[i:i + 1])[0]
+        one = {k: v[i : i + 1] for k, v in batch.items()}
+        loss = flow_matching_losses(model, one, t[i : i + 1], noise[i : i + 1])[0]
         grads = torch.autograd.grad(loss, list(parameters))
         sq.append(torch.stack([g.pow(2).sum() for g in grads]).sum().detach())
         losses.append(loss.detach())
     return torch.stack(sq), torch.stack(losses)
 
 
-def gradient_draws(seed: int, count: int, horizon: int, action_dim: int, flow: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+def gradient_draws(
+    seed: int, count: int, horizon: int, action_dim: int, flow: Any
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Flow time and noise for the first `count` anchors under one gradient seed, drawn from the
     training distribution (a prefix of the same stream for any larger count)."""
     rng = np.random.default_rng(stable_seed("gradient-seed", int(seed)))
@@ -87,9 +96,19 @@ class GradientMeasurements:
         return np.sqrt(self.sq_norms.mean(axis=0) / self.parameter_count)
 
 
-def gradient_measurements(model: Any, anchors: AnchorSet, anchor_index: np.ndarray, instruction_table: torch.Tensor,
-                          seeds: Sequence[int], flow: Any, *, trainable: str, batch_size: int,
-                          device: str = "cpu", method: str = "batched") -> GradientMeasurements:
+def gradient_measurements(
+    model: Any,
+    anchors: AnchorSet,
+    anchor_index: np.ndarray,
+    instruction_table: torch.Tensor,
+    seeds: Sequence[int],
+    flow: Any,
+    *,
+    trainable: str,
+    batch_size: int,
+    device: str = "cpu",
+    method: str = "batched",
+) -> GradientMeasurements:
     """Squared gradient norms and losses for every (seed, anchor) pair (`method="loop"` is the
     one-backward-per-sample reference the batched method must equal)."""
     torch.use_deterministic_algorithms(True)
@@ -117,9 +136,11 @@ def gradient_measurements(model: Any, anchors: AnchorSet, anchor_index: np.ndarr
     for p in model.parameters():
         p.requires_grad_(True)
     shape = (len(seeds), k)
-    return GradientMeasurements(sq_norms=torch.cat(sq_out).double().numpy().reshape(shape),
-                                losses=torch.cat(loss_out).double().numpy().reshape(shape),
-                                parameter_count=sum(p.numel() for p in parameters))
+    return GradientMeasurements(
+        sq_norms=torch.cat(sq_out).double().numpy().reshape(shape),
+        losses=torch.cat(loss_out).double().numpy().reshape(shape),
+        parameter_count=sum(p.numel() for p in parameters),
+    )
 
 
 def split_half_reliability(sq_norms: np.ndarray, parameter_count: int) -> Dict[str, Any]:
@@ -127,7 +148,11 @@ def split_half_reliability(sq_norms: np.ndarray, parameter_count: int) -> Dict[s
     Spearman-Brown step-up to the full seed count."""
     half = sq_norms.shape[0] // 2
     first = np.sqrt(sq_norms[:half].mean(axis=0) / parameter_count)
-    second = np.sqrt(sq_norms[half:2 * half].mean(axis=0) / parameter_count)
+    second = np.sqrt(sq_norms[half : 2 * half].mean(axis=0) / parameter_count)
     rho = float(spearmanr(first, second).statistic)
-    return {"split_half_spearman": rho, "spearman_brown": 2 * rho / (1 + rho) if rho > -1 else None,
-            "seeds_per_half": half, "method": "seeds split in order into halves; Spearman of per-anchor gradient RMS"}
+    return {
+        "split_half_spearman": rho,
+        "spearman_brown": 2 * rho / (1 + rho) if rho > -1 else None,
+        "seeds_per_half": half,
+        "method": "seeds split in order into halves; Spearman of per-anchor gradient RMS",
+    }

@@ -106,8 +106,14 @@ def predictable_moments(x: np.ndarray, state: MomentState, w: Optional[np.ndarra
 
     before = np.arange(x.shape[-1], dtype=np.float64) + state.count
     s = state.sums
-    return Moments(before, exclusive(w, s[0]), exclusive(w * x, s[1]), exclusive(w2, s[2]),
-                   exclusive(w2 * x, s[3]), exclusive(w2 * x * x, s[4]))
+    return Moments(
+        before,
+        exclusive(w, s[0]),
+        exclusive(w * x, s[1]),
+        exclusive(w2, s[2]),
+        exclusive(w2 * x, s[3]),
+        exclusive(w2 * x * x, s[4]),
+    )
 
 
 def payoff_moments(moments: Moments, margins: np.ndarray, side: str) -> Tuple[np.ndarray, np.ndarray]:
@@ -131,8 +137,9 @@ def bet_caps(margins: np.ndarray, side: str, cap_fraction: float | np.ndarray) -
     return cap_fraction / (1.0 + margins) if side == UPPER else cap_fraction / (1.0 - margins)
 
 
-def plug_in_bets(moments: Moments, margins: np.ndarray, side: str, *, rule: str, cap_fraction: float | np.ndarray,
-                 alpha: float) -> np.ndarray:
+def plug_in_bets(
+    moments: Moments, margins: np.ndarray, side: str, *, rule: str, cap_fraction: float | np.ndarray, alpha: float
+) -> np.ndarray:
     """agrapa: (edge) / (var + edge^2), zero when the past points the other way.
     prpl:   sqrt(2 log(1/alpha) / (var t log(1+t))), always placed on the alternative's side.
     blend:  their mean (each clipped to the cap first, so the mean is within it too)."""
@@ -159,8 +166,9 @@ def log_factors(bets: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.log(np.maximum(1.0 + bets * y, 0.0))
 
 
-def ons_log_factors(y: np.ndarray, bet: np.ndarray, curvature: np.ndarray, cap: np.ndarray
-                    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ons_log_factors(
+    y: np.ndarray, bet: np.ndarray, curvature: np.ndarray, cap: np.ndarray
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ONS over the last axis of payoffs y (leading axes: margins or replications; cap broadcasts
     against y). Returns the log-factors and the (bet, curvature) state after the last one."""
     bet, curvature = bet.copy(), curvature.copy()
@@ -225,7 +233,8 @@ class WealthFamily:
         y = payoffs(x, margins, self.side, weights)
         if rule == "ons":
             logs, self.ons_bet[index], self.ons_curvature[index] = ons_log_factors(
-                y, self.ons_bet[index], self.ons_curvature[index], bet_caps(margins, self.side, cap_fraction))
+                y, self.ons_bet[index], self.ons_curvature[index], bet_caps(margins, self.side, cap_fraction)
+            )
         else:
             bets = plug_in_bets(moments, margins, self.side, rule=rule, cap_fraction=cap_fraction, alpha=alpha)
             logs = log_factors(bets, y)
@@ -269,7 +278,8 @@ def log_wealth_paths(
         start = np.zeros(x.shape[:-1])
         logs, _, _ = ons_log_factors(y, start, np.ones_like(start), bet_caps(m, side, cap_fraction))
     else:
-        bets = plug_in_bets(predictable_moments(x, MomentState(), w), m, side, rule=rule,
-                            cap_fraction=cap_fraction, alpha=alpha)
+        bets = plug_in_bets(
+            predictable_moments(x, MomentState(), w), m, side, rule=rule, cap_fraction=cap_fraction, alpha=alpha
+        )
         logs = log_factors(bets, y)
     return np.cumsum(logs, axis=-1)

@@ -60,6 +60,7 @@ def one_sided_boundaries(fractions: Sequence[float], alpha: float) -> np.ndarray
     bounds = np.empty(tau.size)
     mass: Optional[np.ndarray] = None  # probability mass of S_{k-1} on the grid, paths still running
     previous = 0.0
+
     def crossing(c: float, sd: float, mass: Optional[np.ndarray]) -> float:
         """P(S_k >= c, no earlier crossing): from the start, or from the masses still running."""
         return float(norm.sf(c / sd)) if mass is None else float(np.dot(mass, ndtr((centres - c) / sd)))
@@ -69,8 +70,9 @@ def one_sided_boundaries(fractions: Sequence[float], alpha: float) -> np.ndarray
         if pi <= 1e-15:
             c = np.inf
         else:
-            c = brentq(lambda v, sd=sd, mass=mass, pi=pi: crossing(v, sd, mass) - pi, -GRID_SPAN * 2, GRID_SPAN * 2,
-                       xtol=1e-10)
+            c = brentq(
+                lambda v, sd=sd, mass=mass, pi=pi: crossing(v, sd, mass) - pi, -GRID_SPAN * 2, GRID_SPAN * 2, xtol=1e-10
+            )
         bounds[k] = c / np.sqrt(t)
         # Masses of S_k on the grid, cells at or above the boundary removed (those paths stopped).
         if mass is None:
@@ -95,7 +97,9 @@ def standard_error(sd: np.ndarray, n: np.ndarray, mean_cluster_size: np.ndarray 
     zero variance and certifies on the sign alone -- on nearly concordant data (most robot scenes)
     that was a 35% false PASS at an early look."""
     n = np.asarray(n, dtype=np.float64)
-    squares = np.asarray(sd, dtype=np.float64) ** 2 * np.maximum(n - 1.0, 0.0) + 2.0 / np.asarray(mean_cluster_size) ** 2
+    squares = (
+        np.asarray(sd, dtype=np.float64) ** 2 * np.maximum(n - 1.0, 0.0) + 2.0 / np.asarray(mean_cluster_size) ** 2
+    )
     return np.sqrt(squares / (n + 1.0) / n)
 
 
@@ -111,11 +115,14 @@ class GroupSequentialTest(_SequentialTest):
     type spending per one-sided question; repeated confidence intervals as the CS. Not exact."""
 
     mode = MODE_GROUP_SEQUENTIAL
-    cs_kind = ("GROUP-SEQUENTIAL repeated confidence intervals (O'Brien-Fleming-type spending over the "
-               "planned looks, normal approximation); not exact")
+    cs_kind = (
+        "GROUP-SEQUENTIAL repeated confidence intervals (O'Brien-Fleming-type spending over the "
+        "planned looks, normal approximation); not exact"
+    )
 
-    def __init__(self, delta: float, alpha: float, *, planned_looks: Sequence[int], burn_in_clusters: int = 30,
-                 **common: Any) -> None:
+    def __init__(
+        self, delta: float, alpha: float, *, planned_looks: Sequence[int], burn_in_clusters: int = 30, **common: Any
+    ) -> None:
         """planned_looks: the cluster counts after each planned batch (strictly increasing); looks
         with fewer than burn_in_clusters clusters decide nothing."""
         super().__init__(delta, alpha, **common)
@@ -127,28 +134,37 @@ class GroupSequentialTest(_SequentialTest):
             raise ValueError("planned_looks must be strictly increasing positive cluster counts")
         self.planned_looks = looks
         fractions = looks / looks[-1]
-        self._boundaries = {"pass": one_sided_boundaries(fractions, self.alpha),
-                            "regression": one_sided_boundaries(fractions, self.alarm_alpha),
-                            "cs": one_sided_boundaries(fractions, self.alpha / 2.0)}
+        self._boundaries = {
+            "pass": one_sided_boundaries(fractions, self.alpha),
+            "regression": one_sided_boundaries(fractions, self.alarm_alpha),
+            "cs": one_sided_boundaries(fractions, self.alpha / 2.0),
+        }
         if self.catastrophic_delta is not None:
             self._boundaries["catastrophic"] = one_sided_boundaries(fractions, self.catastrophic_alpha)
         self._moments_state: Optional[MomentState] = None
         self._bounds = {"cs_lower": -1.0, "cs_upper": 1.0, "catastrophic_upper": 1.0}
 
     def _settings(self) -> Dict[str, Any]:
-        return {"planned_looks": self.planned_looks.tolist(), "burn_in_clusters": self.burn_in_clusters,
-                "spending": "O'Brien-Fleming type (Lan-DeMets)",
-                "boundaries": {k: [None if not np.isfinite(b) else float(b) for b in v]
-                               for k, v in self._boundaries.items()}}
+        return {
+            "planned_looks": self.planned_looks.tolist(),
+            "burn_in_clusters": self.burn_in_clusters,
+            "spending": "O'Brien-Fleming type (Lan-DeMets)",
+            "boundaries": {
+                k: [None if not np.isfinite(b) else float(b) for b in v] for k, v in self._boundaries.items()
+            },
+        }
 
-    def _advance(self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
-                 ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
+    def _advance(
+        self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
+    ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
         look = len(self._looks)
         after = self._clusters + x.size
         if look >= self.planned_looks.size or after != self.planned_looks[look]:
             planned = "none left" if look >= self.planned_looks.size else f"{int(self.planned_looks[look])} clusters"
-            raise ValueError(f"look {look + 1} of the group-sequential design is planned at {planned}, "
-                             f"but this update brings the count to {after}; looks must follow the plan")
+            raise ValueError(
+                f"look {look + 1} of the group-sequential design is planned at {planned}, "
+                f"but this update brings the count to {after}; looks must follow the plan"
+            )
         state = self._moments_state or MomentState()
         t, mean, sd = asymptotic_running(x, weights, state)
         self._moments_state = state.advanced(x, weights)
@@ -166,7 +182,10 @@ class GroupSequentialTest(_SequentialTest):
         upper = min(self._bounds["cs_upper"], estimate + b["cs"] * se)
         if lower > upper:
             lower = upper = estimate
-        series = {"cs_lower": np.full(x.size, self._bounds["cs_lower"]), "cs_upper": np.full(x.size, self._bounds["cs_upper"])}
+        series = {
+            "cs_lower": np.full(x.size, self._bounds["cs_lower"]),
+            "cs_upper": np.full(x.size, self._bounds["cs_upper"]),
+        }
         series["cs_lower"][last], series["cs_upper"][last] = lower, upper
         self._bounds.update(cs_lower=lower, cs_upper=upper)
         if self.catastrophic_delta is not None:

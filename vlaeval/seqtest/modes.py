@@ -21,9 +21,11 @@ def make_sequential_test(mode: str, delta: float, alpha: float, **kwargs: Any) -
     """The test for `mode`; keywords that belong to another mode are dropped (bet_rule/bet_cap:
     exact; burn_in_clusters: the approximate modes; tuning_clusters: asymptotic; planned_looks:
     group_sequential)."""
-    own = {MODE_EXACT: (PairedSequentialTest, ("bet_rule", "bet_cap")),
-           MODE_ASYMPTOTIC: (AsymptoticSequentialTest, ("burn_in_clusters", "tuning_clusters")),
-           MODE_GROUP_SEQUENTIAL: (GroupSequentialTest, ("planned_looks", "burn_in_clusters"))}
+    own = {
+        MODE_EXACT: (PairedSequentialTest, ("bet_rule", "bet_cap")),
+        MODE_ASYMPTOTIC: (AsymptoticSequentialTest, ("burn_in_clusters", "tuning_clusters")),
+        MODE_GROUP_SEQUENTIAL: (GroupSequentialTest, ("planned_looks", "burn_in_clusters")),
+    }
     if mode not in own:
         raise ValueError(f"unknown test mode {mode!r}; use one of {MODES}")
     cls, keys = own[mode]

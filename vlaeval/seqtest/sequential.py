@@ -99,10 +99,18 @@ class _SequentialTest:
     mode = ""
     cs_kind = ""
 
-    def __init__(self, delta: float, alpha: float, *, catastrophic_delta: Optional[float] = None,
-                 alarm_alpha: Optional[float] = None, estimand: str = "cluster",
-                 max_cluster_size: Optional[int] = None, min_cluster_size: Optional[int] = None,
-                 cs_grid_step: float = 0.001) -> None:
+    def __init__(
+        self,
+        delta: float,
+        alpha: float,
+        *,
+        catastrophic_delta: Optional[float] = None,
+        alarm_alpha: Optional[float] = None,
+        estimand: str = "cluster",
+        max_cluster_size: Optional[int] = None,
+        min_cluster_size: Optional[int] = None,
+        cs_grid_step: float = 0.001,
+    ) -> None:
         """delta: the margin is -delta (a negative delta makes PASS a superiority certificate,
         Delta > |delta|); alpha: level of PASS and of the CS; alarm_alpha (<= alpha): level of the
         REGRESSION alarm; catastrophic_delta (>= delta): the halting question's margin, decided at
@@ -161,8 +169,10 @@ class _SequentialTest:
         if sizes.shape != x.shape or np.any(sizes < 1):
             raise ValueError("cluster_sizes must match cluster_means and be >= 1")
         if np.any(sizes < self.min_cluster_size):
-            raise ValueError(f"a cluster of {int(sizes.min())} units is smaller than min_cluster_size="
-                             f"{self.min_cluster_size}, the smallest size the bet cap was fixed for")
+            raise ValueError(
+                f"a cluster of {int(sizes.min())} units is smaller than min_cluster_size="
+                f"{self.min_cluster_size}, the smallest size the bet cap was fixed for"
+            )
         weights = None
         if self.estimand == "unit":
             largest = int(self.max_cluster_size or 0)  # set whenever the estimand is unit (checked in __init__)
@@ -181,8 +191,9 @@ class _SequentialTest:
                 if side in series:
                     self._decision_wealth = wealth(series[side][index])
         if self.catastrophic_delta is not None and self._catastrophic == CATASTROPHIC_UNDECIDED:
-            name, index = _first_decision((CATASTROPHIC, firsts["catastrophic"]),
-                                          (NOT_CATASTROPHIC, firsts["not_catastrophic"]))
+            name, index = _first_decision(
+                (CATASTROPHIC, firsts["catastrophic"]), (NOT_CATASTROPHIC, firsts["not_catastrophic"])
+            )
             if name is not None:
                 self._catastrophic, self._catastrophic_at_cluster = name, seen + index + 1
                 detail: Dict[str, Any] = {"decided_at_unit": int(units_after[index])}
@@ -199,7 +210,12 @@ class _SequentialTest:
         empty = series["cs_lower"] > series["cs_upper"]  # every margin rejected: a degenerate, empty CS
         series["cs_lower"] = np.where(empty, estimate, series["cs_lower"])
         series["cs_upper"] = np.where(empty, estimate, series["cs_upper"])
-        for key, values in (("clusters", counts), ("units", units_after), ("delta_estimate", estimate), *series.items()):
+        for key, values in (
+            ("clusters", counts),
+            ("units", units_after),
+            ("delta_estimate", estimate),
+            *series.items(),
+        ):
             self._series[key].append(np.asarray(values))
         self._clusters += x.size
         self._units = int(units_after[-1])
@@ -207,8 +223,9 @@ class _SequentialTest:
         self._cluster_mean_sum = float(plain[-1])
         self._looks.append(self._clusters)
 
-    def _advance(self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
-                 ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
+    def _advance(
+        self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
+    ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
         """Consume a batch. Returns, per question (regression, pass, catastrophic,
         not_catastrophic), the batch index of its first rejection (-1: none); and per-cluster
         series (cs_lower, cs_upper, catastrophic_upper, log-wealths where the mode has them)."""
@@ -262,7 +279,7 @@ class _SequentialTest:
         for key, chunks in self._series.items():
             values = np.concatenate(chunks)
             if key.startswith("log_wealth_"):
-                out["e_value_" + key[len("log_wealth_"):]] = np.exp(np.minimum(values, MAX_LOG_WEALTH)).tolist()
+                out["e_value_" + key[len("log_wealth_") :]] = np.exp(np.minimum(values, MAX_LOG_WEALTH)).tolist()
             else:
                 out[key] = values.tolist()
         out["looks"] = list(self._looks)
@@ -291,15 +308,20 @@ class _SequentialTest:
             **self.e_values(),
         }
         if self.catastrophic_delta is not None:
-            snap.update({
-                "catastrophic_delta": self.catastrophic_delta,
-                "catastrophic_alpha": self.catastrophic_alpha,
-                "catastrophic": self._catastrophic,
-                "catastrophic_at_cluster": self._catastrophic_at_cluster,
-                "catastrophic_bound": {"upper": self.catastrophic_upper_bound(), "level": 1.0 - self.catastrophic_alpha,
-                                       "kind": "one-sided upper confidence sequence the halt is decided on",
-                                       **self._catastrophic_detail},
-            })
+            snap.update(
+                {
+                    "catastrophic_delta": self.catastrophic_delta,
+                    "catastrophic_alpha": self.catastrophic_alpha,
+                    "catastrophic": self._catastrophic,
+                    "catastrophic_at_cluster": self._catastrophic_at_cluster,
+                    "catastrophic_bound": {
+                        "upper": self.catastrophic_upper_bound(),
+                        "level": 1.0 - self.catastrophic_alpha,
+                        "kind": "one-sided upper confidence sequence the halt is decided on",
+                        **self._catastrophic_detail,
+                    },
+                }
+            )
         return snap
 
     def _settings(self) -> Dict[str, Any]:
@@ -334,8 +356,15 @@ class PairedSequentialTest(_SequentialTest):
     mode = MODE_EXACT
     cs_kind = "betting CS, running intersection (anytime-valid, exact)"
 
-    def __init__(self, delta: float, alpha: float, *, bet_rule: str = DEFAULT_BET_RULE,
-                 bet_cap: Optional[float] = DEFAULT_BET_CAP, **common: Any) -> None:
+    def __init__(
+        self,
+        delta: float,
+        alpha: float,
+        *,
+        bet_rule: str = DEFAULT_BET_RULE,
+        bet_cap: Optional[float] = DEFAULT_BET_CAP,
+        **common: Any,
+    ) -> None:
         """bet_cap: the cap fraction c in (0, 1], or None for the size-adaptive cap
         1 - 0.2 / min_cluster_size (one cap for the whole stratum; eprocess.size_adaptive_cap)."""
         super().__init__(delta, alpha, **common)
@@ -346,8 +375,10 @@ class PairedSequentialTest(_SequentialTest):
         margins = {"delta": self.delta, "catastrophic_delta": self.catastrophic_delta}
         for name, value in margins.items():
             if value is not None and not on_grid(value, self.cs_grid_step):
-                raise ValueError(f"{name}={value} is not a multiple of cs_grid_step={self.cs_grid_step}: every "
-                                 "decision margin must lie on the confidence sequence's grid")
+                raise ValueError(
+                    f"{name}={value} is not a multiple of cs_grid_step={self.cs_grid_step}: every "
+                    "decision margin must lie on the confidence sequence's grid"
+                )
         self.bet_rule = bet_rule
         self.bet_cap = None if bet_cap is None else float(bet_cap)
         self.cap_fraction = float(size_adaptive_cap(self.min_cluster_size)) if bet_cap is None else float(bet_cap)
@@ -376,11 +407,15 @@ class PairedSequentialTest(_SequentialTest):
         self._moments = MomentState()
 
     def _settings(self) -> Dict[str, Any]:
-        return {"bet_rule": self.bet_rule, "bet_cap": self.cap_fraction,
-                "bet_cap_rule": "size-adaptive 1 - 0.2/min_cluster_size" if self.bet_cap is None else "fixed"}
+        return {
+            "bet_rule": self.bet_rule,
+            "bet_cap": self.cap_fraction,
+            "bet_cap_rule": "size-adaptive 1 - 0.2/min_cluster_size" if self.bet_cap is None else "fixed",
+        }
 
-    def _advance(self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
-                 ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
+    def _advance(
+        self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
+    ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
         seen = self._clusters
         halting = self.catastrophic_delta is not None
         firsts = {"regression": -1, "pass": -1, "catastrophic": -1, "not_catastrophic": -1}
@@ -393,25 +428,38 @@ class PairedSequentialTest(_SequentialTest):
             alive = self._grid_rejected_after == NEVER
             if np.count_nonzero(alive) <= CS_SMALL_GRID:
                 chunk = x.size  # little left to prune: one pass costs less than many small ones
-            part = x[start:start + chunk]
-            w = None if weights is None else weights[start:start + chunk]
+            part = x[start : start + chunk]
+            w = None if weights is None else weights[start : start + chunk]
             moments = predictable_moments(part, state, w)
-            common: Dict[str, Any] = dict(rule=self.bet_rule, cap_fraction=self.cap_fraction, alpha=self.alpha, weights=w)
+            common: Dict[str, Any] = dict(
+                rule=self.bet_rule, cap_fraction=self.cap_fraction, alpha=self.alpha, weights=w
+            )
             up_first, up_paths = self._upper.update(
-                part, moments, threshold_log=self._upper_thresholds, keep=range(self._n_upper),
-                active=np.concatenate((np.ones(self._n_upper, bool), alive)), **common)
+                part,
+                moments,
+                threshold_log=self._upper_thresholds,
+                keep=range(self._n_upper),
+                active=np.concatenate((np.ones(self._n_upper, bool), alive)),
+                **common,
+            )
             low_first, low_paths = self._lower.update(
-                part, moments, threshold_log=self._lower_thresholds, keep=range(self._n_lower),
-                active=np.concatenate((np.ones(self._n_lower, bool), alive)), **common)
+                part,
+                moments,
+                threshold_log=self._lower_thresholds,
+                keep=range(self._n_lower),
+                active=np.concatenate((np.ones(self._n_lower, bool), alive)),
+                **common,
+            )
             kept["log_wealth_pass"].append(up_paths[0])
             kept["log_wealth_regression"].append(low_paths[0])
             if halting:
                 kept["log_wealth_not_catastrophic"].append(up_paths[1])
             for name, first in (("pass", up_first[0]), ("regression", low_first[0])) + (
-                    (("not_catastrophic", up_first[1]),) if halting else ()):
+                (("not_catastrophic", up_first[1]),) if halting else ()
+            ):
                 if firsts[name] < 0 and first >= 0:
                     firsts[name] = start + int(first)
-            grid_first = np.where(up_first[self._n_upper:] >= 0, up_first[self._n_upper:], np.iinfo(np.int64).max)
+            grid_first = np.where(up_first[self._n_upper :] >= 0, up_first[self._n_upper :], np.iinfo(np.int64).max)
             grid_first = np.minimum(grid_first, np.where(low_first[1:] >= 0, low_first[1:], np.iinfo(np.int64).max))
             newly = alive & (grid_first < np.iinfo(np.int64).max)
             self._grid_rejected_after[newly] = seen + start + grid_first[newly] + 1
@@ -419,7 +467,8 @@ class PairedSequentialTest(_SequentialTest):
                 cat_alive = self._cat_rejected_after == NEVER
                 cat_alive[self._cat_index] = True  # the e-process at -catastrophic_delta itself, for its wealth
                 cat_first, cat_paths = self._cat_family.update(
-                    part, moments, threshold_log=self._cat_threshold, keep=[self._cat_index], active=cat_alive, **common)
+                    part, moments, threshold_log=self._cat_threshold, keep=[self._cat_index], active=cat_alive, **common
+                )
                 kept["log_wealth_catastrophic"].append(cat_paths[0])
                 newly = cat_alive & (cat_first >= 0) & (self._cat_rejected_after == NEVER)
                 self._cat_rejected_after[newly] = seen + start + cat_first[newly] + 1
@@ -456,8 +505,9 @@ def asymptotic_half_width(t: np.ndarray, sd: np.ndarray, alpha: float, tuning_cl
     return sd * np.sqrt(2.0 * grow / (t * t * rho_sq) * np.log(np.sqrt(grow) / alpha))
 
 
-def asymptotic_running(x: np.ndarray, weights: Optional[np.ndarray] = None,
-                       state: Optional[MomentState] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def asymptotic_running(
+    x: np.ndarray, weights: Optional[np.ndarray] = None, state: Optional[MomentState] = None
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(clusters, running mean, plug-in sd) after each element along the last axis of x. With
     weights the mean is the ratio estimator sum w x / sum w and the sd is the delta method's, of
     w (x - mean) / mean(w)."""
@@ -490,8 +540,9 @@ class AsymptoticSequentialTest(_SequentialTest):
     mode = MODE_ASYMPTOTIC
     cs_kind = "ASYMPTOTIC CS (Waudby-Smith et al. 2024), running intersection; not exact"
 
-    def __init__(self, delta: float, alpha: float, *, burn_in_clusters: int = 30,
-                 tuning_clusters: int = 500, **common: Any) -> None:
+    def __init__(
+        self, delta: float, alpha: float, *, burn_in_clusters: int = 30, tuning_clusters: int = 500, **common: Any
+    ) -> None:
         super().__init__(delta, alpha, **common)
         if burn_in_clusters < 2:
             raise ValueError(f"burn_in_clusters must be >= 2, got {burn_in_clusters}")
@@ -505,8 +556,9 @@ class AsymptoticSequentialTest(_SequentialTest):
     def _settings(self) -> Dict[str, Any]:
         return {"burn_in_clusters": self.burn_in_clusters, "tuning_clusters": self.tuning_clusters}
 
-    def _advance(self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
-                 ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
+    def _advance(
+        self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
+    ) -> Tuple[Dict[str, int], Dict[str, np.ndarray]]:
         t, mean, sd = asymptotic_running(x, weights, self._moments)
         self._moments = self._moments.advanced(x, weights)
         ready = t >= self.burn_in_clusters
@@ -523,15 +575,21 @@ class AsymptoticSequentialTest(_SequentialTest):
             "cs_lower": running_extreme(np.where(ready, mean - half, -1.0), self._bounds["cs_lower"], upper=False),
             "cs_upper": running_extreme(np.where(ready, mean + half, 1.0), self._bounds["cs_upper"], upper=True),
         }
-        firsts = {"pass": first(mean - bound(2.0 * self.alpha) > -self.delta),
-                  "regression": first(mean + bound(2.0 * self.alarm_alpha) < -self.delta),
-                  "catastrophic": -1, "not_catastrophic": -1}
+        firsts = {
+            "pass": first(mean - bound(2.0 * self.alpha) > -self.delta),
+            "regression": first(mean + bound(2.0 * self.alarm_alpha) < -self.delta),
+            "catastrophic": -1,
+            "not_catastrophic": -1,
+        }
         if self.catastrophic_delta is not None:
             cat = bound(2.0 * self.catastrophic_alpha)
-            series["catastrophic_upper"] = running_extreme(np.where(ready, mean + cat, 1.0),
-                                                           self._bounds["catastrophic_upper"], upper=True)
-            firsts.update(catastrophic=first(series["catastrophic_upper"] < -self.catastrophic_delta),
-                          not_catastrophic=first(mean - cat > -self.catastrophic_delta))
+            series["catastrophic_upper"] = running_extreme(
+                np.where(ready, mean + cat, 1.0), self._bounds["catastrophic_upper"], upper=True
+            )
+            firsts.update(
+                catastrophic=first(series["catastrophic_upper"] < -self.catastrophic_delta),
+                not_catastrophic=first(mean - cat > -self.catastrophic_delta),
+            )
         for key in self._bounds:
             if key in series:
                 self._bounds[key] = float(series[key][-1])
@@ -542,12 +600,16 @@ def catastrophic_message(snapshot: Dict[str, Any]) -> str:
     """What the halt certified, with the figures at the level that decided it."""
     bound = snapshot["catastrophic_bound"]
     level = snapshot["catastrophic_alpha"]
-    text = (f"Delta < -{snapshot['catastrophic_delta']:g} certified at level {level:.3g} after "
-            f"{snapshot['catastrophic_at_cluster']} clusters: the one-sided {1 - level:.2%} upper confidence "
-            f"bound is {bound['upper_bound_at_decision']:+.3f}")
+    text = (
+        f"Delta < -{snapshot['catastrophic_delta']:g} certified at level {level:.3g} after "
+        f"{snapshot['catastrophic_at_cluster']} clusters: the one-sided {1 - level:.2%} upper confidence "
+        f"bound is {bound['upper_bound_at_decision']:+.3f}"
+    )
     if bound.get("wealth_at_decision") is not None:
-        text += (f"; the e-process for H0: Delta >= -{snapshot['catastrophic_delta']:g} stood at "
-                 f"{bound['wealth_at_decision']:.3g} (threshold 1/{level:.3g} = {1 / level:.3g})")
+        text += (
+            f"; the e-process for H0: Delta >= -{snapshot['catastrophic_delta']:g} stood at "
+            f"{bound['wealth_at_decision']:.3g} (threshold 1/{level:.3g} = {1 / level:.3g})"
+        )
     return text
 
 

@@ -38,9 +38,16 @@ RATE_RANGE = (0.02, 0.995)
 
 
 # ----------------------------------------------------------------------------- outcome models
-def realistic_cluster_means(rng: np.random.Generator, reps: int, clusters: int, cluster_size: int | np.ndarray,
-                            effect: float, base_rate: float = 0.90, scene_sd: float = SCENE_SD,
-                            fresh_fraction: float = FRESH_FRACTION) -> np.ndarray:
+def realistic_cluster_means(
+    rng: np.random.Generator,
+    reps: int,
+    clusters: int,
+    cluster_size: int | np.ndarray,
+    effect: float,
+    base_rate: float = 0.90,
+    scene_sd: float = SCENE_SD,
+    fresh_fraction: float = FRESH_FRACTION,
+) -> np.ndarray:
     """(reps, clusters) cluster means of paired differences from the gauntlet's generator.
     cluster_size: one size for every cluster, or an integer array of shape (reps, clusters)."""
     sizes = np.asarray(cluster_size)
@@ -59,8 +66,9 @@ def realistic_cluster_means(rng: np.random.Generator, reps: int, clusters: int, 
     return np.where(inside, differences, 0).sum(axis=2) / sizes
 
 
-def skewed_null_cluster_means(rng: np.random.Generator, reps: int, clusters: int, mean: float,
-                              low: float = -0.03, high: float = 1.0) -> np.ndarray:
+def skewed_null_cluster_means(
+    rng: np.random.Generator, reps: int, clusters: int, mean: float, low: float = -0.03, high: float = 1.0
+) -> np.ndarray:
     """Clusters at `low` except a rare one at `high`, with P(high) set so the mean is exactly
     `mean` (low < mean < high)."""
     if not low < mean < high:
@@ -69,8 +77,9 @@ def skewed_null_cluster_means(rng: np.random.Generator, reps: int, clusters: int
     return np.where(rng.random((reps, clusters)) < p_high, high, low)
 
 
-def unequal_cluster_means(rng: np.random.Generator, reps: int, clusters: int, sizes: np.ndarray,
-                          p_plus: np.ndarray, p_minus: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def unequal_cluster_means(
+    rng: np.random.Generator, reps: int, clusters: int, sizes: np.ndarray, p_plus: np.ndarray, p_minus: np.ndarray
+) -> Tuple[np.ndarray, np.ndarray]:
     """Clusters of random sizes drawn from `sizes`; a unit's difference is +1 with p_plus[k] and
     -1 with p_minus[k] for a cluster of size sizes[k]. Returns (cluster means, cluster sizes)."""
     kind = rng.integers(0, len(sizes), size=(reps, clusters))
@@ -125,17 +134,49 @@ class SizeDependentDesign:
 
 def size_dependent_designs() -> Tuple[SizeDependentDesign, ...]:
     """The four estimand x side attacks on a size-dependent cap (each mean exactly at the margin)."""
-    regression = SizeDependentDesign("cluster/REGRESSION: 60% single concordant scenarios, 40% scenes of 20 "
-                                     "with one candidate-only failure", "cluster", "regression", (1, 20), 0.6, 0.0, -0.05)
+    regression = SizeDependentDesign(
+        "cluster/REGRESSION: 60% single concordant scenarios, 40% scenes of 20 with one candidate-only failure",
+        "cluster",
+        "regression",
+        (1, 20),
+        0.6,
+        0.0,
+        -0.05,
+    )
     # Unit estimand: (q * 1 * (-p) + (1 - q) * 40 * 0) / (q + 40 (1 - q)) = -0.02 with q = 1/2.
-    unit_pass = SizeDependentDesign("unit/PASS: half single scenarios failing 82% of the time, half concordant "
-                                    "scenes of 40", "unit", "pass", (1, 40), 0.5, 0.82, 0.0)
-    return (regression,
-            SizeDependentDesign(regression.name.replace("REGRESSION", "PASS") + " (mirrored: superiority margin)",
-                                "cluster", "pass", (1, 20), 0.6, 0.0, -0.05, mirror=True),
-            unit_pass,
-            SizeDependentDesign(unit_pass.name.replace("PASS", "REGRESSION") + " (mirrored: superiority margin)",
-                                "unit", "regression", (1, 40), 0.5, 0.82, 0.0, mirror=True))
+    unit_pass = SizeDependentDesign(
+        "unit/PASS: half single scenarios failing 82% of the time, half concordant scenes of 40",
+        "unit",
+        "pass",
+        (1, 40),
+        0.5,
+        0.82,
+        0.0,
+    )
+    return (
+        regression,
+        SizeDependentDesign(
+            regression.name.replace("REGRESSION", "PASS") + " (mirrored: superiority margin)",
+            "cluster",
+            "pass",
+            (1, 20),
+            0.6,
+            0.0,
+            -0.05,
+            mirror=True,
+        ),
+        unit_pass,
+        SizeDependentDesign(
+            unit_pass.name.replace("PASS", "REGRESSION") + " (mirrored: superiority margin)",
+            "unit",
+            "regression",
+            (1, 40),
+            0.5,
+            0.82,
+            0.0,
+            mirror=True,
+        ),
+    )
 
 
 def unit_weighted_mean(sizes: np.ndarray, p_plus: np.ndarray, p_minus: np.ndarray) -> float:
@@ -151,9 +192,16 @@ def first_crossing(log_values: np.ndarray, threshold: float) -> np.ndarray:
     return np.where(crossed.any(axis=-1), crossed.argmax(axis=-1) + 1, NEVER)
 
 
-def exact_decision_times(x: np.ndarray, delta: float, alpha: float, *, rule: str, cap: Union[float, np.ndarray],
-                         alarm_alpha: Optional[float] = None, weights: Optional[np.ndarray] = None
-                         ) -> Dict[str, np.ndarray]:
+def exact_decision_times(
+    x: np.ndarray,
+    delta: float,
+    alpha: float,
+    *,
+    rule: str,
+    cap: Union[float, np.ndarray],
+    alarm_alpha: Optional[float] = None,
+    weights: Optional[np.ndarray] = None,
+) -> Dict[str, np.ndarray]:
     """Clusters until PASS and until REGRESSION for each replication (rows of x), as the exact
     test would declare them if the other decision did not stop it first. `cap` is the stratum's one
     cap, or (to measure what a per-cluster cap would have done) an array of x's shape."""
@@ -165,9 +213,15 @@ def exact_decision_times(x: np.ndarray, delta: float, alpha: float, *, rule: str
     }
 
 
-def asymptotic_decision_times(x: np.ndarray, delta: float, alpha: float, *, burn_in_clusters: int,
-                              tuning_clusters: int, weights: Optional[np.ndarray] = None
-                              ) -> Dict[str, np.ndarray]:
+def asymptotic_decision_times(
+    x: np.ndarray,
+    delta: float,
+    alpha: float,
+    *,
+    burn_in_clusters: int,
+    tuning_clusters: int,
+    weights: Optional[np.ndarray] = None,
+) -> Dict[str, np.ndarray]:
     """The same for the asymptotic mode (the computation AsymptoticSequentialTest runs)."""
     t, mean, sd = asymptotic_running(np.asarray(x, dtype=np.float64), weights)
     half = asymptotic_half_width(t, sd, 2.0 * alpha, tuning_clusters)
@@ -178,10 +232,17 @@ def asymptotic_decision_times(x: np.ndarray, delta: float, alpha: float, *, burn
     }
 
 
-def group_sequential_decision_times(x: np.ndarray, delta: float, alpha: float, *, looks: np.ndarray,
-                                    cluster_sizes: np.ndarray | float, alarm_alpha: Optional[float] = None,
-                                    weights: Optional[np.ndarray] = None, burn_in_clusters: int = 30
-                                    ) -> Dict[str, np.ndarray]:
+def group_sequential_decision_times(
+    x: np.ndarray,
+    delta: float,
+    alpha: float,
+    *,
+    looks: np.ndarray,
+    cluster_sizes: np.ndarray | float,
+    alarm_alpha: Optional[float] = None,
+    weights: Optional[np.ndarray] = None,
+    burn_in_clusters: int = 30,
+) -> Dict[str, np.ndarray]:
     """The same for the group-sequential mode, looking only at the planned cluster counts `looks`
     (the computation GroupSequentialTest runs); cluster_sizes: one size, or an array like x."""
     looks = np.asarray(looks, dtype=np.int64)
@@ -194,20 +255,37 @@ def group_sequential_decision_times(x: np.ndarray, delta: float, alpha: float, *
     fractions = looks / looks[-1]
     ready = looks >= burn_in_clusters
     out = {}
-    for kind, z, level in (("pass", (mean[..., at] + delta) / se, alpha),
-                           ("regression", (-delta - mean[..., at]) / se, alarm_alpha)):
+    for kind, z, level in (
+        ("pass", (mean[..., at] + delta) / se, alpha),
+        ("regression", (-delta - mean[..., at]) / se, alarm_alpha),
+    ):
         look = crossing_look(z, np.where(ready, one_sided_boundaries(fractions, level), np.inf))
         out[kind] = np.where(look > 0, looks[np.maximum(look - 1, 0)], NEVER)
     return out
 
 
-def fixed_n_decision_times(x: np.ndarray, delta: float, alpha: float, *, clusters: int, cluster_sizes: np.ndarray | float,
-                           alarm_alpha: Optional[float] = None, weights: Optional[np.ndarray] = None
-                           ) -> Dict[str, np.ndarray]:
+def fixed_n_decision_times(
+    x: np.ndarray,
+    delta: float,
+    alpha: float,
+    *,
+    clusters: int,
+    cluster_sizes: np.ndarray | float,
+    alarm_alpha: Optional[float] = None,
+    weights: Optional[np.ndarray] = None,
+) -> Dict[str, np.ndarray]:
     """The reference: one look, a one-sided z-test (same stabilised standard error) on the first
     `clusters` cluster means."""
-    return group_sequential_decision_times(x, delta, alpha, looks=np.array([clusters]), cluster_sizes=cluster_sizes,
-                                           alarm_alpha=alarm_alpha, weights=weights, burn_in_clusters=2)
+    return group_sequential_decision_times(
+        x,
+        delta,
+        alpha,
+        looks=np.array([clusters]),
+        cluster_sizes=cluster_sizes,
+        alarm_alpha=alarm_alpha,
+        weights=weights,
+        burn_in_clusters=2,
+    )
 
 
 def decision_time(times: Dict[str, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:

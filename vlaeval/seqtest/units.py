@@ -59,8 +59,16 @@ def success_rate_interval(successes: np.ndarray, sizes: np.ndarray, level: float
     n_c = np.asarray(sizes, dtype=np.float64)
     n, clusters = float(n_c.sum()), int(n_c.size)
     if n == 0:
-        return {"rate": None, "lower": None, "upper": None, "level": level, "units": 0, "clusters": 0,
-                "design_effect": None, "method": "cluster-robust Wilson"}
+        return {
+            "rate": None,
+            "lower": None,
+            "upper": None,
+            "level": level,
+            "units": 0,
+            "clusters": 0,
+            "design_effect": None,
+            "method": "cluster-robust Wilson",
+        }
     p = float(s.sum() / n)
     deff = 1.0
     if clusters > 1 and 0.0 < p < 1.0:
@@ -71,5 +79,13 @@ def success_rate_interval(successes: np.ndarray, sizes: np.ndarray, level: float
     denominator = 1.0 + z * z / n_eff
     centre = (p + z * z / (2.0 * n_eff)) / denominator
     half = z * math.sqrt(p * (1.0 - p) / n_eff + z * z / (4.0 * n_eff * n_eff)) / denominator
-    return {"rate": p, "lower": max(centre - half, 0.0), "upper": min(centre + half, 1.0), "level": level,
-            "units": int(n), "clusters": clusters, "design_effect": deff, "method": "cluster-robust Wilson"}
+    return {
+        "rate": p,
+        "lower": max(centre - half, 0.0),
+        "upper": min(centre + half, 1.0),
+        "level": level,
+        "units": int(n),
+        "clusters": clusters,
+        "design_effect": deff,
+        "method": "cluster-robust Wilson",
+    }

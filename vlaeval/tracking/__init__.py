@@ -53,7 +53,7 @@ def ensure_store(uri: str) -> None:
     """Create a SQLite store once (migrations) under an exclusive lock; other stores pass."""
     if not uri.startswith("sqlite:///"):
         return
-    db = Path(uri[len("sqlite:///"):])
+    db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -83,15 +83,19 @@ def compact_list(values: Sequence[Any]) -> str:
     if len(text) <= MAX_PARAM_CHARS:
         return text
     suffix = f" ... ({len(values)} values)"  # says how much was cut, which _clip's marker does not
-    return text[:MAX_PARAM_CHARS - len(suffix)] + suffix
+    return text[: MAX_PARAM_CHARS - len(suffix)] + suffix
 
 
 def flatten(value: Any, prefix: str = "") -> Dict[str, Any]:
     """{'a': {'b': [1, {'c': 2}]}} -> {'a.b.0': 1, 'a.b.1.c': 2}; MLflow rejects 'a[0]'-style keys.
     A list of scalars is one param (see compact_list), whatever its length, so a swept list is one
     column: estimator.seeds = [9300, ...], 512 gradient seeds = range(5000, 5512)."""
-    if isinstance(value, (list, tuple)) and prefix and value \
-            and not any(isinstance(v, (Mapping, list, tuple)) for v in value):
+    if (
+        isinstance(value, (list, tuple))
+        and prefix
+        and value
+        and not any(isinstance(v, (Mapping, list, tuple)) for v in value)
+    ):
         return {prefix: compact_list(value)}
     if isinstance(value, Mapping):
         items: Iterable[Tuple[str, Any]] = ((str(k), v) for k, v in value.items())
@@ -116,6 +120,7 @@ def redact_uri(uri: str) -> str:
 def mask_secrets(flat: Mapping[str, Any]) -> Dict[str, Any]:
     """Values under secret-looking keys become *****, and so do passwords inside URIs
     (postgresql://user:pw@host -> postgresql://user:*****@host) under any key."""
+
     def masked(key: str, value: Any) -> Any:
         if SECRET_KEY.search(key.rsplit(".", 1)[-1]) and value not in (None, ""):
             return MASK
@@ -130,7 +135,7 @@ def _clip(text: str, limit: int) -> str:
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 def hydra_runtime() -> Dict[str, Any]:
@@ -141,8 +146,11 @@ def hydra_runtime() -> Dict[str, Any]:
         hc = HydraConfig.get()
     except Exception:
         return {}
-    info: Dict[str, Any] = {"output_dir": hc.runtime.output_dir, "mode": str(hc.mode),
-            "overrides": list(hc.overrides.task)}
+    info: Dict[str, Any] = {
+        "output_dir": hc.runtime.output_dir,
+        "mode": str(hc.mode),
+        "overrides": list(hc.overrides.task),
+    }
     if str(hc.mode) == "RunMode.MULTIRUN":
         info["sweep_dir"] = str(Path(hc.sweep.dir).resolve())
         info["job_num"] = int(hc.job.num)
@@ -185,9 +193,12 @@ class RunLogger:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        entries = [Metric(key, float(value), now, int(step))
-                   for key, points in history.items() for step, value in points
-                   if value is not None and _finite(value)]
+        entries = [
+            Metric(key, float(value), now, int(step))
+            for key, points in history.items()
+            for step, value in points
+            if value is not None and _finite(value)
+        ]
         for chunk in _chunks(entries, 1000):
             self.client.log_batch(self.run_id, metrics=list(chunk))
 
@@ -253,7 +264,8 @@ def build_record(
         "tags": {k: redact_uri(str(v)) for k, v in all_tags.items() if v is not None},  # overrides may hold a URI
         "cache_dir": roots["cache"],
         "artifacts": [stored_artifact(path, artifact_path, roots) for path, artifact_path in artifacts]
-                     if tracking_cfg.log_artifacts else [],
+        if tracking_cfg.log_artifacts
+        else [],
         "partial_run_id": None,
     }
 
@@ -284,14 +296,16 @@ def find_uploaded(client: Any, record: Mapping[str, Any]) -> Optional[str]:
     experiment = client.get_experiment_by_name(record["experiment"])
     if experiment is None:
         return None
-    runs = client.search_runs([experiment.experiment_id],
-                              filter_string=f"tags.`vlaeval.record_id` = '{record['record_id']}'", max_results=10)
+    runs = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.`vlaeval.record_id` = '{record['record_id']}'", max_results=10
+    )
     finished = [r for r in runs if r.info.status == "FINISHED"]
     return finished[0].info.run_id if finished else None
 
 
-def upload_record(uri: str, record: Dict[str, Any], base_dir: Path,
-                  on_created: Optional[Callable[[str], None]] = None) -> str:
+def upload_record(
+    uri: str, record: Dict[str, Any], base_dir: Path, on_created: Optional[Callable[[str], None]] = None
+) -> str:
     """Log one record as a FINISHED run (FAILED if logging breaks off); returns its run id.
     A partial run an earlier attempt left behind is deleted, so each record is one run."""
     from mlflow.tracking import MlflowClient
@@ -308,8 +322,9 @@ def upload_record(uri: str, record: Dict[str, Any], base_dir: Path,
     sources = [(artifact_source(entry, roots), entry["artifact_path"]) for entry in record["artifacts"]]
     experiment_id = get_or_create_experiment(client, record["experiment"])
     tags = {**record["tags"], "vlaeval.record_id": record["record_id"]}
-    run = client.create_run(experiment_id, start_time=record["start_time_ms"],
-                            tags={k: _clip(v, MAX_TAG_CHARS) for k, v in tags.items()})
+    run = client.create_run(
+        experiment_id, start_time=record["start_time_ms"], tags={k: _clip(v, MAX_TAG_CHARS) for k, v in tags.items()}
+    )
     run_id = run.info.run_id
     if on_created is not None:
         on_created(run_id)
@@ -348,9 +363,11 @@ def record_run(tracking_cfg: Any, record: Dict[str, Any], base_dir: Path, result
     try:
         run_id = upload_record(uri, record, base_dir, on_created=remember)
     except Exception as error:
-        raise TrackingError(f"MLflow tracking at {redact_uri(uri)} failed ({type(error).__name__}: {first_line(error, 200)}); "
-                            f"the result is saved at {result_path} and the run is queued in {pending}: upload it "
-                            f"with `python main.py job=sync sync.paths=[{base_dir}]` once the store is back") from error
+        raise TrackingError(
+            f"MLflow tracking at {redact_uri(uri)} failed ({type(error).__name__}: {first_line(error, 200)}); "
+            f"the result is saved at {result_path} and the run is queued in {pending}: upload it "
+            f"with `python main.py job=sync sync.paths=[{base_dir}]` once the store is back"
+        ) from error
     pending.unlink(missing_ok=True)
     return run_id
 
@@ -359,7 +376,7 @@ def artifact_root(uri: str) -> Optional[str]:
     """Artifacts of a SQLite store go to mlartifacts/ beside the database. (MLflow's default,
     ./mlruns, would later make a bare `mlflow ui` in that folder open a file store instead.)"""
     if uri.startswith("sqlite:///"):
-        return str(Path(uri[len("sqlite:///"):]).parent / "mlartifacts")
+        return str(Path(uri[len("sqlite:///") :]).parent / "mlartifacts")
     return None  # a server decides (proxied artifacts)
 
 
@@ -387,7 +404,9 @@ def gate_tags(checks: Mapping[str, bool], passed: Optional[bool] = None) -> Dict
     return {"gate.pass": str(ok).lower(), "gate.failed": ", ".join(failed) if failed else "none"}
 
 
-def standard_tags(plain_cfg: Mapping[str, Any], code: Mapping[str, Any], extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+def standard_tags(
+    plain_cfg: Mapping[str, Any], code: Mapping[str, Any], extra: Optional[Mapping[str, Any]] = None
+) -> Dict[str, Any]:
     runtime = hydra_runtime()
     tags = {
         "vlaeval.run_kind": "job",

@@ -27,8 +27,9 @@ def search_job_runs(tracking_cfg: Any, job_name: str, limit: int, filter_string:
     if experiment is None:
         return client, []
     where = "tags.`vlaeval.run_kind` != 'sweep_parent'" + (f" and {filter_string}" if filter_string else "")
-    runs = client.search_runs([experiment.experiment_id], filter_string=where,
-                              order_by=["attributes.start_time DESC"], max_results=limit)
+    runs = client.search_runs(
+        [experiment.experiment_id], filter_string=where, order_by=["attributes.start_time DESC"], max_results=limit
+    )
     return client, list(runs)
 
 
@@ -50,18 +51,28 @@ def saved_run(tracking_cfg: Any, run_id: str, into: Path) -> Tuple[Path, Dict[st
     try:
         run = client.get_run(run_id)
     except MlflowException as error:
-        raise UserInputError(f"no MLflow run {run_id!r} in {uri} ({first_line(error)}); "
-                             "pass a run id from the MLflow UI or a local run directory") from None
+        raise UserInputError(
+            f"no MLflow run {run_id!r} in {uri} ({first_line(error)}); "
+            "pass a run id from the MLflow UI or a local run directory"
+        ) from None
     try:
         path = Path(client.download_artifacts(run_id, "hydra/config.yaml", str(into)))
     except Exception as error:
-        raise UserInputError(f"MLflow run {run_id} has no hydra/config.yaml artifact ({type(error).__name__}); "
-                             "it was not logged by vlaeval with tracking.log_artifacts=true") from None
+        raise UserInputError(
+            f"MLflow run {run_id} has no hydra/config.yaml artifact ({type(error).__name__}); "
+            "it was not logged by vlaeval with tracking.log_artifacts=true"
+        ) from None
     return path, dict(run.data.metrics), dict(run.data.tags)
 
 
-def annotate_run(tracking_cfg: Any, run_id: str, *, tags: Optional[Mapping[str, str]] = None,
-                 metrics: Optional[Mapping[str, float]] = None, artifacts: Sequence[Path] = ()) -> None:
+def annotate_run(
+    tracking_cfg: Any,
+    run_id: str,
+    *,
+    tags: Optional[Mapping[str, str]] = None,
+    metrics: Optional[Mapping[str, float]] = None,
+    artifacts: Sequence[Path] = (),
+) -> None:
     """Tags, metrics and artifacts added to a finished run (reproduce logs its comparison this way)."""
     import time
 
@@ -69,7 +80,10 @@ def annotate_run(tracking_cfg: Any, run_id: str, *, tags: Optional[Mapping[str, 
 
     client, _ = client_for(tracking_cfg)
     now = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in dict(metrics or {}).items()],
-                     tags=[RunTag(k, str(v)) for k, v in dict(tags or {}).items()])
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), now, 0) for k, v in dict(metrics or {}).items()],
+        tags=[RunTag(k, str(v)) for k, v in dict(tags or {}).items()],
+    )
     for path in artifacts:
         client.log_artifact(run_id, str(path))

@@ -25,8 +25,9 @@ from vlaeval.tracking import (
 Column = Tuple[str, str, str]  # (header, "tag" or "metric", key)
 
 
-def open_sweep_parent(tracking_cfg: Any, job_name: str, sweep_dir: Path, overrides: Sequence[str], launcher: str,
-                      preset: Optional[str]) -> Dict[str, Any]:
+def open_sweep_parent(
+    tracking_cfg: Any, job_name: str, sweep_dir: Path, overrides: Sequence[str], launcher: str, preset: Optional[str]
+) -> Dict[str, Any]:
     """Create the store once (parallel jobs racing on a new SQLite store corrupt it), open the
     parent run, and leave its id in the sweep folder for the jobs (and Slurm nodes) to find."""
     from mlflow.tracking import MlflowClient
@@ -37,63 +38,93 @@ def open_sweep_parent(tracking_cfg: Any, job_name: str, sweep_dir: Path, overrid
     client = MlflowClient(tracking_uri=uri)
     experiment_id = get_or_create_experiment(client, experiment_name(tracking_cfg, job_name))
     described = preset or (" ".join(overrides) or "(no overrides)")
-    run = client.create_run(experiment_id, tags={
-        "mlflow.runName": f"sweep {described} ({sweep_dir.name})",
-        "vlaeval.run_kind": "sweep_parent",
-        "vlaeval.job": job_name,
-        "vlaeval.sweep_preset": preset or "(none)",
-        "hydra.sweep_dir": str(sweep_dir),
-        "hydra.overrides": redact_uri(" ".join(overrides)) or "(none)",
-        "hydra.launcher": launcher,
-    })
-    parent = {"run_id": run.info.run_id, "experiment_id": experiment_id, "tracking_uri": uri,
-              "sweep_dir": str(sweep_dir), "job": job_name}
+    run = client.create_run(
+        experiment_id,
+        tags={
+            "mlflow.runName": f"sweep {described} ({sweep_dir.name})",
+            "vlaeval.run_kind": "sweep_parent",
+            "vlaeval.job": job_name,
+            "vlaeval.sweep_preset": preset or "(none)",
+            "hydra.sweep_dir": str(sweep_dir),
+            "hydra.overrides": redact_uri(" ".join(overrides)) or "(none)",
+            "hydra.launcher": launcher,
+        },
+    )
+    parent = {
+        "run_id": run.info.run_id,
+        "experiment_id": experiment_id,
+        "tracking_uri": uri,
+        "sweep_dir": str(sweep_dir),
+        "job": job_name,
+    }
     atomic_write_json(sweep_dir / PARENT_RUN_FILE, parent)
     return parent
 
 
-def record_failed_job(tracking_cfg: Any, job_name: str, *, error: str, output_dir: str, overrides: Sequence[str],
-                      sweep_dir: Optional[str], job_num: Optional[int], plain_cfg: Mapping[str, Any]) -> str:
+def record_failed_job(
+    tracking_cfg: Any,
+    job_name: str,
+    *,
+    error: str,
+    output_dir: str,
+    overrides: Sequence[str],
+    sweep_dir: Optional[str],
+    job_num: Optional[int],
+    plain_cfg: Mapping[str, Any],
+) -> str:
     """A FAILED run for a job that raised, under the sweep's parent when there is one."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=resolve_uri(tracking_cfg))
     experiment_id = get_or_create_experiment(client, experiment_name(tracking_cfg, job_name))
-    tags = {"vlaeval.run_kind": "job", "vlaeval.job": job_name, "vlaeval.error": error,
-            "hydra.output_dir": output_dir, "hydra.overrides": redact_uri(" ".join(overrides))}
+    tags = {
+        "vlaeval.run_kind": "job",
+        "vlaeval.job": job_name,
+        "vlaeval.error": error,
+        "hydra.output_dir": output_dir,
+        "hydra.overrides": redact_uri(" ".join(overrides)),
+    }
     parent = read_parent_run(sweep_dir)
     if parent:
-        tags.update({"mlflow.parentRunId": parent["run_id"], "hydra.sweep_dir": str(sweep_dir),
-                     "hydra.job_num": str(job_num)})
+        tags.update(
+            {"mlflow.parentRunId": parent["run_id"], "hydra.sweep_dir": str(sweep_dir), "hydra.job_num": str(job_num)}
+        )
     run = client.create_run(experiment_id, tags=tags)
     RunLogger(client, run.info.run_id).log_params(mask_secrets(flatten(dict(plain_cfg))))
     client.set_terminated(run.info.run_id, status="FAILED")
     return run.info.run_id
 
 
-def close_sweep_parent(parent: Mapping[str, Any], forced_status: Optional[str],
-                       columns: Sequence[Column]) -> List[Dict[str, Any]]:
+def close_sweep_parent(
+    parent: Mapping[str, Any], forced_status: Optional[str], columns: Sequence[Column]
+) -> List[Dict[str, Any]]:
     """Summarise the children (one row each, in job order) into sweep_summary.{json,md} logged to
     the parent, with sweep.* metrics, and close the parent: FINISHED unless a child failed."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=parent["tracking_uri"])
-    children = client.search_runs([parent["experiment_id"]],
-                                  filter_string=f"tags.`mlflow.parentRunId` = '{parent['run_id']}'", max_results=10_000)
+    children = client.search_runs(
+        [parent["experiment_id"]], filter_string=f"tags.`mlflow.parentRunId` = '{parent['run_id']}'", max_results=10_000
+    )
     failed = [c for c in children if c.info.status != "FINISHED"]
     status = forced_status or ("FAILED" if failed else "FINISHED")
     rows = summary_rows(children, columns)
     sweep_dir = Path(parent["sweep_dir"])
-    for path in (atomic_write_json(sweep_dir / "sweep_summary.json", rows),
-                 atomic_write_text(sweep_dir / "sweep_summary.md", render_summary(rows))):
+    for path in (
+        atomic_write_json(sweep_dir / "sweep_summary.json", rows),
+        atomic_write_text(sweep_dir / "sweep_summary.md", render_summary(rows)),
+    ):
         client.log_artifact(parent["run_id"], str(path))
     now = int(time.time() * 1000)
-    client.log_batch(parent["run_id"], metrics=[
-        Metric("sweep.jobs", float(len(children)), now, 0),
-        Metric("sweep.failed_jobs", float(len(failed)), now, 0),
-        Metric("sweep.gate_passed_jobs", float(sum(r.get("gate.pass") == "true" for r in rows)), now, 0),
-    ])
+    client.log_batch(
+        parent["run_id"],
+        metrics=[
+            Metric("sweep.jobs", float(len(children)), now, 0),
+            Metric("sweep.failed_jobs", float(len(failed)), now, 0),
+            Metric("sweep.gate_passed_jobs", float(sum(r.get("gate.pass") == "true" for r in rows)), now, 0),
+        ],
+    )
     client.set_terminated(parent["run_id"], status=status)
     return rows
 
@@ -102,12 +133,16 @@ def summary_rows(children: List[Any], columns: Sequence[Column]) -> List[Dict[st
     rows = []
     for child in sorted(children, key=lambda r: int(r.data.tags.get("hydra.job_num", 10**9))):
         tags, metrics = child.data.tags, child.data.metrics
-        row: Dict[str, Any] = {"job": tags.get("hydra.job_num"), "run_id": child.info.run_id,
-                               "status": child.info.status, "overrides": tags.get("hydra.overrides", "")}
+        row: Dict[str, Any] = {
+            "job": tags.get("hydra.job_num"),
+            "run_id": child.info.run_id,
+            "status": child.info.status,
+            "overrides": tags.get("hydra.overrides", ""),
+        }
         for header, kind, key in columns:
             value = tags.get(key) if kind == "tag" else metrics.get(key)
             row[header] = round(value, 4) if isinstance(value, float) else value
-        gate_metrics = {k[len("gate."):]: v for k, v in metrics.items() if k.startswith("gate.")}
+        gate_metrics = {k[len("gate.") :]: v for k, v in metrics.items() if k.startswith("gate.")}
         row["gate_checks_passed"] = f"{int(sum(gate_metrics.values()))}/{len(gate_metrics)}" if gate_metrics else None
         row["error"] = tags.get("vlaeval.error")
         rows.append(row)
