@@ -10,7 +10,10 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: demo test test-fast ui bench clean system-packages
+.PHONY: help demo test test-fast reliability lint format hooks ui bench clean system-packages
+
+help:  ## this list
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 24
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,28 +22,44 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP)  ## the residual audit on the built-in world (trains the tiny policy on first use)
 	$(PY) main.py job=residual_audit
 
 # Debian's PostgreSQL, Chromium and ChromeDriver for the server and UI tests (apt-get, when root and missing).
-system-packages:
+system-packages:  ## Debian's PostgreSQL and Chromium for the server and UI tests, when missing
 	@scripts/system_packages.sh
 
-test: $(STAMP) system-packages
+test: $(STAMP) system-packages  ## every test, nothing skipped (what CI runs); checks docs/reliability.md
 	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP)  ## the tests not marked slow
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow" $(PYTEST_ARGS)
 
-ui: $(STAMP)
+reliability: $(STAMP) system-packages  ## every test, then write docs/reliability.md from what they observed
+	VLAEVAL_WRITE_RELIABILITY=1 $(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+
+lint: $(STAMP)  ## ruff format --check, ruff check, mypy (what CI and pre-commit run)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+format: $(STAMP)  ## ruff format and the safe ruff fixes, in place
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+hooks: $(STAMP)  ## install the pre-commit hooks (.pre-commit-config.yaml: the same commands as make lint)
+	$(PY) -m pip install --quiet 'pre-commit>=3.5'
+	$(VENV)/bin/pre-commit install
+
+ui: $(STAMP)  ## MLflow UI on ./mlflow.db at http://127.0.0.1:5000
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
 
-bench: $(STAMP)
+bench: $(STAMP)  ## the benchmarks (figures in benchmarks/results/ and docs/)
 	$(PY) benchmarks/residual_audit.py
 	$(PY) benchmarks/gauntlet_throughput.py
 	$(PY) benchmarks/per_sample_gradients.py
 	$(PY) benchmarks/builtin_policy.py
 	$(PY) benchmarks/seqtest_efficiency.py
 
-clean:
+clean:  ## caches and run outputs
 	rm -rf .cache outputs/2* multirun_sweeps/2*

@@ -1,16 +1,20 @@
 """Fixtures (the helpers the test modules share are in tests/helpers/) and the session hooks that
-write docs/reliability.md from the tests' records."""
+check (or, on request, write) docs/reliability.md from the tests' records."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from helpers.configs import REPO
 from helpers.processes import sqlite_uri
+
+_reliability_notes: list[str] = []
 
 
 @pytest.fixture(scope="session")
@@ -39,8 +43,9 @@ def workdir(tmp_path) -> Path:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """A full run that passed with nothing skipped regenerates docs/reliability.md. Under xdist each
-    worker hands its records to the controller (pytest_testnodedown), which writes the file."""
+    """A full run that passed with nothing skipped renders docs/reliability.md and checks it against
+    the committed file, or writes it when VLAEVAL_WRITE_RELIABILITY=1 (`make reliability`). Under
+    xdist each worker hands its records to the controller (pytest_testnodedown), which does this."""
     from helpers import reliability
     from vlaeval.artifacts import atomic_write_text
 
@@ -57,8 +62,25 @@ def pytest_sessionfinish(session, exitstatus):
     )
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = bool(reporter and reporter.stats.get("skipped"))
-    if exitstatus == 0 and full_run and not skipped and reliability.records():
-        atomic_write_text(reliability.DOC, reliability.render(reliability.records()))
+    if exitstatus != 0 or not full_run or skipped or not reliability.records():
+        return
+    rendered = reliability.render(reliability.records())
+    if os.environ.get("VLAEVAL_WRITE_RELIABILITY") == "1":
+        atomic_write_text(reliability.DOC, rendered)
+        _reliability_notes.append(f"wrote {reliability.DOC.relative_to(REPO)}")
+    elif not reliability.DOC.exists() or reliability.DOC.read_text() != rendered:
+        cache = getattr(session.config, "cache", None)  # None under -p no:cacheprovider
+        observed = Path(cache.mkdir("reliability") if cache else tempfile.mkdtemp()) / "reliability.md"
+        atomic_write_text(observed, rendered)
+        _reliability_notes.append(
+            f"{reliability.DOC.relative_to(REPO)} is out of date with what the tests observed "
+            f"(diff it with {observed}): run `make reliability` and commit it"
+        )
+
+
+def pytest_terminal_summary(terminalreporter):
+    for note in _reliability_notes:
+        terminalreporter.write_line(f"reliability table: {note}", yellow=True, bold=True)
 
 
 @pytest.hookimpl(optionalhook=True)

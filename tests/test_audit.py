@@ -318,7 +318,7 @@ def test_bad_audit_input_is_one_line_and_writes_nothing(audit_run, case):
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert set(work.rglob("*")) == before
     area = "gradient artifacts" if not extra else "configs"
-    record_outcome(area, case, f"exit 2, nothing written: `{lines[0][:220]}`", kind="bad input")
+    record_outcome(area, case, f"exit 2, nothing written: `{lines[0]}`", kind="bad input")
 
 
 @pytest.mark.slow

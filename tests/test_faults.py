@@ -137,7 +137,7 @@ def test_damaged_cached_gradient_artifact_is_reported_and_rebuilt(tmp_path):
     record_outcome(
         "gradient artifacts",
         "bit-flipped value in a vlaeval-written gradient artifact",
-        f"exit 2, nothing written: `{lines[0][:200]}`",
+        f"exit 2, nothing written: `{lines[0]}`",
         kind="bad input",
     )
 

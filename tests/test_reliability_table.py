@@ -45,3 +45,18 @@ def test_pytest_temporary_folders_are_normalised_so_the_table_is_stable():
     assert PYTEST_TMP.sub("<tmp>/", text) == "error: artifact <tmp>/audit0/x.json is bad; see <tmp>/y"
     worker = "error: /tmp/pytest-of-root/pytest-3/popen-gw1/test_bad0/work/outcomes.csv lacks a column"
     assert PYTEST_TMP.sub("<tmp>/", worker) == "error: <tmp>/test_bad0/work/outcomes.csv lacks a column"
+
+
+def test_observed_text_is_cut_after_normalising_so_the_cut_does_not_move_with_the_tmp_path():
+    from helpers.reliability import OBSERVED_LIMIT, observed_cell
+
+    message = "exit 2, nothing written: `artifact {} is bad: " + "word " * 80 + "`"
+    cells = {
+        observed_cell(message.format(tmp + "a0/x.json"))
+        for tmp in ("/tmp/pytest-of-root/pytest-3/popen-gw1/", "/var/folders/very/long/pytest-of-ci/pytest-1234/")
+    }
+    assert len(cells) == 1, "the same observation must render the same however long the tmp path was"
+    (cell,) = cells
+    assert len(cell) <= OBSERVED_LIMIT + 3 and cell.endswith(" …`")
+    assert cell.startswith("exit 2, nothing written: `artifact <tmp>/a0/x.json is bad: word")
+    assert observed_cell("short\n  text") == "short text"

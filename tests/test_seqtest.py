@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy.stats import beta as beta_dist
@@ -228,3 +230,15 @@ def test_group_sequential_type_one_error_where_its_normal_model_holds():
         k = int((times[kind] < NEVER).sum())
         assert clopper_pearson_lower(k, 4000, level=0.90) <= 0.05, (kind, k)
         assert k / 4000 > 0.03, (kind, k)  # it spends its alpha
+
+
+def test_fixed_n_z_clusters_is_a_whole_number_of_at_least_two():
+    from vlaeval.seqtest.simulation import fixed_n_clusters
+
+    rng = np.random.default_rng(5)
+    easy = rng.normal(0.3, 0.05, 400)  # far above the margin: the formula gives well under one cluster
+    assert fixed_n_clusters(easy, 0.02, 0.05) == 2.0
+    hard = rng.normal(0.0, 0.3, 400)
+    n = fixed_n_clusters(hard, 0.02, 0.05)
+    assert n == int(n) and n > 100
+    assert fixed_n_clusters(np.zeros(10), 0.0, 0.05) == math.inf  # effect exactly at the margin: never

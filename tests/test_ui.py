@@ -185,9 +185,14 @@ def _compare_view_metrics(driver) -> Dict[str, List[str]]:
     def covers(cells, offset: float) -> bool:  # react has rendered the row at this offset
         return any(top <= offset < top + height for top, _, height, _ in cells)
 
+    step = 150  # pixels scrolled per read
+
     def rendered_at(offset: float):
+        """Both grids have rendered every row from `offset` to the next read's offset (the names
+        grid follows the values grid's scroll a frame later)."""
         height, name_cells, value_cells = driver.execute_script(read, names_grid, values_grid, offset)
-        done = offset >= height or (covers(name_cells, offset) and covers(value_cells, offset))
+        rows = (offset, min(offset + step, height) - 1)
+        done = offset >= height or all(covers(cells, y) for cells in (name_cells, value_cells) for y in rows)
         return (height, name_cells, value_cells) if done else None
 
     names, values, offset = {}, {}, 0
@@ -199,7 +204,7 @@ def _compare_view_metrics(driver) -> Dict[str, List[str]]:
         values.update({(top, left): text for top, left, _, text in value_cells})
         if offset >= height:
             break
-        offset += 150
+        offset += step
     # Back to the top, where the gate checks are: both grids, as the names grid keeps its own offset.
     for _ in range(2):
         driver.execute_script(
@@ -245,6 +250,18 @@ def test_runs_table_shows_the_audit_sweep_with_its_gate_checks(ui_server, browse
             )
             assert _shown_as(text, child.data.metrics[metric]), (child.info.run_name, metric, text)
     assert {c.data.tags["estimator.kind"] for c in children} == {"iid", "sobol"}
+    # One readable column compares the sweep's gate outcomes: the checks each run failed, or "none".
+    _add_columns(browser, ["gate.failed"])
+    for child in children:
+        cell = f"//*[@role='row'][@row-id='{child.info.run_id}']//*[@col-id='tags.`gate.failed`']"
+        text = _wait(
+            browser,
+            f"gate.failed of {child.info.run_name}",
+            lambda d, cell=cell: d.find_element(By.XPATH, cell).text.strip() or None,
+        )
+        failed = {k.removeprefix("gate.") for k in gate_metrics if child.data.metrics[k] == 0.0}
+        assert text == child.data.tags["gate.failed"], (child.info.run_name, text)
+        assert (set(text.split(", ")) if text != "none" else set()) == failed, (child.info.run_name, text)
     _screenshot(browser, "audit_runs_table.png")
 
 

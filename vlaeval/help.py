@@ -17,13 +17,14 @@ JOBS = Path(__file__).resolve().parent / "jobs"
 
 
 def job_summaries() -> Dict[str, str]:
-    """job name -> the first line of its module docstring (read, not imported: jobs import torch)."""
+    """job name -> the first paragraph of its module docstring, one line (read, not imported: jobs
+    import torch)."""
     out = {}
     for path in sorted(JOBS.glob("*.py")):
         if path.name == "__init__.py":
             continue
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-        first = doc.splitlines()[0] if doc else ""
+        first = " ".join(doc.split("\n\n", 1)[0].split())
         out[path.stem] = first.split(":", 1)[1].strip() if first.startswith(f"job={path.stem}") else first
     return out
 

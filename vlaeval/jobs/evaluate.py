@@ -1,5 +1,8 @@
-"""job=evaluate: closed-loop success per task in Meta-World on held-out episodes, for the policy
-(checkpoint=builtin trains it on first use) beside the scripted expert on the same episodes."""
+"""job=evaluate: closed-loop success per task, beside the scripted expert on the same episodes.
+
+Roll the policy out in Meta-World on held-out scene variants (checkpoint=builtin trains it on
+first use) and the scripted expert on the very same episodes; report success per task for both.
+"""
 
 from __future__ import annotations
 

@@ -94,13 +94,13 @@ class ResidualScores:
     head_evaluations: int
 
 
-@torch.no_grad()
 def _per_draw(x: torch.Tensor, seeds: int, samples: int) -> torch.Tensor:
     """Rows of x (one per anchor) repeated for every (seed, sample) draw, seed-major: (s*b*m, ...)."""
     b = x.shape[0]
     return x[None, :, None].expand(seeds, b, samples, *x.shape[1:]).reshape(seeds * b * samples, *x.shape[1:])
 
 
+@torch.no_grad()
 def score_anchors(
     model: Any,
     anchors: AnchorSet,

@@ -326,7 +326,8 @@ def cap_limited_clusters(effect: float, delta: float, alpha: float, cap: float) 
 
 
 def fixed_n_clusters(sample: np.ndarray, delta: float, alpha: float, power: float = 0.8) -> float:
-    """Clusters a one-sided fixed-n z-test at level alpha needs for `power` at the sample's mean."""
+    """Clusters a one-sided fixed-n z-test at level alpha needs for `power` at the sample's mean: a
+    whole number, and at least 2 (a test that estimates its variance needs two clusters)."""
     gap = abs(float(sample.mean()) + delta)
     z = norm.ppf(1.0 - alpha) + norm.ppf(power)
-    return math.inf if gap == 0 else float((z * sample.std() / gap) ** 2)
+    return math.inf if gap == 0 else float(max(2, math.ceil((z * sample.std() / gap) ** 2)))

@@ -1,0 +1,174 @@
+"""The dependency rules of docs/architecture.md, checked on the source (AST only, nothing imported):
+imports point down the layers, no module cycles, no job imports another job, MLflow only behind
+vlaeval/tracking, and the pure statistics import neither torch nor MLflow nor Hydra."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, Iterator, List, Set, Tuple
+
+import pytest
+
+from helpers.configs import REPO
+
+PACKAGE = REPO / "vlaeval"
+# Lowest first. A module may import only from strictly lower layers (and from its own unit: the
+# modules of one package import each other). The same table is drawn in docs/architecture.md.
+LAYERS: List[Set[str]] = [
+    {"vlaeval"},  # the package's __init__: its version only
+    {"errors", "choices", "artifacts", "provenance", "console", "memory"},
+    {"seqtest", "audit"},
+    {"components"},
+    {"config"},
+    {"data", "tracking"},
+    {"policy", "gauntlet"},
+    {"residual"},
+    {"runs"},
+    {"jobs"},
+    {"cli", "callbacks", "help"},
+]
+PURE_STATISTICS = ("seqtest", "audit")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def unit(module: str) -> str:
+    """The layer unit of a module: its subpackage or top-level module under vlaeval."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def imports(path: Path) -> Iterator[Tuple[str, int]]:
+    """(imported module, line) for every import in the file, relative imports resolved; a name
+    imported from a package (`from vlaeval import console`) counts as that module."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module_name(path).split(".")
+                if path.name != "__init__.py":
+                    package = package[:-1]
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            yield base, node.lineno
+            for alias in node.names:
+                yield f"{base}.{alias.name}", node.lineno
+
+
+def graph() -> Dict[str, Set[Tuple[str, int]]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {
+        name: {(target, line) for target, line in imports(path) if target in modules and target != name}
+        for name, path in modules.items()
+    }
+
+
+def layer_of(module: str) -> int:
+    u = unit(module)
+    found = [i for i, layer in enumerate(LAYERS) if u in layer]
+    assert found, f"{module} is in no layer: add its package to LAYERS and to docs/architecture.md"
+    return found[0]
+
+
+def upward_imports(edges: Dict[str, Set[Tuple[str, int]]]) -> List[str]:
+    return sorted(
+        f"{source}:{line} imports {target}"
+        for source, targets in edges.items()
+        for target, line in targets
+        if unit(source) != unit(target) and layer_of(target) >= layer_of(source)
+    )
+
+
+def test_every_import_points_down_the_layers():
+    upward = upward_imports(graph())
+    assert not upward, "imports against the layering of docs/architecture.md:\n" + "\n".join(upward)
+
+
+def import_cycles(graph_edges: Dict[str, Set[Tuple[str, int]]]) -> List[str]:
+    edges = {name: {t for t, _ in targets} for name, targets in graph_edges.items()}
+    # Package __init__ files re-export their modules; a cycle through a re-export is no cycle.
+    edges = {n: {t for t in ts if not (n.startswith(t + ".") or t.startswith(n + "."))} for n, ts in edges.items()}
+    state: Dict[str, int] = {}
+    cycles: List[str] = []
+
+    def visit(node: str, stack: List[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+    return cycles
+
+
+def test_no_import_cycles_between_modules():
+    cycles = import_cycles(graph())
+    assert not cycles, "import cycles: " + "; ".join(cycles)
+
+
+def test_no_job_imports_another_job():
+    jobs = {p.stem for p in (PACKAGE / "jobs").glob("*.py") if p.stem != "__init__"}
+    offending = [
+        f"{source}:{line} imports {target}"
+        for source, targets in graph().items()
+        if source.startswith("vlaeval.jobs.")
+        for target, line in targets
+        if target.startswith("vlaeval.jobs.") and target.split(".")[2] in jobs
+    ]
+    assert not offending, "shared job code belongs outside vlaeval/jobs/: " + "; ".join(offending)
+
+
+@pytest.mark.parametrize(
+    "forbidden, allowed_units",
+    [("mlflow", {"tracking"}), ("torch", {"policy", "residual", "data", "memory", "jobs", "runs"})],
+)
+def test_heavy_libraries_stay_behind_their_edges(forbidden, allowed_units):
+    offending = [
+        f"{module_name(path)}:{line}"
+        for path in PACKAGE.rglob("*.py")
+        for target, line in imports(path)
+        if target.split(".")[0] == forbidden and unit(module_name(path)) not in allowed_units
+    ]
+    assert not offending, f"{forbidden} imported outside {sorted(allowed_units)}: {offending}"
+
+
+def test_pure_statistics_import_no_framework():
+    offending = [
+        f"{module_name(path)}:{line} imports {target}"
+        for name in PURE_STATISTICS
+        for path in (PACKAGE / name).rglob("*.py")
+        for target, line in imports(path)
+        if target.split(".")[0] in ("torch", "mlflow", "hydra", "omegaconf")
+    ]
+    assert not offending, offending
+
+
+def test_the_negative_control_upward_and_same_layer_imports_are_caught():
+    """The check must see a violation when there is one."""
+    edges = graph()
+    edges["vlaeval.seqtest.sequential"] = edges["vlaeval.seqtest.sequential"] | {("vlaeval.jobs.gauntlet", 7)}
+    edges["vlaeval.data.anchors"] = edges["vlaeval.data.anchors"] | {("vlaeval.tracking", 9)}
+    assert upward_imports(edges) == [
+        "vlaeval.data.anchors:9 imports vlaeval.tracking",
+        "vlaeval.seqtest.sequential:7 imports vlaeval.jobs.gauntlet",
+    ]
+    # The cycle this check was written after: the exact test's factory importing the group-sequential
+    # test lazily, inside a function, while that module builds on the exact test's machinery.
+    edges = graph()
+    edges["vlaeval.seqtest.sequential"] = edges["vlaeval.seqtest.sequential"] | {
+        ("vlaeval.seqtest.group_sequential", 545)
+    }
+    assert import_cycles(edges) == [
+        "vlaeval.seqtest.group_sequential -> vlaeval.seqtest.sequential -> vlaeval.seqtest.group_sequential"
+    ]
