@@ -100,7 +100,7 @@ def test_file_source_refuses_planted_effects_and_missing_paths(tmp_path, small):
 
 # ----------------------------------------------------------------------------- the file's strata
 def _run_file(workdir, table, *extra):
-    from conftest import run_main
+    from helpers.processes import run_main
 
     path = workdir / "outcomes.csv"
     table.to_csv(path, index=False)
@@ -199,7 +199,7 @@ def test_strata_from_config_refuses_a_stratum_the_config_lacks(tmp_path, small):
 def test_the_planner_reads_the_files_clusters_and_says_what_a_stratum_would_need(workdir, small):
     """job=plan outcomes=file plans the file's own clusters; a stratum too small to decide gets the
     clusters it would need at its observed effect."""
-    from conftest import run_main
+    from helpers.processes import run_main
 
     _, strata, _ = small
     table = outcome_table(strata)

@@ -13,7 +13,8 @@ from mlflow.tracking import MlflowClient
 from helpers.processes import run_main, sqlite_uri
 from helpers.reliability import record_outcome
 from helpers.runs import check_sweep, runs_of
-from vlaeval.tracking import flatten, mask_secrets
+from vlaeval.tracking import MAX_RUN_NAME_CHARS, clip_run_name, flatten, mask_secrets
+from vlaeval.tracking.sweeps import swept_keys
 
 
 def test_flatten_and_mask():
@@ -48,6 +49,23 @@ def test_scalar_lists_are_one_param():
     assert flat["mixed.1.a"] == 2  # lists holding structures are still flattened
     assert len(flat["huge"]) == 6000 and flat["huge"].endswith("... (4000 values)")
     assert not any(key.startswith("seeds.") for key in flat)
+
+
+def test_run_names_fit_every_backend_and_name_what_was_swept():
+    # PostgreSQL refuses a run name over 250 characters (a sweep of many overrides made one).
+    long = "sweep " + " ".join(f"key{i}=value{i}" for i in range(60))
+    assert len(clip_run_name(long)) == MAX_RUN_NAME_CHARS == 250 and clip_run_name(long).endswith("…")
+    assert clip_run_name("audit  sobol\n#2") == "audit sobol #2"
+    overrides = [
+        "job=residual_audit",
+        "estimator=iid,sobol",
+        "data=tiny",
+        "gradients.seeds=${range:100,116}",
+        "+sweep=audit_seeds",
+        "x=range(1,3)",
+        "+y=choice(a,b)",
+    ]
+    assert swept_keys(overrides, {"estimator.seeds": "[1],[2]"}) == ["estimator", "x", "y", "estimator.seeds"]
 
 
 @pytest.mark.slow
@@ -86,7 +104,7 @@ def test_single_run_logs_everything(workdir, store):
     hist = run_main(["job=gauntlet_history"], workdir, env={"MLFLOW_TRACKING_URI": store})
     assert hist.returncode == 0, hist.stderr[-3000:]
     assert run.info.run_id in hist.stdout and "DO_NOT_LAUNCH" in hist.stdout
-    assert f"latest finished run {run.info.run_id}" in hist.stdout
+    assert f"latest finished run {tags['vlaeval.run_id']} (mlflow {run.info.run_id})" in hist.stdout
 
     # reproduce by run id: identical numbers, a new run tagged with its origin
     rep = run_main(

@@ -38,7 +38,7 @@ SUMMARY_COLUMNS = {
     "residual_audit": (
         ("gate.pass", "tag", "gate.pass"),
         ("failed checks", "tag", "gate.failed"),
-        ("status", "tag", "gate.status"),
+        ("gate status", "tag", "gate.status"),
         ("estimator", "tag", "estimator.kind"),
         ("repeat rho", "metric", "repeatability.spearman"),
         ("grad rho", "metric", "alignment.spearman_residual_vs_gradient_rms"),
@@ -69,7 +69,7 @@ class SweepTrackingCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not config.tracking.enabled:
             return
-        from vlaeval.tracking.sweeps import open_sweep_parent
+        from vlaeval.tracking.sweeps import open_sweep_parent, swept_keys
 
         overrides = list(config.hydra.overrides.task)
         self._parent = open_sweep_parent(
@@ -79,6 +79,7 @@ class SweepTrackingCallback(Callback):
             overrides,
             str(config.hydra.launcher.get("_target_", "")),
             sweep_preset(overrides),
+            swept_keys(overrides, config.hydra.sweeper.get("params") or {}),
         )
         atexit.register(self._close_parent, "FAILED")
         log.info("sweep parent run %s in %s", self._parent["run_id"], self._parent["tracking_uri"])

@@ -225,7 +225,8 @@ def check_component(node: Any, group: str) -> Dict[str, Any]:
     ]
     if missing:
         raise UserInputError(
-            f"{group} misses argument {missing[0]} of {signature_text(target, path)}; add {group}.{missing[0]}=..."
+            f"{group} misses argument {missing[0]} of {signature_text(target, path)}; "
+            f"add +{group}.{missing[0]}=... or put it in the {group} config file"
         )
     complete = dict(values)
     for name in named:

@@ -62,13 +62,17 @@ def load_data_and_policy(cfg: DictConfig) -> Tuple[Any, Any]:
 
 
 def sweep_run_name(run_name: str) -> str:
-    """A sweep job's run is named after what it swept (`audit-sobol #2 estimator.seeds=[...]`), so
-    children are told apart in the MLflow runs table; a single run keeps its name."""
+    """A sweep job's run is named after what it swept (`audit sobol 3e84 #2 estimator.seeds=[...]`:
+    the values of the keys the parent recorded as swept), so children are told apart in the MLflow
+    runs table; a single run keeps its name."""
     runtime = tracking.hydra_runtime()
     if runtime.get("job_num") is None:
-        return run_name
-    swept = [o for o in runtime.get("overrides", []) if not o.lstrip("+~").startswith("sweep=")]
-    return f"{run_name} #{runtime['job_num']} {' '.join(swept)}".strip()[:240]
+        return tracking.clip_run_name(run_name)
+    overrides = [o for o in runtime.get("overrides", []) if tracking.override_key(o) != "sweep"]
+    swept = (tracking.read_parent_run(runtime.get("sweep_dir")) or {}).get("swept_keys")
+    if swept:
+        overrides = [o for o in overrides if tracking.override_key(o) in swept]
+    return tracking.clip_run_name(f"{run_name} #{runtime['job_num']} {' '.join(overrides)}")
 
 
 def typed(node: Any) -> Any:

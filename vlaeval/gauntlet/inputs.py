@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import UserInputError, first_line, require
-from vlaeval.gauntlet.planning import StratumPlan, stratum_plans
+from vlaeval.gauntlet.planning import StratumPlan, plan_gauntlet, stratum_plans
 from vlaeval.gauntlet.scheduler import validate_gauntlet
 from vlaeval.gauntlet.strata import ResolvedStrata, resolve_strata
 
@@ -34,6 +34,16 @@ class GauntletInputs:
     @property
     def required_absent(self) -> List[str]:
         return [name for name in self.resolved.absent if self.configured[name].required]
+
+    def plan(self) -> Dict[str, Any]:
+        """The planner's simulation of every stratum at `gauntlet.assumed_effect` (job=plan, pre-flight)."""
+        return plan_gauntlet(
+            self.settings,
+            self.strata,
+            assumed_effect=self.settings.assumed_effect,
+            replications=self.settings.plan_replications,
+            plans=self.plans,
+        )
 
 
 def build_source(outcomes: DictConfig) -> Any:

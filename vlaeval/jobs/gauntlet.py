@@ -21,7 +21,6 @@ from vlaeval.config import ClusterOrder, UserInputError, to_plain
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.inputs import GauntletInputs, gauntlet_inputs
 from vlaeval.gauntlet.lineage import build_lineage
-from vlaeval.gauntlet.planning import plan_gauntlet
 from vlaeval.gauntlet.plots import plot_trajectories
 from vlaeval.gauntlet.recommendation import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW
 from vlaeval.gauntlet.report import print_summary
@@ -130,13 +129,7 @@ def run_preflight(inputs: GauntletInputs) -> Dict[str, Any] | None:
     settings = inputs.settings
     if settings.preflight == "off":
         return None
-    plan = plan_gauntlet(
-        settings,
-        inputs.strata,
-        assumed_effect=settings.assumed_effect,
-        replications=settings.plan_replications,
-        plans=inputs.plans,
-    )
+    plan = inputs.plan()
     if plan["warnings"] and settings.preflight == "error":
         raise UserInputError(f"pre-flight: {plan['warnings'][0]} (or set gauntlet.preflight=warn)")
     for line in plan["warnings"]:

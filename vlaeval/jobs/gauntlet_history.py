@@ -83,9 +83,9 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         )
     result = shown["load"]() if shown is not None else None
     if shown is not None and result is not None:
-        console.show(
-            f"\nrun {shown['run_id']}" + (f" (mlflow {shown['mlflow_run_id']})" if shown["mlflow_run_id"] else "") + ":"
-        )
+        which = "run" if h.run_id is not None else "latest finished run"
+        mlflow_id = f" (mlflow {shown['mlflow_run_id']})" if shown["mlflow_run_id"] else ""
+        console.show(f"\n{which} {shown['run_id']}{mlflow_id}:")
         print_summary(result)
     history = {
         "tracking_uri": uri,

@@ -17,7 +17,6 @@ from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.gauntlet.inputs import gauntlet_inputs
-from vlaeval.gauntlet.planning import plan_gauntlet
 from vlaeval.provenance import code_version
 from vlaeval.runs import now_ms, publish
 
@@ -31,13 +30,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     settings = inputs.settings
     for line in inputs.resolved.notices:
         console.show(f"notice: {line}")
-    plan = plan_gauntlet(
-        settings,
-        inputs.strata,
-        assumed_effect=settings.assumed_effect,
-        replications=settings.plan_replications,
-        plans=inputs.plans,
-    )
+    plan = inputs.plan()
     metrics: Dict[str, Any] = {"plan.expected_units": plan["expected_units"], "plan.ok": float(plan["ok"])}
     for row in plan["strata"]:
         key = f"stratum.{row['stratum']}"

@@ -26,6 +26,8 @@ PENDING_FILE = "mlflow_pending.json"
 RECORD_SCHEMA_VERSION = 1
 MAX_PARAM_CHARS = 6000
 MAX_TAG_CHARS = 8000
+# MLflow stores a run's name in a VARCHAR(250) column: PostgreSQL refuses a longer one (SQLite does not).
+MAX_RUN_NAME_CHARS = 250
 SECRET_KEY = re.compile(r"(password|passwd|secret|token|credential|(^|_)key$|api_?key|access_?key)", re.I)
 MASK = "*****"
 URI_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]+:)[^@\s]+(@)", re.I)
@@ -131,6 +133,17 @@ def mask_secrets(flat: Mapping[str, Any]) -> Dict[str, Any]:
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 13] + "...[clipped]"
+
+
+def clip_run_name(text: str) -> str:
+    """A run name every MLflow backend stores: one line, at most MAX_RUN_NAME_CHARS characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= MAX_RUN_NAME_CHARS else line[: MAX_RUN_NAME_CHARS - 1] + "…"
+
+
+def override_key(override: str) -> str:
+    """`estimator.seeds` of `+estimator.seeds=[...]`."""
+    return override.lstrip("+~").partition("=")[0]
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -248,7 +261,7 @@ def build_record(
     Artifacts are stored relative to the run folder (which may be moved) or the cache.
     """
     parent = read_parent_run(hydra_runtime().get("sweep_dir"))
-    all_tags = {"mlflow.runName": run_name, "vlaeval.job": job_name, **tags}
+    all_tags = {"mlflow.runName": clip_run_name(run_name), "vlaeval.job": job_name, **tags}
     if parent is not None:
         all_tags["mlflow.parentRunId"] = parent["run_id"]
     roots = {"run": str(base_dir.resolve()), "cache": str(Path(cache_dir).resolve())}

@@ -11,12 +11,14 @@ from vlaeval.artifacts import atomic_write_json, atomic_write_text
 from vlaeval.tracking import (
     PARENT_RUN_FILE,
     RunLogger,
+    clip_run_name,
     configure_http,
     ensure_store,
     experiment_name,
     flatten,
     get_or_create_experiment,
     mask_secrets,
+    override_key,
     read_parent_run,
     redact_uri,
     resolve_uri,
@@ -25,11 +27,28 @@ from vlaeval.tracking import (
 Column = Tuple[str, str, str]  # (header, "tag" or "metric", key)
 
 
+def swept_keys(overrides: Sequence[str], sweeper_params: Mapping[str, Any]) -> List[str]:
+    """The keys a sweep varies: command-line sweep overrides (`estimator=iid,sobol`, `range(...)`,
+    `choice(...)`) and a preset's `hydra.sweeper.params`, in that order."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    keys = [override_key(o.input_line or "") for o in parsed if o.is_sweep_override()]
+    return keys + [str(k) for k in sweeper_params if str(k) not in keys]
+
+
 def open_sweep_parent(
-    tracking_cfg: Any, job_name: str, sweep_dir: Path, overrides: Sequence[str], launcher: str, preset: Optional[str]
+    tracking_cfg: Any,
+    job_name: str,
+    sweep_dir: Path,
+    overrides: Sequence[str],
+    launcher: str,
+    preset: Optional[str],
+    swept: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Create the store once (parallel jobs racing on a new SQLite store corrupt it), open the
-    parent run, and leave its id in the sweep folder for the jobs (and Slurm nodes) to find."""
+    parent run, and leave its id and the swept keys in the sweep folder for the jobs (and Slurm
+    nodes) to find. The parent is named after the preset, or the sweep overrides."""
     from mlflow.tracking import MlflowClient
 
     uri = resolve_uri(tracking_cfg)
@@ -37,11 +56,12 @@ def open_sweep_parent(
     ensure_store(uri)
     client = MlflowClient(tracking_uri=uri)
     experiment_id = get_or_create_experiment(client, experiment_name(tracking_cfg, job_name))
-    described = preset or (" ".join(overrides) or "(no overrides)")
+    sweeping = [o for o in overrides if override_key(o) in swept]
+    described = preset or (" ".join(sweeping or overrides) or "(no overrides)")
     run = client.create_run(
         experiment_id,
         tags={
-            "mlflow.runName": f"sweep {described} ({sweep_dir.name})",
+            "mlflow.runName": clip_run_name(f"sweep {described} ({sweep_dir.name})"),
             "vlaeval.run_kind": "sweep_parent",
             "vlaeval.job": job_name,
             "vlaeval.sweep_preset": preset or "(none)",
@@ -56,6 +76,7 @@ def open_sweep_parent(
         "tracking_uri": uri,
         "sweep_dir": str(sweep_dir),
         "job": job_name,
+        "swept_keys": list(swept),
     }
     atomic_write_json(sweep_dir / PARENT_RUN_FILE, parent)
     return parent
