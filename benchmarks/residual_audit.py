@@ -37,10 +37,10 @@ from vlaeval.audit.statistics import (
     oracle_ratio,
     proposal_distribution,
 )
-from vlaeval.jobs.residual_audit import per_seed_values, recover_anchors
-from vlaeval.policy.flow import noisy_actions, per_sample_loss
+from vlaeval.jobs.residual_audit import per_seed_values
+from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.training import anchor_batch
-from vlaeval.residual.artifact import cached_gradient_artifact
+from vlaeval.residual.artifact import cached_gradient_artifact, recover_anchors
 from vlaeval.residual.estimators import UNBIASED, draw_pairs, score_anchors
 
 
@@ -79,8 +79,10 @@ def naive_loop(model, anchors, index, table, seeds, m, flow):
                 for j in range(m):
                     tt = torch.tensor([t[j]], dtype=torch.float32)
                     nn_ = torch.from_numpy(noise[j : j + 1].astype(np.float32))
-                    v = model.velocity(model.encode(batch), noisy_actions(batch["target_actions"], nn_, tt), tt)
-                    total += float(per_sample_loss(v, batch["target_actions"], nn_, batch["target_mask"])[0])
+                    convention = FlowConvention.of(flow)
+                    x_t = convention.noisy(batch["target_actions"], nn_, tt)
+                    v = model.velocity(model.encode(batch), x_t, tt)
+                    total += float(convention.per_sample_loss(v, batch["target_actions"], nn_, batch["target_mask"])[0])
                 out[s, a] = total / m
     return out
 
@@ -114,10 +116,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "residual_audit.json")
     args = parser.parse_args()
     cfg, data, handle = default_policy()
-    _, artifact = cached_gradient_artifact(
+    metadata, artifact = cached_gradient_artifact(
         cfg.gradients, cfg.flow, str(cfg.device), str(cfg.paths.cache_dir), data, handle
     )
-    index, _ = recover_anchors(data, artifact)
+    index = recover_anchors(data.demonstrations, data.anchors, artifact, metadata["dataset_sha256"], metadata["path"])
     r = np.array([a["gradient_rms"] for a in artifact])
     score = lambda kind, seeds, m, batch=64: score_anchors(  # noqa: E731
         handle.model,

@@ -290,10 +290,49 @@ BAD_AUDIT_INPUTS = {
         ["estimator.seeds=[100,9301,9302,9303]"],
         "estimator.seeds overlap the gradient artifact's",
     ),
-    "trace mismatch": (
-        lambda a: {**a, "anchors": [a["anchors"][0], a["anchors"][2], a["anchors"][1], *a["anchors"][3:]]},
+    "anchor not in the dataset": (
+        lambda a: {**a, "anchors": [a["anchors"][0], {**a["anchors"][1], "frame": 99_999}, *a["anchors"][2:]]},
         [],
-        "sample trace mismatch at position 1: global_draw_id",
+        "anchor 1 (episode",
+    ),
+    "trace mismatch": (
+        lambda a: {
+            **a,
+            "anchors": [
+                a["anchors"][0],
+                {
+                    **a["anchors"][1],
+                    "sampling_trace": {
+                        **a["anchors"][1]["sampling_trace"],
+                        "base_index": a["anchors"][1]["sampling_trace"]["base_index"] + 1,
+                    },
+                },
+                *a["anchors"][2:],
+            ],
+        },
+        [],
+        "sampling_trace base_index is",
+    ),
+    "task mismatch": (
+        lambda a: {**a, "anchors": [{**a["anchors"][0], "task": "fold the laundry"}, *a["anchors"][1:]]},
+        [],
+        "the artifact says task 'fold the laundry'",
+    ),
+    "another dataset": (lambda a: {**a, "dataset_sha256": "1" * 64}, [], "indexes dataset 111111111111..."),
+    "schema violation": (
+        lambda a: {**a, "anchors": [{**a["anchors"][0], "episode": "first"}, *a["anchors"][1:]]},
+        [],
+        "does not follow docs/gradient_artifact.schema.json at anchors/0/episode",
+    ),
+    "old schema version": (
+        lambda a: {**a, "schema_version": 1},
+        [],
+        "has schema_version 1; this vlaeval reads version 2",
+    ),
+    "anchor listed twice": (
+        lambda a: {**a, "anchors": [a["anchors"][0], *a["anchors"][:-1]]},
+        [],
+        "lists 1 anchor(s) twice",
     ),
     "duplicate estimator seeds": (lambda a: a, ["estimator.seeds=[1,1,2,3]"], "estimator.seeds repeats [1]"),
     "odd estimator seed count": (lambda a: a, ["estimator.seeds=[1,2,3,4,5]"], "give an even number >= 4"),
@@ -511,3 +550,28 @@ def test_sobol_points_use_full_double_precision():
     u = ((t - float(flow.time_offset)) / float(flow.time_scale)) ** float(flow.beta_a)  # back to the uniform
     on_lattice = np.abs(u * 2**30 - np.round(u * 2**30)) < 1e-6
     assert on_lattice.mean() < 0.05  # 30-bit points would all sit on the 2^-30 lattice
+
+
+def test_a_given_artifact_and_checkpoint_that_disagree_are_refused_before_any_recording(audit_run, tmp_path):
+    work, _, artifact, _ = audit_run
+    [checkpoint] = (work / "cache" / "checkpoints").glob("*/model.pt")
+    path = tmp_path / "other_checkpoint.json"
+    path.write_text(
+        json.dumps({**{k: v for k, v in artifact.items() if k != "content_sha256"}, "checkpoint_sha256": "0" * 64})
+    )
+    fresh = tmp_path / "fresh_cache"
+    proc = run_main(
+        [
+            "job=residual_audit",
+            "tracking=disabled",
+            *AUDIT_SMALL,
+            f"audit.gradient_artifact={path}",
+            "checkpoint=path",
+            f"checkpoint.path={checkpoint}",
+        ],
+        tmp_path,
+        env={"VLAEVAL_CACHE_DIR": str(fresh)},
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "differs from the gradient artifact's" in lines[0], proc.stderr
+    assert not fresh.exists()  # no demonstrations recorded, no policy trained

@@ -7,10 +7,12 @@ digests see them."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
 
+from helpers.configs import AUDIT_SMALL, REPO
 from helpers.processes import run_main
 from helpers.reliability import record_outcome
 
@@ -18,6 +20,21 @@ USER_PACKAGE = {
     "team_vla/__init__.py": "",
     "team_vla/policy.py": '''
         from vlaeval.policy.tiny_vla import TinyVLA
+
+
+        import torch
+
+
+        class HalfPolicy(torch.nn.Module):
+            """A policy that forgot the action expert: no velocity, no trainable_parameters."""
+
+            def __init__(self, vocab, obs_dim, action_dim, horizon):
+                super().__init__()
+                self.horizon, self.action_dim = horizon, action_dim
+                self.encoder = torch.nn.Linear(obs_dim, 8)
+
+            def encode(self, batch):
+                return self.encoder(batch["observation"])
 
 
         class WidePolicy(TinyVLA):
@@ -49,6 +66,7 @@ USER_CONFIGS = {
     "outcomes/site.yaml": "_target_: team_vla.outcomes.SiteOutcomes\nsite: lab-1\n",
     "outcomes/site_unnamed.yaml": "_target_: team_vla.outcomes.SiteOutcomes\n",
     "model/missing.yaml": "_target_: team_vla.nowhere.Policy\n",
+    "model/half.yaml": "_target_: team_vla.policy.HalfPolicy\n",
 }
 TRAIN_SMALL = ["data=tiny", "train.steps=20", "train.batch_size=32", "train.evaluate_after=false", "tracking=disabled"]
 
@@ -92,6 +110,12 @@ def test_a_users_policy_with_its_own_arguments_trains(user):
         ),
         ("model=wide", ["+model.vocab=[a]"], "model.vocab is supplied by vlaeval when it builds the model"),
         ("model=missing", [], "model._target_=team_vla.nowhere.Policy cannot be imported (ModuleNotFoundError"),
+        (
+            "model=half",
+            [],
+            "model._target_=team_vla.policy.HalfPolicy lacks velocity, trainable_parameters of the "
+            "FlowMatchingPolicy protocol",
+        ),
     ],
 )
 def test_a_bad_policy_config_is_one_line_naming_the_signature(user, config, extra, needle):
@@ -150,3 +174,41 @@ def test_builtin_component_schemas_are_their_signatures():
             expected = [(n, list(d) if isinstance(d, tuple) else d) for n, d in expected]
             assert [(n, d) for n, _, d in static_parameters(target)] == expected, target
             assert not set(RUNTIME_ARGUMENTS.get(group, ())) - set(signature.parameters)
+
+
+def _readme_adapter():
+    """The README's adapter and its config, exactly as written there."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("<!-- adapter:") :]
+    code = re.search(r"```python\n# my_code/my_team/adapter.py\n(.*?)```", section, re.S).group(1)
+    config = re.search(r"```yaml\n# my_conf/model/my_policy.yaml\n(.*?)```", section, re.S).group(1)
+    return code, config
+
+
+def test_the_readme_adapter_is_audited_end_to_end(tmp_path):
+    code, config = _readme_adapter()
+    assert len(code.strip().splitlines()) <= 40  # "about 30 lines"
+    (tmp_path / "my_code" / "my_team").mkdir(parents=True)
+    (tmp_path / "my_code" / "my_team" / "__init__.py").write_text("")
+    (tmp_path / "my_code" / "my_team" / "adapter.py").write_text(code)
+    (tmp_path / "my_conf" / "model").mkdir(parents=True)
+    (tmp_path / "my_conf" / "model" / "my_policy.yaml").write_text(config)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = run_main(
+        [
+            "job=residual_audit",
+            "model=my_policy",
+            f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+            "tracking=disabled",
+            *[o for o in AUDIT_SMALL if not o.startswith("model=")],
+            f"hydra.run.dir={work / 'audit'}",
+        ],
+        work,
+        env={"PYTHONPATH": str(tmp_path / "my_code")},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((work / "audit" / "result.json").read_text())
+    assert result["sample_count"] == 16 and "Residual audit gate" in proc.stdout
+    methods = result["gradient_artifact"]["layer_methods"]
+    assert methods == {"net.head.0": "linear_rows", "net.head.2": "linear_rows"}  # the adapter's action head

@@ -22,10 +22,9 @@ from vlaeval.policy.checkpoint import load_state_dict
 from vlaeval.policy.flow import sample_actions, sample_flow_time
 from vlaeval.policy.training import anchor_batch
 from vlaeval.residual.gradients import (
+    PerSampleGradNorms,
     gradient_draws,
     gradient_measurements,
-    per_sample_sq_grad_norms,
-    per_sample_sq_grad_norms_loop,
     split_half_reliability,
 )
 
@@ -113,7 +112,7 @@ def test_policy_protocol_and_flow_convention(small):
     assert t.min() >= 0.001 and t.max() <= 1.0
     assert t.mean() == pytest.approx(0.001 + 0.999 * 1.5 / 2.5, abs=0.005)  # Beta(1.5, 1) mean 0.6
     batch = anchor_batch(data.anchors, np.arange(5), data.instruction_table)
-    actions = sample_actions(model, model.encode(batch), 4, torch.Generator().manual_seed(0))
+    actions = sample_actions(model, model.encode(batch), 4, torch.Generator().manual_seed(0), cfg.flow)
     assert actions.shape == (5, 4, 4)
 
 
@@ -187,10 +186,9 @@ def test_batched_gradient_norms_equal_a_per_sample_loop(small, trainable):
     params = list(model.trainable_parameters(trainable))
     for p in model.parameters():
         p.requires_grad_(any(p is q for q in params))
-    fast, fast_loss = per_sample_sq_grad_norms(
-        model, model.trainable_modules(trainable), batch, t.double(), noise.double()
-    )
-    slow, slow_loss = per_sample_sq_grad_norms_loop(model, params, batch, t.double(), noise.double())
+    norms = PerSampleGradNorms(model, params, cfg.flow)
+    fast, fast_loss = norms(batch, t.double(), noise.double())
+    slow, slow_loss = norms.loop(batch, t.double(), noise.double())
     np.testing.assert_allclose(fast.numpy(), slow.numpy(), rtol=1e-10)
     np.testing.assert_allclose(fast_loss.numpy(), slow_loss.numpy(), rtol=1e-12)
 
@@ -226,8 +224,8 @@ def test_gradients_job_writes_the_artifact_the_audit_reads(workdir):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     artifact = json.loads((run_dir / "gradient_artifact.json").read_text())
-    assert artifact["schema_version"] == 1 and len(artifact["checkpoint_sha256"]) == 64
-    assert artifact["seed_separation"]["gradient_seeds"] == list(range(100, 108))
+    assert artifact["schema_version"] == 2 and len(artifact["checkpoint_sha256"]) == 64
+    assert artifact["gradient_seeds"] == list(range(100, 108)) and len(artifact["dataset_sha256"]) == 64
     assert len(artifact["anchors"]) == 8 and artifact["trainable"] == "action_head"
     first = artifact["anchors"][0]
     assert first["gradient_rms"] > 0 and np.isfinite(first["mean_gradient_loss"])
@@ -237,6 +235,10 @@ def test_gradients_job_writes_the_artifact_the_audit_reads(workdir):
     )
     assert {"split_half_spearman", "spearman_brown", "seeds_per_half"} <= set(artifact["reliability"])
     assert artifact["gradient_runtime"]["pairs"] == 64
+    assert {"episode", "frame", "task"} <= set(first) and first["frame"] == first["sampling_trace"]["anchor_index"]
+    assert set(artifact["layer_methods"].values()) == {"linear_rows"}  # the tiny VLA's head is per-sample Linear
+    assert artifact["verification_against_loop"]["pairs"] == 8
+    assert artifact["verification_against_loop"]["max_relative_difference"] < 1e-4
 
 
 @pytest.mark.parametrize(
@@ -302,7 +304,7 @@ def test_default_config_gradient_reliability_reaches_0_8(workdir):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     artifact = json.loads((run_dir / "gradient_artifact.json").read_text())
-    assert len(artifact["anchors"]) == 64 and len(artifact["seed_separation"]["gradient_seeds"]) == 512
+    assert len(artifact["anchors"]) == 64 and len(artifact["gradient_seeds"]) == 512
     assert artifact["reliability"]["split_half_spearman"] >= 0.8
 
 

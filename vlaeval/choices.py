@@ -93,6 +93,31 @@ class EstimatorKind(Choice):
     sobol = "sobol"
 
 
+class NoiseEnd(Choice):
+    # Which end of the policy's flow time t is pure noise.
+    one = "one"  # openpi / LeRobot pi0 / SmolVLA: x_t = t * eps + (1 - t) * a
+    zero = "zero"  # GR00T-style: x_t = t * a + (1 - t) * eps
+
+
+class VelocityTarget(Choice):
+    # What the policy's velocity is trained to predict.
+    noise_minus_action = "noise_minus_action"  # eps - a (pi0)
+    action_minus_noise = "action_minus_noise"  # a - eps (GR00T-style)
+
+
+class TimeDistribution(Choice):
+    # The training distribution of t, before time_scale and time_offset: t = x * scale + offset.
+    beta = "beta"  # x ~ Beta(beta_a, beta_b) (pi0: Beta(1.5, 1))
+    uniform = "uniform"  # x ~ U(0, 1) (rectified flow)
+    logit_normal = "logit_normal"  # x = sigmoid(N(logit_mean, logit_std)) (SD3-style)
+
+
+class GradientMethod(Choice):
+    auto = "auto"  # per-layer exact norms from one backward (Linear by its Gram form), torch.func for other layers
+    functional = "functional"  # torch.func per-sample gradients of the whole trainable set, in chunks
+    loop = "loop"  # one backward pass per sample: the reference
+
+
 class TrainableSubset(Choice):
     action_head = "action_head"
     all = "all"

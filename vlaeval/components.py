@@ -34,8 +34,11 @@ PACKAGE_ROOT = Path(__file__).resolve().parent
 
 # group -> {option name: target} for the schemas generated from vlaeval's own signatures.
 BUILTIN_COMPONENTS: Dict[str, Dict[str, str]] = {
-    "model": {"tiny_vla": "vlaeval.policy.tiny_vla.TinyVLA"},
-    "data": {"metaworld": "vlaeval.data.metaworld.MetaWorldDemonstrations"},
+    "model": {"tiny_vla": "vlaeval.policy.tiny_vla.TinyVLA", "tiny_dit": "vlaeval.policy.tiny_dit.TinyDiT"},
+    "data": {
+        "metaworld": "vlaeval.data.metaworld.MetaWorldDemonstrations",
+        "lerobot": "vlaeval.data.lerobot.LeRobotDemonstrations",
+    },
     "outcomes": {
         "synthetic": "vlaeval.gauntlet.outcomes.SyntheticOutcomes",
         "file": "vlaeval.gauntlet.outcomes.FileOutcomes",

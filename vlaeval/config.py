@@ -26,10 +26,14 @@ from vlaeval.choices import (
     DataLabel,
     Estimand,
     EstimatorKind,
+    GradientMethod,
+    NoiseEnd,
     Preflight,
     StratumKind,
     TestMode,
+    TimeDistribution,
     TrainableSubset,
+    VelocityTarget,
 )
 from vlaeval.errors import UserInputError, require
 
@@ -129,9 +133,16 @@ class GauntletConfig:
 
 @dataclass
 class FlowConfig:
-    # openpi convention: t ~ Beta(beta_a, beta_b) * time_scale + time_offset, t = 1 is noise.
+    """The policy's flow-matching convention (vlaeval/policy/flow.py); the defaults are openpi's:
+    t = 1 is noise, the velocity predicts eps - a, t ~ Beta(1.5, 1) * 0.999 + 0.001."""
+
+    noise_at: NoiseEnd = NoiseEnd.one
+    velocity_target: VelocityTarget = VelocityTarget.noise_minus_action
+    time_distribution: TimeDistribution = TimeDistribution.beta
     beta_a: float = 1.5
     beta_b: float = 1.0
+    logit_mean: float = 0.0  # logit_normal only
+    logit_std: float = 1.0
     time_scale: float = 0.999
     time_offset: float = 0.001
     sampling_steps: int = 10  # Euler steps when acting
@@ -171,6 +182,9 @@ class GradientsConfig:
     trainable: TrainableSubset = TrainableSubset.action_head
     batch_size: int = 4096  # (anchor, seed) pairs per backward pass
     epoch: int = 0
+    # Exact per-sample norms (vlaeval/residual/gradients.py); the artifact records each layer's method.
+    method: GradientMethod = GradientMethod.auto
+    verify_pairs: int = 8  # pairs checked against the per-sample loop before the artifact is trusted
 
 
 @dataclass
@@ -209,6 +223,13 @@ class GateConfig:
     # The score must beat the training loss (higher Spearman and lower second-moment ratio, both on
     # draws independent of the gradient RMS): required in gate=strict, informational otherwise.
     require_beating_training_loss: bool = False
+
+
+@dataclass
+class ExportConfig:
+    root: Optional[str] = None  # null: <run directory>/lerobot
+    fps: int = 80  # Meta-World steps its controller at 80 Hz (frame_skip 5 x 2.5 ms)
+    robot_type: Optional[str] = "sawyer"
 
 
 @dataclass
@@ -257,6 +278,7 @@ class VlaevalConfig:
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)
     history: HistoryConfig = field(default_factory=HistoryConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)

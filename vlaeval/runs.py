@@ -46,10 +46,16 @@ def load_data(cfg: DictConfig) -> Any:
 def load_data_and_policy(cfg: DictConfig) -> Tuple[Any, Any]:
     """Demonstrations and the policy the checkpoint group names (checkpoint=builtin trains it on
     first use, with progress)."""
+    data = load_data(cfg)
+    return data, load_policy(cfg, data)
+
+
+def load_policy(cfg: DictConfig, data: Any) -> Any:
+    """The policy the checkpoint group names for this data (checkpoint=builtin trains it on first
+    use, with progress)."""
     from vlaeval import console
     from vlaeval.policy.builtin import PolicySpec, obtain_policy
 
-    data = load_data(cfg)
     with console.unit_progress("training on first use", int(cfg.train.steps)) as update:
         handle = obtain_policy(
             PolicySpec.of(cfg),
@@ -58,7 +64,7 @@ def load_data_and_policy(cfg: DictConfig) -> Tuple[Any, Any]:
             data,
             lambda step, loss: update(completed=step, description=f"loss {loss:.4f}"),
         )
-    return data, handle
+    return handle
 
 
 def sweep_run_name(run_name: str) -> str:

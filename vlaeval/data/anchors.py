@@ -53,8 +53,7 @@ class AnchorSet:
             "dataset_index": int(dataset_index),
             "dataset_name": demos.name,
             "trajectory_index": e,
-            "trajectory_id": f"{demos.tasks[int(demos.episode_task[e])]}/variant-{int(demos.episode_variant[e])}"
-            f"/seed-{int(demos.episode_seed[e])}",
+            "trajectory_id": demos.trajectory_id(e),
             "anchor_index": int(self.anchor_index[anchor]),
             "base_index": int(self.base_index[anchor]),
         }
@@ -73,7 +72,7 @@ def build_anchors(demos: Demonstrations, horizon: int) -> AnchorSet:
     index = np.minimum(raw, ends[:, None] - 1)
     return AnchorSet(
         observations=demos.observations,
-        task_index=demos.episode_task[trajectory],
+        task_index=demos.frame_tasks(),
         target_actions=demos.actions[index],
         target_mask=mask,
         trajectory_index=trajectory,

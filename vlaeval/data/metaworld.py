@@ -86,6 +86,25 @@ class Demonstrations:
     tasks: List[str]
     instructions: List[str]
     manifest: Dict[str, Any]
+    # Optional, for data from elsewhere (a LeRobotDataset): None when trivially derived (and then
+    # left out of the content digest, so the built-in data's digest is unchanged).
+    frame_task: Optional[np.ndarray] = None  # int64 (steps,) task per frame, when it changes within an episode
+    episode_index: Optional[np.ndarray] = None  # int64 (episodes,) the dataset's own episode ids, when not 0..E-1
+
+    def episode_ids(self) -> np.ndarray:
+        return np.arange(self.episode_length.size) if self.episode_index is None else self.episode_index
+
+    def frame_tasks(self) -> np.ndarray:
+        if self.frame_task is not None:
+            return self.frame_task
+        return np.repeat(self.episode_task, self.episode_length)
+
+    def trajectory_id(self, e: int) -> str:
+        """A readable name of episode position e: the built-in scene and seed, or the dataset's episode id."""
+        task = self.tasks[int(self.episode_task[e])]
+        if int(self.episode_variant[e]) >= 0:
+            return f"{task}/variant-{int(self.episode_variant[e])}/seed-{int(self.episode_seed[e])}"
+        return f"{task}/episode-{int(self.episode_ids()[e])}"
 
     @property
     def manifest_sha256(self) -> str:
@@ -96,7 +115,8 @@ class Demonstrations:
         return self.manifest["name"]
 
     def arrays(self) -> Dict[str, np.ndarray]:
-        return {
+        optional = {k: getattr(self, k) for k in ("frame_task", "episode_index") if getattr(self, k) is not None}
+        return optional | {
             k: getattr(self, k)
             for k in (
                 "observations",

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.errors import require
+from vlaeval.policy.flow import FlowConvention
 from vlaeval.provenance import code_version
 from vlaeval.residual.artifact import build_gradient_artifact
 from vlaeval.runs import load_data_and_policy, now_ms, publish
@@ -37,6 +38,8 @@ def validate_gradients(cfg: DictConfig) -> None:
     require(not duplicated, f"gradients.seeds repeats {duplicated}; each gradient seed must be unique")
     require(g.num_anchors >= 4, f"gradients.num_anchors={g.num_anchors} must be >= 4 (the audit needs at least four)")
     require(g.batch_size >= 1, f"gradients.batch_size={g.batch_size} must be >= 1")
+    require(g.verify_pairs >= 0, f"gradients.verify_pairs={g.verify_pairs} must be >= 0")
+    FlowConvention.of(cfg.flow).validate()
     require(
         str(cfg.device) == "cpu" or str(cfg.device).startswith("cuda"), f"device={cfg.device!r} must be cpu or cuda[:N]"
     )

@@ -1,7 +1,8 @@
 """job=residual_audit: is the frozen flow-matching residual a good importance-sampling proposal?
 
-Check every input before work; load the gradient artifact (or build and cache one for the builtin
-checkpoint); recover its anchors in the same order and check their sampling traces; score every
+Check every input before work (a given gradient artifact's schema, seeds and checkpoint digest,
+then its anchors -- named by (episode, frame) -- in the dataset present, before any training);
+or build and cache an artifact for the builtin checkpoint; score every
 anchor with the configured estimator (batched across anchors, one encode per anchor); measure
 repeatability across estimator seeds, alignment with gradient RMS (beside the training loss),
 the proposal's second-moment ratio with its permutation control, and leave-one-out robustness;
@@ -18,15 +19,17 @@ import numpy as np
 from omegaconf import DictConfig
 
 from vlaeval import console
+from vlaeval.artifacts import sha256_file
 from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
 from vlaeval.audit.plots import plot_audit
-from vlaeval.data.anchors import TRACE_FIELDS, draw
+from vlaeval.choices import CheckpointKind
 from vlaeval.errors import UserInputError, require
 from vlaeval.memory import PeakMemory
+from vlaeval.policy.flow import FlowConvention
 from vlaeval.provenance import code_version
-from vlaeval.residual.artifact import cached_gradient_artifact, load_gradient_artifact
+from vlaeval.residual.artifact import cached_gradient_artifact, load_gradient_artifact, recover_anchors
 from vlaeval.residual.estimators import DESCRIPTIONS, UNBIASED, score_anchors
-from vlaeval.runs import load_data_and_policy, now_ms, output_dir, publish
+from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "residual_audit"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
@@ -50,6 +53,7 @@ def validate_audit(cfg: DictConfig) -> None:
     require(a.proposal_power > 0, f"audit.proposal_power={a.proposal_power} must be > 0")
     require(a.permutations >= 1, f"audit.permutations={a.permutations} must be >= 1")
     require(g.min_anchors >= 4, f"gate.min_anchors={g.min_anchors} must be >= 4")
+    FlowConvention.of(cfg.flow).validate()
 
 
 def check_seed_separation(estimator_seeds: List[int], gradient_seeds: List[int]) -> None:
@@ -61,24 +65,17 @@ def check_seed_separation(estimator_seeds: List[int], gradient_seeds: List[int])
     )
 
 
-def recover_anchors(data: Any, artifact_anchors: List[Dict[str, Any]]) -> Tuple[np.ndarray, List[Dict[str, Any]]]:
-    """The artifact's anchors in its order from our sampler, each trace checked field by field."""
-    epoch = int(artifact_anchors[0]["sampling_trace"]["epoch"])
-    index, traces = draw(data.anchors, len(artifact_anchors), epoch)
-    if index.size < len(artifact_anchors):
+def check_checkpoint(metadata: Dict[str, Any], path: Path, sha256: str | None) -> None:
+    recorded = metadata.get("checkpoint_sha256")
+    if recorded is not None and sha256 is not None and recorded != sha256:
         raise UserInputError(
-            f"the dataset has {index.size} anchors but the gradient artifact lists "
-            f"{len(artifact_anchors)}; it was made from other data"
+            f"checkpoint {path} (sha256 {sha256[:12]}...) differs from the gradient "
+            f"artifact's ({str(recorded)[:12]}...); use the checkpoint it was made with"
         )
-    for position, (observed, anchor) in enumerate(zip(traces, artifact_anchors)):
-        expected = {f: anchor["sampling_trace"].get(f) for f in TRACE_FIELDS}
-        if {f: observed[f] for f in TRACE_FIELDS} != expected:
-            field = next(f for f in TRACE_FIELDS if observed[f] != expected[f])
-            raise UserInputError(
-                f"sample trace mismatch at position {position}: {field} is {observed[field]!r} here "
-                f"but {expected[field]!r} in the gradient artifact (made from other data or sampler)"
-            )
-    return index, traces
+
+
+def sha256_file_or_none(path: Path) -> str | None:
+    return sha256_file(path) if path.is_file() else None  # a missing file is reported when it is loaded
 
 
 def per_seed_values(anchors: List[Dict[str, Any]]) -> Tuple[np.ndarray | None, np.ndarray | None]:
@@ -98,22 +95,30 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     validate_audit(cfg)
     estimator_seeds = [int(s) for s in cfg.estimator.seeds]
     given = cfg.audit.gradient_artifact
-    if given is not None:  # an explicit artifact is checked before any work
+    if given is not None:  # an explicit artifact is checked before any work: schema, seeds, checkpoint
         metadata, artifact_anchors = load_gradient_artifact(Path(str(given)))
         check_seed_separation(estimator_seeds, metadata["gradient_seeds"])
+        if cfg.checkpoint.kind == CheckpointKind.path and cfg.checkpoint.path not in (None, "", "???"):
+            check_checkpoint(
+                metadata, Path(str(cfg.checkpoint.path)), sha256_file_or_none(Path(str(cfg.checkpoint.path)))
+            )
     else:
         check_seed_separation(estimator_seeds, list(cfg.gradients.seeds))
-    data, handle = load_data_and_policy(cfg)
+    data = load_data(cfg)
+    if given is not None:  # ... and its anchors in the data present, before a policy is trained or loaded
+        anchor_index = recover_anchors(
+            data.demonstrations, data.anchors, artifact_anchors, metadata["dataset_sha256"], str(given)
+        )
+    handle = load_policy(cfg, data)
     if given is None:
         metadata, artifact_anchors = cached_gradient_artifact(
             cfg.gradients, cfg.flow, str(cfg.device), str(cfg.paths.cache_dir), data, handle
         )
-    if metadata["checkpoint_sha256"] is not None and metadata["checkpoint_sha256"] != handle.sha256:
-        raise UserInputError(
-            f"checkpoint {handle.path} (sha256 {handle.sha256[:12]}...) differs from the gradient "
-            f"artifact's ({str(metadata['checkpoint_sha256'])[:12]}...); use the checkpoint it was made with"
+        anchor_index = recover_anchors(
+            data.demonstrations, data.anchors, artifact_anchors, metadata["dataset_sha256"], metadata["path"]
         )
-    anchor_index, traces = recover_anchors(data, artifact_anchors)
+    check_checkpoint(metadata, handle.path, handle.sha256)
+    traces = [a.get("sampling_trace") for a in artifact_anchors]
 
     started = time.perf_counter()
     with (
@@ -225,6 +230,8 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                 "sample_losses": scores.sample_losses[:, i].tolist(),
                 "time_values": scores.time_values[:, i].tolist(),
                 "mean_residual": float(score[i]),
+                "episode": int(artifact_anchors[i]["episode"]),
+                "frame": int(artifact_anchors[i]["frame"]),
                 "sampling_trace": traces[i],
                 "gradient_rms": float(gradient_rms[i]),
                 "mean_gradient_loss": float(mean_losses[i]),

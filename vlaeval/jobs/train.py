@@ -19,6 +19,7 @@ from vlaeval.errors import require
 from vlaeval.policy.builtin import PolicySpec, checkpoint_key, train_and_save
 from vlaeval.policy.checkpoint import sidecar_path
 from vlaeval.policy.evaluation import evaluation_view, plot_success, print_evaluation, validate_evaluate
+from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.rollout import evaluate_closed_loop
 from vlaeval.provenance import code_version
 from vlaeval.runs import load_data, now_ms, output_dir, publish
@@ -33,6 +34,7 @@ def validate_train(cfg: DictConfig) -> None:
     require(t.batch_size >= 1, f"train.batch_size={t.batch_size} must be >= 1")
     require(t.learning_rate > 0, f"train.learning_rate={t.learning_rate} must be > 0")
     require(t.log_every >= 1, f"train.log_every={t.log_every} must be >= 1")
+    FlowConvention.of(cfg.flow).validate()
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:

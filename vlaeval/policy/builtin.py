@@ -17,9 +17,10 @@ from vlaeval.artifacts import sha256_json
 from vlaeval.choices import CheckpointKind
 from vlaeval.config import to_plain
 from vlaeval.data.anchors import AnchorSet, build_anchors
-from vlaeval.data.metaworld import ACTION_DIM, OBS_DIM, Demonstrations
+from vlaeval.data.metaworld import Demonstrations
 from vlaeval.errors import UserInputError, first_line, require
 from vlaeval.policy.checkpoint import load_state_dict, save_checkpoint
+from vlaeval.policy.protocol import check_policy
 from vlaeval.policy.tiny_vla import bag_of_words, vocabulary
 from vlaeval.policy.training import train_policy
 
@@ -74,13 +75,15 @@ def prepare_data(
 
 def build_model(spec: PolicySpec, data: PolicyData) -> torch.nn.Module:
     torch.manual_seed(int(spec.train.seed))  # initial weights are part of the config
+    demos = data.demonstrations
     model = instantiate(
         spec.model,
-        vocab=vocabulary(data.demonstrations.instructions),
-        obs_dim=OBS_DIM,
-        action_dim=ACTION_DIM,
-        horizon=int(spec.data.horizon),
+        vocab=vocabulary(demos.instructions),
+        obs_dim=int(demos.observations.shape[1]),  # from the data: the built-in recorder's or a LeRobot dataset's
+        action_dim=int(demos.actions.shape[1]),
+        horizon=int(data.anchors.horizon),
     )
+    check_policy(model, str(spec.model.get("_target_", type(model).__name__)))
     if hasattr(model, "set_observation_statistics"):
         obs = torch.from_numpy(data.demonstrations.observations)
         model.set_observation_statistics(obs.mean(0), obs.std(0))
@@ -92,7 +95,7 @@ def checkpoint_key(spec: PolicySpec, data: PolicyData) -> str:
     return sha256_json(
         {
             "data_manifest": data.demonstrations.manifest_sha256,
-            "horizon": int(spec.data.horizon),
+            "horizon": int(data.anchors.horizon),
             "model": to_plain(spec.model),
             "flow": to_plain(spec.flow),
             "train": train,

@@ -1,42 +1,172 @@
-"""Flow-matching conventions (openpi / LeRobot pi0 / SmolVLA): t ~ Beta(a, b) * scale + offset,
-t = 1 is pure noise; x_t = t * eps + (1 - t) * a; target velocity u = eps - a; per-sample loss =
-mean squared error over the unpadded action chunk."""
+"""Flow-matching conventions, as configuration (the `flow` section), so each policy is trained,
+scored and sampled under its own.
+
+    noise_at            which end of the policy's time t is pure noise:
+                          one  (openpi / LeRobot pi0 / SmolVLA): x_t = t * eps + (1 - t) * a
+                          zero (GR00T-style):                    x_t = t * a + (1 - t) * eps
+    velocity_target     what the velocity predicts: noise_minus_action (eps - a) or action_minus_noise
+    time_distribution   the training distribution of t = x * time_scale + time_offset, x from
+                        beta(beta_a, beta_b), uniform, or logit_normal(logit_mean, logit_std)
+
+Per-sample loss = mean squared velocity error over the unpadded action chunk. Quantile-based draws
+(the residual estimators) go through the *noise level* (0 = clean action, 1 = pure noise): the
+same uniform number u gives the same noise level in either convention, so one network written in
+two conventions gets the same scores, draw for draw.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from vlaeval.choices import NoiseEnd, TimeDistribution, VelocityTarget
+from vlaeval.errors import require
+
+
+@dataclass(frozen=True)
+class FlowConvention:
+    noise_at: NoiseEnd = NoiseEnd.one
+    velocity_target: VelocityTarget = VelocityTarget.noise_minus_action
+    time_distribution: TimeDistribution = TimeDistribution.beta
+    beta_a: float = 1.5
+    beta_b: float = 1.0
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    time_scale: float = 0.999
+    time_offset: float = 0.001
+
+    @classmethod
+    def of(cls, flow: Any) -> "FlowConvention":
+        """The convention of a `flow` config section (or an object with the same attributes)."""
+        if isinstance(flow, FlowConvention):
+            return flow
+        return cls(
+            noise_at=NoiseEnd.parse(getattr(flow, "noise_at", NoiseEnd.one), "flow.noise_at"),
+            velocity_target=VelocityTarget.parse(
+                getattr(flow, "velocity_target", VelocityTarget.noise_minus_action), "flow.velocity_target"
+            ),
+            time_distribution=TimeDistribution.parse(
+                getattr(flow, "time_distribution", TimeDistribution.beta), "flow.time_distribution"
+            ),
+            beta_a=float(getattr(flow, "beta_a", 1.5)),
+            beta_b=float(getattr(flow, "beta_b", 1.0)),
+            logit_mean=float(getattr(flow, "logit_mean", 0.0)),
+            logit_std=float(getattr(flow, "logit_std", 1.0)),
+            time_scale=float(flow.time_scale),
+            time_offset=float(flow.time_offset),
+        )
+
+    def validate(self) -> None:
+        require(
+            self.beta_a > 0 and self.beta_b > 0, f"flow.beta_a={self.beta_a}, flow.beta_b={self.beta_b} must be > 0"
+        )
+        require(self.logit_std > 0, f"flow.logit_std={self.logit_std} must be > 0")
+        require(
+            self.time_scale > 0 and self.time_offset >= 0 and self.time_scale + self.time_offset <= 1.0 + 1e-9,
+            f"flow.time_scale={self.time_scale}, flow.time_offset={self.time_offset}: t = x * scale + offset must "
+            "stay in [0, 1] (scale > 0, offset >= 0, scale + offset <= 1)",
+        )
+
+    # ------------------------------------------------------------------ time
+    def sample_time(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """t from the training distribution (the policy's own t), shape (size,)."""
+        if self.time_distribution == TimeDistribution.beta:
+            x = rng.beta(self.beta_a, self.beta_b, size=size)
+        elif self.time_distribution == TimeDistribution.uniform:
+            x = rng.random(size)
+        else:
+            x = 1.0 / (1.0 + np.exp(-rng.normal(self.logit_mean, self.logit_std, size=size)))
+        return x * self.time_scale + self.time_offset
+
+    def _x_quantile(self, v: np.ndarray) -> np.ndarray:
+        if self.time_distribution == TimeDistribution.uniform:
+            return v
+        if self.time_distribution == TimeDistribution.logit_normal:
+            from scipy.stats import norm
+
+            z = self.logit_mean + self.logit_std * norm.ppf(np.clip(v, 1e-12, 1 - 1e-12))
+            return 1.0 / (1.0 + np.exp(-z))
+        if self.beta_b == 1.0:  # Beta(a, 1) has CDF x^a: its quantile is closed-form (openpi's a = 1.5)
+            return v ** (1.0 / self.beta_a)
+        if self.beta_a == 1.0:  # Beta(1, b): 1 - (1 - v)^(1/b), closed-form too
+            return 1.0 - (1.0 - v) ** (1.0 / self.beta_b)
+        from scipy.stats import beta as beta_dist
+
+        return beta_dist.ppf(v, self.beta_a, self.beta_b)
+
+    def time_quantile(self, u: np.ndarray) -> np.ndarray:
+        """The policy's t at uniform u in [0, 1], ordered so that the noise level rises with u."""
+        u = np.asarray(u, dtype=np.float64)
+        v = u if self.noise_at == NoiseEnd.one else 1.0 - u
+        return self._x_quantile(v) * self.time_scale + self.time_offset
+
+    def noise_level(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.noise_at == NoiseEnd.one else 1.0 - t
+
+    # ------------------------------------------------------------------ paths and targets
+    def noisy(self, actions: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        s = self.noise_level(t).reshape(-1, *([1] * (actions.dim() - 1)))
+        return s * noise + (1.0 - s) * actions
+
+    def target(self, actions: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return noise - actions if self.velocity_target == VelocityTarget.noise_minus_action else actions - noise
+
+    @property
+    def velocity_is_dxdt(self) -> bool:
+        """Whether the velocity target equals d x_t / dt along the path (else it is its negative)."""
+        if self.noise_at == NoiseEnd.one:
+            return self.velocity_target == VelocityTarget.noise_minus_action
+        return self.velocity_target == VelocityTarget.action_minus_noise
+
+    def per_sample_loss(
+        self, velocity: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Mean squared velocity error over each sample's unpadded chunk entries: shape (B,)."""
+        error = (velocity - self.target(actions, noise)) ** 2  # (B, H, A)
+        weights = mask.to(error.dtype).unsqueeze(-1).expand_as(error)
+        return (error * weights).sum(dim=(1, 2)) / weights.sum(dim=(1, 2)).clamp_min(1.0)
+
 
 def sample_flow_time(rng: np.random.Generator, size: int, flow: Any) -> np.ndarray:
-    return rng.beta(float(flow.beta_a), float(flow.beta_b), size=size) * float(flow.time_scale) + float(
-        flow.time_offset
-    )
+    return FlowConvention.of(flow).sample_time(rng, size)
 
 
-def noisy_actions(actions: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    t = t.reshape(-1, *([1] * (actions.dim() - 1)))
-    return t * noise + (1.0 - t) * actions
+def noisy_actions(actions: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, flow: Any) -> torch.Tensor:
+    return FlowConvention.of(flow).noisy(actions, noise, t)
 
 
 def per_sample_loss(
-    velocity: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, mask: torch.Tensor
+    velocity: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, mask: torch.Tensor, flow: Any
 ) -> torch.Tensor:
-    """Mean squared velocity error over each sample's unpadded chunk entries: shape (B,)."""
-    error = (velocity - (noise - actions)) ** 2  # (B, H, A)
-    weights = mask.to(error.dtype).unsqueeze(-1).expand_as(error)
-    return (error * weights).sum(dim=(1, 2)) / weights.sum(dim=(1, 2)).clamp_min(1.0)
+    return FlowConvention.of(flow).per_sample_loss(velocity, actions, noise, mask)
 
 
 @torch.no_grad()
-def sample_actions(policy: Any, conditioning: torch.Tensor, steps: int, generator: torch.Generator) -> torch.Tensor:
-    """Euler integration of the learned velocity from t = 1 (noise) to t = 0 (actions)."""
+def sample_actions(
+    policy: Any, conditioning: torch.Tensor, steps: int, generator: torch.Generator, flow: Any
+) -> torch.Tensor:
+    """Euler integration of the learned velocity from the noise end of t to the action end."""
+    convention = FlowConvention.of(flow)
     batch = conditioning.shape[0]
-    x = torch.randn(batch, policy.horizon, policy.action_dim, generator=generator, dtype=conditioning.dtype)
+    dtype = conditioning.dtype
+    x = torch.randn(batch, policy.horizon, policy.action_dim, generator=generator, dtype=dtype)
+    start = 1.0 if convention.noise_at == NoiseEnd.one else 0.0
+    direction = -1.0 if convention.noise_at == NoiseEnd.one else 1.0
+    sign = 1.0 if convention.velocity_is_dxdt else -1.0
     dt = 1.0 / steps
     for k in range(steps):
-        t = torch.full((batch,), 1.0 - k * dt, dtype=conditioning.dtype)
-        x = x - dt * policy.velocity(conditioning, x, t)
+        t = torch.full((batch,), start + direction * k * dt, dtype=dtype)
+        x = x + direction * dt * sign * policy.velocity(conditioning, x, t)
     return x
+
+
+def sinusoidal_embedding(t: torch.Tensor, dim: int, max_period: float = 1000.0) -> torch.Tensor:
+    """(B,) flow times -> (B, dim) sin/cos features at geometric frequencies."""
+    half = dim // 2
+    frequencies = torch.exp(torch.arange(half, dtype=t.dtype) * (-math.log(max_period) / max(half - 1, 1)))
+    angles = t[:, None] * frequencies[None, :] * 2 * math.pi
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)

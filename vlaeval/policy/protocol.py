@@ -1,19 +1,34 @@
-"""What the residual and gradient code needs from a policy -- anything implementing it can be scored.
+"""Everything vlaeval calls on a policy: anything that implements it can be trained, scored,
+audited (gradients included) and rolled out. README "Your own policy" has a complete adapter.
 
-    encode(batch) -> conditioning                 computed once per anchor (the VLM's work)
-    velocity(conditioning, noisy_actions, t)      the flow-matching action head
-    horizon, action_dim                           the shape of the action chunk
-    trainable_parameters(which)                   "action_head" or "all"
+    a torch.nn.Module                             parameters, state_dict, train/eval, to(device)
+    horizon, action_dim                           the shape (H, action_dim) of the action chunk
+    encode(batch) -> conditioning                 once per anchor (the VLM's work); any shape that
+                                                  leads with the batch
+    velocity(conditioning, noisy_actions, t)      the flow-matching action expert: (B, H, action_dim)
+    trainable_parameters(which)                   "action_head" or "all": what the gradient artifact
+                                                  measures and what fine-tuning may update
+    set_observation_statistics(mean, std)         optional: called once with the data's statistics
 
-A batch is a dict of tensors: "observation" (B, obs_dim), "instruction" (B, vocab) and, for
-training and scoring, "target_actions" (B, H, action_dim) with "target_mask" (B, H).
+A batch is a dict of tensors: "observation" (B, obs_dim), "instruction" (B, vocab) bag-of-words
+tokens, "task_index" (B,), and for training and scoring "target_actions" (B, H, action_dim) with
+"target_mask" (B, H). The flow convention (which end of t is noise, the velocity target, the time
+distribution) is configuration: the `flow` section (vlaeval/policy/flow.py).
+
+Callers: policy/training.py and residual/estimators.py (encode, velocity, train/eval),
+residual/gradients.py (trainable_parameters, named_modules, named_parameters), policy/rollout.py
+(encode, velocity, horizon, action_dim), policy/builtin.py (state_dict, load_state_dict).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Protocol, runtime_checkable
+from typing import Any, Dict, Iterable, List, Protocol, runtime_checkable
 
 import torch
+
+from vlaeval.errors import UserInputError
+
+REQUIRED_MEMBERS = ("horizon", "action_dim", "encode", "velocity", "trainable_parameters")
 
 
 @runtime_checkable
@@ -26,3 +41,23 @@ class FlowMatchingPolicy(Protocol):
     def velocity(self, conditioning: torch.Tensor, noisy_actions: torch.Tensor, t: torch.Tensor) -> torch.Tensor: ...
 
     def trainable_parameters(self, which: str) -> Iterable[torch.nn.Parameter]: ...
+
+
+def missing_members(policy: Any) -> List[str]:
+    """What a policy lacks of the protocol (empty when it implements all of it)."""
+    missing = [] if isinstance(policy, torch.nn.Module) else ["torch.nn.Module base class"]
+    for name in REQUIRED_MEMBERS:
+        value = getattr(policy, name, None)
+        if value is None or (name in ("encode", "velocity", "trainable_parameters") and not callable(value)):
+            missing.append(name)
+    return missing
+
+
+def check_policy(policy: Any, target: str) -> None:
+    """Refuse, in one line, a policy that lacks a member of the protocol."""
+    missing = missing_members(policy)
+    if missing:
+        raise UserInputError(
+            f"model._target_={target} lacks {', '.join(missing)} of the FlowMatchingPolicy protocol "
+            "(vlaeval/policy/protocol.py); add them, see README 'Your own policy'"
+        )

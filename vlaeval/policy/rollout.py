@@ -43,7 +43,7 @@ def evaluate_closed_loop(
             def policy_act(obs, instruction=instruction, generator=generator):
                 batch = {"observation": torch.as_tensor(obs, dtype=torch.float32)[None], "instruction": instruction}
                 with torch.no_grad():
-                    chunk = sample_actions(model, model.encode(batch), int(flow.sampling_steps), generator)[0]
+                    chunk = sample_actions(model, model.encode(batch), int(flow.sampling_steps), generator, flow)[0]
                 return chunk[: int(evaluate.execute_actions)].numpy()
 
             expert = runner.expert(task)

@@ -7,12 +7,13 @@ per-sample gradient norms come from one batched backward pass (vlaeval.residual.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Dict, Iterable, List, Sequence
 
 import torch
 from torch import nn
+
+from vlaeval.policy.flow import sinusoidal_embedding
 
 
 def vocabulary(instructions: Sequence[str]) -> List[str]:
@@ -74,10 +75,7 @@ class TinyVLA(nn.Module):
         return self.encoder(torch.cat([obs, batch["instruction"]], dim=-1))
 
     def time_embedding(self, t: torch.Tensor) -> torch.Tensor:
-        half = self.time_embedding_dim // 2
-        frequencies = torch.exp(torch.arange(half, dtype=t.dtype) * (-math.log(1000.0) / max(half - 1, 1)))
-        angles = t[:, None] * frequencies[None, :] * 2 * math.pi
-        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+        return sinusoidal_embedding(t, self.time_embedding_dim)
 
     def velocity(self, conditioning: torch.Tensor, noisy_actions: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         flat = noisy_actions.reshape(noisy_actions.shape[0], -1)
@@ -90,7 +88,3 @@ class TinyVLA(nn.Module):
         if which == "all":
             return list(self.encoder.parameters()) + list(self.action_head.parameters())
         raise ValueError(f"unknown trainable subset {which!r}; use 'action_head' or 'all'")
-
-    def trainable_modules(self, which: str) -> List[nn.Linear]:
-        modules = [self.action_head] if which == "action_head" else [self.encoder, self.action_head]
-        return [m for module in modules for m in module.modules() if isinstance(m, nn.Linear)]

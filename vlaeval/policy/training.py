@@ -10,7 +10,7 @@ import torch
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.data.anchors import AnchorSet
-from vlaeval.policy.flow import noisy_actions, per_sample_loss, sample_flow_time
+from vlaeval.policy.flow import FlowConvention
 
 
 def anchor_batch(
@@ -21,6 +21,7 @@ def anchor_batch(
     return {
         "observation": torch.from_numpy(anchors.observations[index]).to(device),
         "instruction": instruction_table[torch.from_numpy(anchors.task_index[index])].to(device),
+        "task_index": torch.from_numpy(anchors.task_index[index]).to(device),
         "target_actions": torch.from_numpy(anchors.target_actions[index]).to(device),
         "target_mask": torch.from_numpy(anchors.target_mask[index]).to(device),
     }
@@ -29,17 +30,20 @@ def anchor_batch(
 def flow_draws(
     rng: np.random.Generator, n: int, horizon: int, action_dim: int, flow: Any
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    t = torch.from_numpy(sample_flow_time(rng, n, flow).astype(np.float32))
+    t = torch.from_numpy(FlowConvention.of(flow).sample_time(rng, n).astype(np.float32))
     noise = torch.from_numpy(rng.standard_normal((n, horizon, action_dim)).astype(np.float32))
     return t, noise
 
 
 def flow_matching_losses(
-    model: Any, batch: Dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor
+    model: Any, batch: Dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor, flow: Any
 ) -> torch.Tensor:
+    """Per-sample flow-matching loss under the policy's convention (`flow`): shape (B,)."""
+    convention = FlowConvention.of(flow)
     conditioning = model.encode(batch)
-    x_t = noisy_actions(batch["target_actions"], noise, t)
-    return per_sample_loss(model.velocity(conditioning, x_t, t), batch["target_actions"], noise, batch["target_mask"])
+    x_t = convention.noisy(batch["target_actions"], noise, t)
+    velocity = model.velocity(conditioning, x_t, t)
+    return convention.per_sample_loss(velocity, batch["target_actions"], noise, batch["target_mask"])
 
 
 def train_policy(
@@ -63,7 +67,7 @@ def train_policy(
     for step in range(1, int(train.steps) + 1):
         index = rng.integers(0, len(anchors), size=int(train.batch_size))
         t, noise = flow_draws(rng, index.size, anchors.horizon, anchors.target_actions.shape[-1], flow)
-        loss = flow_matching_losses(model, anchor_batch(anchors, index, instruction_table), t, noise).mean()
+        loss = flow_matching_losses(model, anchor_batch(anchors, index, instruction_table), t, noise, flow).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -14,14 +14,83 @@ from omegaconf import DictConfig
 
 from vlaeval.artifacts import atomic_write_json, sha256_file, sha256_json
 from vlaeval.config import to_plain
-from vlaeval.data.anchors import TRACE_FIELDS, draw
-from vlaeval.errors import UserInputError, require
+from vlaeval.data.anchors import draw
+from vlaeval.errors import UserInputError, first_line, require
 from vlaeval.residual.gradients import gradient_measurements, split_half_reliability
 
 log = logging.getLogger(__name__)
 
-ARTIFACT_SCHEMA_VERSION = 1
-REQUIRED_ANCHOR_FIELDS = ("gradient_rms", "mean_gradient_loss", "sampling_trace")
+ARTIFACT_SCHEMA_VERSION = 2  # 2: anchors named by (episode, frame) and the dataset's content digest
+REQUIRED_ANCHOR_FIELDS = ("episode", "frame", "gradient_rms", "mean_gradient_loss")
+SCHEMA_DOC = "docs/gradient_artifact.schema.json"
+
+# The artifact's JSON Schema (written to docs/gradient_artifact.schema.json; a test keeps the two
+# equal). What vlaeval requires is what a user's trainer must write (docs/gradient_artifact.md).
+ARTIFACT_JSON_SCHEMA: Dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://github.com/vlaeval/vlaeval/docs/gradient_artifact.schema.json",
+    "title": "vlaeval gradient artifact",
+    "description": "Per-anchor gradient RMS of a flow-matching policy's per-sample training loss, for the residual "
+    "audit (python main.py job=residual_audit audit.gradient_artifact=<file>).",
+    "type": "object",
+    "required": ["schema_version", "dataset_sha256", "anchors"],
+    "properties": {
+        "schema_version": {"const": ARTIFACT_SCHEMA_VERSION},
+        "dataset_sha256": {
+            "type": "string",
+            "pattern": "^[0-9a-f]{64}$",
+            "description": "vlaeval's content digest of the dataset the anchors index (data=lerobot: "
+            "vlaeval.data.lerobot.dataset_sha256(root)); the audit refuses another dataset.",
+        },
+        "checkpoint_sha256": {
+            "type": ["string", "null"],
+            "pattern": "^[0-9a-f]{64}$",
+            "description": "sha256 of the checkpoint file the gradients were taken on; checked when given.",
+        },
+        "gradient_seeds": {
+            "type": "array",
+            "items": {"type": "integer"},
+            "uniqueItems": True,
+            "description": "Seeds of the (flow time, noise) draws; the audit's estimator seeds must differ.",
+        },
+        "trainable": {"type": "string", "description": "Which parameters the norms cover (e.g. action_head)."},
+        "parameter_count": {"type": "integer", "minimum": 1},
+        "reliability": {
+            "type": "object",
+            "properties": {"spearman_brown": {"type": ["number", "null"]}},
+            "description": "Split-half reliability of gradient RMS over the seeds (optional).",
+        },
+        "content_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "anchors": {
+            "type": "array",
+            "minItems": 4,
+            "items": {
+                "type": "object",
+                "required": list(REQUIRED_ANCHOR_FIELDS),
+                "properties": {
+                    "episode": {"type": "integer", "minimum": 0, "description": "The dataset's episode_index."},
+                    "frame": {"type": "integer", "minimum": 0, "description": "frame_index within the episode."},
+                    "gradient_rms": {
+                        "type": "number",
+                        "exclusiveMinimum": 0,
+                        "description": "sqrt(mean over seeds and trainable parameter entries of the squared "
+                        "per-sample gradient of the flow-matching loss).",
+                    },
+                    "mean_gradient_loss": {"type": "number", "description": "The loss on the same draws."},
+                    "task": {"type": "string", "description": "The frame's task instruction; checked when given."},
+                    "per_seed": {
+                        "type": "object",
+                        "properties": {
+                            "gradient_rms": {"type": "array", "items": {"type": "number"}},
+                            "loss": {"type": "array", "items": {"type": "number"}},
+                        },
+                    },
+                    "sampling_trace": {"type": "object"},
+                },
+            },
+        },
+    },
+}
 
 
 def build_gradient_artifact(
@@ -29,6 +98,7 @@ def build_gradient_artifact(
 ) -> Dict[str, Any]:
     """The artifact for the `gradients` and `flow` config sections, on `device`."""
     anchor_index, traces = draw(data.anchors, int(gradients.num_anchors), int(gradients.epoch))
+    demos, anchors = data.demonstrations, data.anchors
     require(
         anchor_index.size == int(gradients.num_anchors),
         f"gradients.num_anchors={gradients.num_anchors} exceeds the dataset's {len(data.anchors)} anchors",
@@ -45,6 +115,8 @@ def build_gradient_artifact(
         trainable=str(gradients.trainable),
         batch_size=int(gradients.batch_size),
         device=str(device),
+        method=str(gradients.method),
+        verify_pairs=int(gradients.verify_pairs),
     )
     elapsed = time.perf_counter() - started
     p = measured.parameter_count
@@ -53,29 +125,34 @@ def build_gradient_artifact(
     mean_loss = measured.losses.mean(axis=0)
     artifact = {
         "schema_version": ARTIFACT_SCHEMA_VERSION,
+        "dataset_sha256": demos.manifest_sha256,
+        "dataset_name": demos.name,
         "checkpoint_sha256": handle.sha256,
-        "manifest_sha256": data.demonstrations.manifest_sha256,
-        "dataset_name": data.demonstrations.name,
         "trainable": str(gradients.trainable),
         "parameter_count": p,
         "gradient_rms_definition": "sqrt(mean over seeds and trainable parameter entries of the squared per-sample "
         "gradient of the flow-matching loss)",
-        "seed_separation": {"gradient_seeds": seeds},
+        "gradient_seeds": seeds,
         "gradient_runtime": {
             "elapsed_seconds": elapsed,
             "pairs": int(measured.sq_norms.size),
-            "method": "batched per-layer ghost norms (exact)",
+            "method": str(gradients.method),
             "device": str(device),
         },
+        "layer_methods": measured.layer_methods,
+        "verification_against_loop": measured.verification,
         "reliability": split_half_reliability(measured.sq_norms, p),
         "anchors": [
             {
+                "episode": int(demos.episode_ids()[anchors.trajectory_index[a]]),
+                "frame": int(anchors.anchor_index[a]),
+                "task": demos.instructions[int(anchors.task_index[a])],
                 "gradient_rms": float(gradient_rms[i]),
                 "mean_gradient_loss": float(mean_loss[i]),
                 "sampling_trace": traces[i],
                 "per_seed": {"gradient_rms": per_seed_rms[:, i].tolist(), "loss": measured.losses[:, i].tolist()},
             }
-            for i in range(anchor_index.size)
+            for i, a in enumerate(anchor_index.tolist())
         ],
     }
     return {**artifact, "content_sha256": content_digest(artifact)}
@@ -129,6 +206,12 @@ def load_gradient_artifact(path: Path) -> Tuple[Dict[str, Any], List[Dict[str, A
         f"gradient artifact {path} does not match its content_sha256 (modified or corrupted after it was "
         "written); rebuild it with job=gradients",
     )
+    version = payload.get("schema_version")
+    require(
+        version == ARTIFACT_SCHEMA_VERSION,
+        f"gradient artifact {path} has schema_version {version!r}; this vlaeval reads version "
+        f"{ARTIFACT_SCHEMA_VERSION} ({SCHEMA_DOC}): rebuild it with job=gradients or update your writer",
+    )
     anchors = payload.get("anchors")
     require(
         isinstance(anchors, list) and len(anchors) >= 4,
@@ -145,19 +228,68 @@ def load_gradient_artifact(path: Path) -> Tuple[Dict[str, Any], List[Dict[str, A
             isinstance(loss, (int, float)) and math.isfinite(loss),
             f"gradient artifact {path}: anchor {index} has mean_gradient_loss={loss!r}; it must be finite",
         )
-        trace_missing = [f for f in TRACE_FIELDS if f not in (anchor["sampling_trace"] or {})]
-        require(
-            not trace_missing,
-            f"gradient artifact {path}: anchor {index}'s sampling_trace lacks {', '.join(trace_missing)}",
-        )
+    check_schema(payload, path)
     metadata = {
         "path": str(path.resolve()),
         "sha256": sha256_file(path),
         "checkpoint_sha256": payload.get("checkpoint_sha256"),
-        "manifest_sha256": payload.get("manifest_sha256"),
+        "dataset_sha256": payload["dataset_sha256"],
         "gradient_runtime": payload.get("gradient_runtime"),
-        "gradient_seeds": (payload.get("seed_separation") or {}).get("gradient_seeds") or [],
+        "layer_methods": payload.get("layer_methods"),
+        "gradient_seeds": payload.get("gradient_seeds") or [],
         "reliability": payload.get("reliability"),
         "trainable": payload.get("trainable"),
     }
     return metadata, anchors
+
+
+def check_schema(payload: Dict[str, Any], path: Path) -> None:
+    """The artifact against its JSON Schema: the first violation, in one line with where it is."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(ARTIFACT_JSON_SCHEMA)
+    error = next(iter(sorted(validator.iter_errors(payload), key=lambda e: list(e.absolute_path))), None)
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise UserInputError(
+            f"gradient artifact {path} does not follow {SCHEMA_DOC} at {where}: {first_line(error.message, 160)}"
+        )
+
+
+def recover_anchors(
+    demos: Any, anchors: Any, artifact_anchors: List[Dict[str, Any]], dataset_sha256: str, path: str
+) -> np.ndarray:
+    """The dataset positions of the artifact's anchors, named by (episode, frame): the dataset must
+    be the one the artifact names, and every anchor must exist there and agree with what the
+    artifact says about it (task, sampling trace); the first mismatch is one line."""
+    require(
+        dataset_sha256 == demos.manifest_sha256,
+        f"gradient artifact {path} indexes dataset {dataset_sha256[:12]}..., but the data here is "
+        f"{demos.manifest_sha256[:12]}... ({demos.name}); audit it with the data it was made from",
+    )
+    position = {int(e): i for i, e in enumerate(demos.episode_ids())}
+    out = np.empty(len(artifact_anchors), dtype=np.int64)
+    for i, anchor in enumerate(artifact_anchors):
+        episode, frame = int(anchor["episode"]), int(anchor["frame"])
+        e = position.get(episode)
+        where = f"gradient artifact {path}: anchor {i} (episode {episode}, frame {frame})"
+        require(e is not None, f"{where}: the dataset has no episode {episode}")
+        length = int(demos.episode_length[e])
+        require(frame < length, f"{where}: episode {episode} has {length} frames")
+        a = int(demos.episode_start[e]) + frame  # every frame is an anchor, in dataset order
+        task = demos.instructions[int(anchors.task_index[a])]
+        require(
+            anchor.get("task") in (None, task), f"{where}: the artifact says task {anchor.get('task')!r}, here {task!r}"
+        )
+        trace = anchor.get("sampling_trace") or {}
+        for key, value in (("trajectory_id", demos.trajectory_id(e)), ("base_index", int(anchors.base_index[a]))):
+            require(
+                trace.get(key, value) == value,
+                f"{where}: sampling_trace {key} is {trace.get(key)!r} in the artifact but {value!r} here",
+            )
+        out[i] = a
+    duplicated = len(out) - np.unique(out).size
+    require(
+        duplicated == 0, f"gradient artifact {path} lists {duplicated} anchor(s) twice; list each (episode, frame) once"
+    )
+    return out

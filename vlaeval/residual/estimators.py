@@ -25,12 +25,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
-from scipy.stats import beta as beta_dist
 from scipy.stats import norm, qmc
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.data.anchors import AnchorSet
-from vlaeval.policy.flow import noisy_actions, per_sample_loss
+from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.training import anchor_batch
 
 UNBIASED = {"iid": True, "midpoint_antithetic": False, "stratified": True, "sobol": True}
@@ -43,13 +42,6 @@ DESCRIPTIONS = {
     "stratified": ["randomly shifted stratification of the flow-time CDF (unbiased)", "iid Gaussian noise"],
     "sobol": ["scrambled Sobol' points for flow time and noise (randomized QMC, unbiased)"],
 }
-
-
-def time_quantile(u: np.ndarray, flow: Any) -> np.ndarray:
-    a, b = float(flow.beta_a), float(flow.beta_b)
-    # Beta(a, 1) has CDF x^a: its quantile is closed-form (the openpi default, a = 1.5).
-    x = u ** (1.0 / a) if b == 1.0 else beta_dist.ppf(u, a, b)
-    return x * float(flow.time_scale) + float(flow.time_offset)
 
 
 def draw_pairs(
@@ -83,7 +75,7 @@ def draw_pairs(
         noise = norm.ppf(np.clip(points[..., 1:], 1e-12, 1 - 1e-12))
     else:
         raise ValueError(f"unknown estimator kind {kind!r}; use one of {sorted(UNBIASED)}")
-    return time_quantile(np.asarray(u), flow), noise.reshape(k, m, *chunk_shape)
+    return FlowConvention.of(flow).time_quantile(np.asarray(u)), noise.reshape(k, m, *chunk_shape)
 
 
 @dataclass
@@ -116,6 +108,7 @@ def score_anchors(
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> ResidualScores:
     model = model.to(device).eval()
+    convention = FlowConvention.of(flow)
     s, m, k = len(seeds), int(samples_per_estimator), anchor_index.size
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
     draws = [draw_pairs(kind, seed, k, m, chunk, flow) for seed in seeds]
@@ -130,8 +123,9 @@ def score_anchors(
         actions, mask = _per_draw(batch["target_actions"], s, m), _per_draw(batch["target_mask"], s, m)
         t = t_all[:, start:stop].reshape(-1).to(device)
         noise = noise_all[:, start:stop].reshape(-1, *chunk).to(device)
-        velocity = model.velocity(_per_draw(conditioning, s, m), noisy_actions(actions, noise, t), t)
-        losses[:, start:stop] = per_sample_loss(velocity, actions, noise, mask).reshape(s, b, m).double().cpu().numpy()
+        velocity = model.velocity(_per_draw(conditioning, s, m), convention.noisy(actions, noise, t), t)
+        loss = convention.per_sample_loss(velocity, actions, noise, mask)
+        losses[:, start:stop] = loss.reshape(s, b, m).double().cpu().numpy()
         if progress is not None:
             progress(stop, k)
     return ResidualScores(losses.mean(axis=2), losses, t_all.double().numpy(), head_evaluations=s * k * m)

@@ -1,16 +1,30 @@
-"""Exact per-sample gradient norms of the flow-matching loss in one batched backward pass.
+"""Exact per-sample gradient norms of the flow-matching loss, for any policy.
 
-For a linear layer y = W a + b applied once per sample, sample i's gradient is
-dW_i = g_i a_i^T and db_i = g_i, with g_i = dloss_i/dy_i, so ||dW_i||^2 = ||g_i||^2 ||a_i||^2 and
-||db_i||^2 = ||g_i||^2 (the "ghost norm" identity). Forward hooks keep each trainable layer's
-input a and output y; one autograd.grad of sum_i loss_i with respect to the outputs gives every
-g_i at once (sample i's output reaches only loss_i). No per-sample gradient is materialised.
+method=auto (the default). Forward hooks record every call of each layer that owns trainable
+parameters, keyed by the module; one autograd.grad of sum_i loss_i with respect to the recorded
+outputs gives every sample's output gradient g_i at once (sample i's output reaches only loss_i).
+Then, per layer:
+
+* nn.Linear, y = a W^T + b over any extra axes (tokens, horizon): with a_i of shape (T, d_in) and
+  g_i of shape (T, d_out), dW_i = g_i^T a_i and db_i = sum_t g_it, so
+  ||dW_i||^2 = <a_i a_i^T, g_i g_i^T>_F -- the Gram form; for T = 1 it is the ghost-norm identity
+  ||g_i||^2 ||a_i||^2. Where T^2 > d_in * d_out, dW_i itself is cheaper and is formed instead. A
+  layer called several times in one forward has its calls joined along T (its gradient is their sum).
+* Any other layer with trainable parameters of its own (LayerNorm, Embedding, a learned position
+  table, a custom module): the vector-Jacobian product of the layer as a function of its own
+  parameters, vmapped over the samples in chunks (torch.func) and summed over its calls. Exact,
+  no closed form needed.
+
+Nothing is approximated silently: a layer called on a tensor that does not lead with the batch is
+refused with its name, and `verify_pairs` compares the first pairs with the per-sample loop before
+anything is trusted. method=functional takes torch.func per-sample gradients of the whole trainable
+set (any vmappable policy); method=loop is one backward pass per sample, the reference.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
@@ -18,57 +32,241 @@ import torch
 from scipy.stats import spearmanr
 
 from vlaeval.artifacts import stable_seed
+from vlaeval.choices import GradientMethod
 from vlaeval.data.anchors import AnchorSet
-from vlaeval.policy.flow import sample_flow_time
+from vlaeval.errors import UserInputError
+from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.training import anchor_batch, flow_matching_losses
+
+Batch = Dict[str, torch.Tensor]
+VMAP_CHUNK = 256  # samples per vmapped chunk in the torch.func paths (bounds their memory)
+
+
+@dataclass
+class _Call:
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    output: torch.Tensor
+
+
+@dataclass
+class _Layer:
+    name: str
+    module: torch.nn.Module
+    parameters: Dict[str, torch.nn.Parameter]  # the module's own trainable parameters, by local name
+    calls: List[_Call] = field(default_factory=list)
+
+    @property
+    def is_linear(self) -> bool:
+        return isinstance(self.module, torch.nn.Linear) and set(self.parameters) <= {"weight", "bias"}
+
+
+def trainable_layers(model: torch.nn.Module, parameters: Sequence[torch.nn.Parameter]) -> List[_Layer]:
+    """The modules that own the trainable parameters directly, in model order; every trainable
+    parameter must belong to one."""
+    wanted = {id(p) for p in parameters}
+    layers, owned = [], set()
+    for name, module in model.named_modules():
+        own = {n: p for n, p in module.named_parameters(recurse=False) if id(p) in wanted}
+        if own:
+            layers.append(_Layer(name or type(model).__name__, module, own))
+            owned |= {id(p) for p in own.values()}
+    if owned != wanted:
+        raise UserInputError(
+            "some trainable parameters are not registered on a submodule of the policy; register them "
+            "(nn.Parameter on a module) or use gradients.method=functional"
+        )
+    return layers
 
 
 @contextlib.contextmanager
-def recorded_linear_io(modules: Sequence[torch.nn.Linear]) -> Iterator[List[Tuple[torch.Tensor, torch.Tensor]]]:
-    records: List[Tuple[torch.Tensor, torch.Tensor]] = []
-    handles = [
-        m.register_forward_hook(lambda module, inputs, output: records.append((inputs[0], output))) for m in modules
-    ]
+def recorded_calls(layers: Sequence[_Layer]) -> Iterator[None]:
+    def hook(layer: _Layer):
+        def record(module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], output: Any) -> None:
+            if not isinstance(output, torch.Tensor):
+                raise UserInputError(
+                    f"layer {layer.name} ({type(module).__name__}) returns {type(output).__name__}, not a tensor: "
+                    "per-layer gradient norms cannot follow it; use gradients.method=functional"
+                )
+            layer.calls.append(_Call(args, kwargs, output))
+
+        return record
+
+    for layer in layers:
+        layer.calls.clear()
+    handles = [layer.module.register_forward_hook(hook(layer), with_kwargs=True) for layer in layers]
     try:
-        yield records
+        yield
     finally:
         for h in handles:
             h.remove()
 
 
-def per_sample_sq_grad_norms(
-    model: Any, modules: Sequence[torch.nn.Linear], batch: Dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(squared gradient norm over the modules' parameters, loss) per sample, shape (B,) each."""
-    with recorded_linear_io(modules) as records:
-        losses = flow_matching_losses(model, batch, t, noise)
-    outputs = [y for _, y in records]
-    grads = torch.autograd.grad(losses.sum(), outputs)
-    sq = torch.zeros_like(losses)
-    for (a, _), g, module in zip(records, grads, modules):
-        g_sq = g.pow(2).sum(dim=-1)
-        sq = sq + g_sq * a.detach().pow(2).sum(dim=-1)
-        if module.bias is not None:
-            sq = sq + g_sq
-    return sq.detach(), losses.detach()
+def _check_batch_first(layer: _Layer, call: _Call, batch: int) -> None:
+    tensors = [a for a in call.args if isinstance(a, torch.Tensor)]
+    tensors += [v for v in call.kwargs.values() if isinstance(v, torch.Tensor)]
+    for x in tensors + [call.output]:
+        if x.dim() == 0 or x.shape[0] != batch:
+            raise UserInputError(
+                f"layer {layer.name} ({type(layer.module).__name__}) was called on a tensor of shape "
+                f"{tuple(x.shape)}, which does not lead with the batch ({batch}): its per-sample gradients "
+                "cannot be separated there; use gradients.method=functional"
+            )
 
 
-def per_sample_sq_grad_norms_loop(
-    model: Any,
-    parameters: Sequence[torch.nn.Parameter],
-    batch: Dict[str, torch.Tensor],
-    t: torch.Tensor,
-    noise: torch.Tensor,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The reference: one autograd pass per sample (what the batched method must equal)."""
-    sq, losses = [], []
-    for i in range(t.shape[0]):
-        one = {k: v[i : i + 1] for k, v in batch.items()}
-        loss = flow_matching_losses(model, one, t[i : i + 1], noise[i : i + 1])[0]
-        grads = torch.autograd.grad(loss, list(parameters))
-        sq.append(torch.stack([g.pow(2).sum() for g in grads]).sum().detach())
-        losses.append(loss.detach())
-    return torch.stack(sq), torch.stack(losses)
+def _linear_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> Tuple[torch.Tensor, str]:
+    module = layer.module
+    assert isinstance(module, torch.nn.Linear)
+    batch = grads[0].shape[0]
+    inputs = [c.args[0].detach().reshape(batch, -1, module.in_features) for c in layer.calls]
+    outputs = [gr.reshape(batch, -1, module.out_features) for gr in grads]
+    a = inputs[0] if len(inputs) == 1 else torch.cat(inputs, dim=1)
+    g = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+    tokens = a.shape[1]
+    sq = torch.zeros(batch, dtype=g.dtype, device=g.device)
+    if "weight" in layer.parameters:
+        if tokens == 1:
+            sq = sq + g.pow(2).sum(dim=(1, 2)) * a.pow(2).sum(dim=(1, 2))
+            method = "linear_rows"
+        elif tokens * tokens <= module.in_features * module.out_features:
+            sq = sq + (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum(dim=(1, 2))
+            method = "linear_gram"
+        else:
+            sq = sq + torch.bmm(g.transpose(1, 2), a).pow(2).sum(dim=(1, 2))
+            method = "linear_outer"
+    else:
+        method = "linear_rows" if tokens == 1 else "linear_gram"
+    if "bias" in layer.parameters:
+        sq = sq + g.sum(dim=1).pow(2).sum(dim=-1)
+    return sq, method
+
+
+def _functional_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> torch.Tensor:
+    """Per-sample squared norm of the layer's own parameter gradient, summed over its calls first."""
+    from torch.func import functional_call, vjp, vmap
+
+    params = {n: p.detach() for n, p in layer.parameters.items()}
+    batch = grads[0].shape[0]
+    sq = torch.zeros(batch, dtype=grads[0].dtype, device=grads[0].device)
+    for start in range(0, batch, VMAP_CHUNK):
+        stop = min(start + VMAP_CHUNK, batch)
+        total: Dict[str, torch.Tensor] = {}
+        for call, g in zip(layer.calls, grads):
+            positions = [i for i, a in enumerate(call.args) if isinstance(a, torch.Tensor)]
+            keys = [k for k, v in call.kwargs.items() if isinstance(v, torch.Tensor)]
+            batched = [call.args[i].detach()[start:stop] for i in positions] + [
+                call.kwargs[k].detach()[start:stop] for k in keys
+            ]
+
+            def one(tensors: List[torch.Tensor], g_i: torch.Tensor, call: _Call = call, positions=positions, keys=keys):
+                args = list(call.args)
+                kwargs = dict(call.kwargs)
+                for i, x in zip(positions, tensors[: len(positions)]):
+                    args[i] = x.unsqueeze(0)
+                for k, x in zip(keys, tensors[len(positions) :]):
+                    kwargs[k] = x.unsqueeze(0)
+                pullback = vjp(lambda p: functional_call(layer.module, p, tuple(args), kwargs), params)[1]
+                return pullback(g_i.unsqueeze(0))[0]
+
+            part = vmap(one)(batched, g[start:stop])
+            for n, v in part.items():
+                total[n] = total[n] + v if n in total else v
+        sq[start:stop] = sum(v.reshape(stop - start, -1).pow(2).sum(dim=1) for v in total.values())
+    return sq
+
+
+class _LossModule(torch.nn.Module):
+    """The per-sample loss as a module's forward, so torch.func.functional_call can swap the
+    policy's parameters (the loss calls encode and velocity, not forward)."""
+
+    def __init__(self, policy: torch.nn.Module, flow: FlowConvention) -> None:
+        super().__init__()
+        self.policy, self.flow = policy, flow
+
+    def forward(self, batch: Batch, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return flow_matching_losses(self.policy, batch, t, noise, self.flow)
+
+
+class PerSampleGradNorms:
+    """Squared per-sample gradient norms of the flow-matching loss over `parameters` (the policy's
+    trainable set), and the losses, for batches of (anchor, flow time, noise) pairs."""
+
+    def __init__(
+        self, model: torch.nn.Module, parameters: Sequence[torch.nn.Parameter], flow: Any, method: str = "auto"
+    ) -> None:
+        self.model, self.parameters = model, list(parameters)
+        self.flow = FlowConvention.of(flow)
+        self.method = GradientMethod.parse(method, "gradients.method")
+        self.layers = trainable_layers(model, self.parameters) if self.method == GradientMethod.auto else []
+        self.layer_methods: Dict[str, str] = {}
+
+    def __call__(self, batch: Batch, t: torch.Tensor, noise: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.method == GradientMethod.auto:
+            return self._per_layer(batch, t, noise)
+        if self.method == GradientMethod.functional:
+            return self._functional(batch, t, noise)
+        self.layer_methods = {"all trainable parameters": "loop"}
+        return self.loop(batch, t, noise)
+
+    def _per_layer(self, batch: Batch, t: torch.Tensor, noise: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        size = t.shape[0]
+        with recorded_calls(self.layers):
+            losses = flow_matching_losses(self.model, batch, t, noise, self.flow)
+        for layer in self.layers:
+            for call in layer.calls:
+                _check_batch_first(layer, call, size)
+        outputs = [c.output for layer in self.layers for c in layer.calls]
+        grads = torch.autograd.grad(losses.sum(), outputs, allow_unused=True)
+        sq = torch.zeros_like(losses)
+        position = 0
+        for layer in self.layers:
+            count = len(layer.calls)
+            mine = [torch.zeros_like(c.output) if g is None else g for c, g in zip(layer.calls, grads[position:])]
+            mine = mine[:count]
+            position += count
+            if count == 0:
+                self.layer_methods.setdefault(layer.name, "unused")
+                continue
+            if layer.is_linear:
+                part, method = _linear_sq_norms(layer, mine)
+            else:
+                part, method = _functional_sq_norms(layer, mine), "functional_vjp"
+            self.layer_methods.setdefault(layer.name, method + (f" x{count} calls" if count > 1 else ""))
+            sq = sq + part
+            layer.calls.clear()
+        return sq.detach(), losses.detach()
+
+    def _functional(self, batch: Batch, t: torch.Tensor, noise: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        from torch.func import functional_call, grad_and_value, vmap
+
+        wanted = {id(p) for p in self.parameters}
+        wrapper = _LossModule(self.model, self.flow)
+        params = {f"policy.{n}": p.detach() for n, p in self.model.named_parameters() if id(p) in wanted}
+
+        def loss_one(p: Dict[str, torch.Tensor], one: Batch, t_i: torch.Tensor, noise_i: torch.Tensor):
+            single = {k: v.unsqueeze(0) for k, v in one.items()}
+            return functional_call(wrapper, p, (single, t_i.unsqueeze(0), noise_i.unsqueeze(0)))[0]
+
+        step = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0, 0))
+        sq_out, loss_out = [], []
+        for start in range(0, t.shape[0], VMAP_CHUNK):
+            stop = min(start + VMAP_CHUNK, t.shape[0])
+            grads, losses = step(params, {k: v[start:stop] for k, v in batch.items()}, t[start:stop], noise[start:stop])
+            sq_out.append(sum(g.reshape(stop - start, -1).pow(2).sum(dim=1) for g in grads.values()))
+            loss_out.append(losses)
+        self.layer_methods = {"all trainable parameters": "functional_vmap"}
+        return torch.cat(sq_out).detach(), torch.cat(loss_out).detach()
+
+    def loop(self, batch: Batch, t: torch.Tensor, noise: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The reference: one autograd pass per sample (what the other methods must equal)."""
+        sq, losses = [], []
+        for i in range(t.shape[0]):
+            one = {k: v[i : i + 1] for k, v in batch.items()}
+            loss = flow_matching_losses(self.model, one, t[i : i + 1], noise[i : i + 1], self.flow)[0]
+            grads = torch.autograd.grad(loss, self.parameters, allow_unused=True)
+            sq.append(sum((g.pow(2).sum() for g in grads if g is not None), torch.zeros((), dtype=loss.dtype)))
+            losses.append(loss.detach())
+        return torch.stack(sq).detach(), torch.stack(losses)
 
 
 def gradient_draws(
@@ -77,7 +275,7 @@ def gradient_draws(
     """Flow time and noise for the first `count` anchors under one gradient seed, drawn from the
     training distribution (a prefix of the same stream for any larger count)."""
     rng = np.random.default_rng(stable_seed("gradient-seed", int(seed)))
-    t = sample_flow_time(rng, count, flow).astype(np.float32)
+    t = FlowConvention.of(flow).sample_time(rng, count).astype(np.float32)
     noise = rng.standard_normal((count, horizon, action_dim)).astype(np.float32)
     return torch.from_numpy(t), torch.from_numpy(noise)
 
@@ -85,15 +283,39 @@ def gradient_draws(
 @dataclass(frozen=True)
 class GradientMeasurements:
     """Per (seed, anchor) pair: squared per-sample gradient norm over the trainable parameters and
-    the flow-matching loss, both shape (seeds, anchors); and how many parameter entries were trainable."""
+    the flow-matching loss, both shape (seeds, anchors); how many parameter entries were trainable;
+    which exact method each layer used; and the check against the per-sample loop."""
 
     sq_norms: np.ndarray
     losses: np.ndarray
     parameter_count: int
+    layer_methods: Dict[str, str] = field(default_factory=dict)
+    verification: Dict[str, Any] = field(default_factory=dict)
 
     def rms(self) -> np.ndarray:
         """Gradient RMS per anchor: sqrt(mean over seeds and parameter entries of the squared gradient)."""
         return np.sqrt(self.sq_norms.mean(axis=0) / self.parameter_count)
+
+
+VERIFY_TOLERANCE = 1e-3  # float32 relative difference allowed between a method and the loop
+
+
+def verify_against_loop(
+    norms: PerSampleGradNorms, batch: Batch, t: torch.Tensor, noise: torch.Tensor, computed: torch.Tensor, pairs: int
+) -> Dict[str, Any]:
+    """Compare the first `pairs` squared norms with the per-sample loop; refuse a mismatch."""
+    n = min(int(pairs), t.shape[0])
+    if n == 0 or norms.method == GradientMethod.loop:
+        return {"pairs": 0}
+    reference, _ = norms.loop({k: v[:n] for k, v in batch.items()}, t[:n], noise[:n])
+    difference = float(((computed[:n] - reference).abs() / reference.abs().clamp_min(1e-30)).max())
+    if not difference <= VERIFY_TOLERANCE:
+        raise UserInputError(
+            f"per-sample gradient norms by method={norms.method} differ from the per-sample loop by up to "
+            f"{difference:.2e} (relative) on the first {n} pairs: a layer mixes samples or reshapes the batch; "
+            "use gradients.method=functional (or loop)"
+        )
+    return {"pairs": n, "max_relative_difference": difference, "tolerance": VERIFY_TOLERANCE}
 
 
 def gradient_measurements(
@@ -107,39 +329,46 @@ def gradient_measurements(
     trainable: str,
     batch_size: int,
     device: str = "cpu",
-    method: str = "batched",
+    method: str = "auto",
+    verify_pairs: int = 0,
 ) -> GradientMeasurements:
-    """Squared gradient norms and losses for every (seed, anchor) pair (`method="loop"` is the
-    one-backward-per-sample reference the batched method must equal)."""
+    """Squared gradient norms and losses for every (seed, anchor) pair; the first `verify_pairs`
+    are checked against the per-sample loop before anything is returned."""
     torch.use_deterministic_algorithms(True)
     model = model.to(device).eval()
-    trainable_params = {id(p) for p in model.trainable_parameters(trainable)}
-    for p in model.parameters():
-        p.requires_grad_(id(p) in trainable_params)
-    modules = model.trainable_modules(trainable)
     parameters = list(model.trainable_parameters(trainable))
+    trainable_ids = {id(p) for p in parameters}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in trainable_ids)
+    norms = PerSampleGradNorms(model, parameters, flow, method)
     k = anchor_index.size
     draws = [gradient_draws(s, k, anchors.horizon, anchors.target_actions.shape[-1], flow) for s in seeds]
     t_all = torch.cat([d[0] for d in draws]).to(device)  # seed-major: pair p = (seed p // k, anchor p % k)
     noise_all = torch.cat([d[1] for d in draws]).to(device)
     pair_anchor = np.tile(anchor_index, len(seeds))
     sq_out, loss_out = [], []
-    for start in range(0, pair_anchor.size, int(batch_size)):
-        stop = min(start + int(batch_size), pair_anchor.size)
-        batch = anchor_batch(anchors, pair_anchor[start:stop], instruction_table, device)
-        if method == "batched":
-            sq, loss = per_sample_sq_grad_norms(model, modules, batch, t_all[start:stop], noise_all[start:stop])
-        else:
-            sq, loss = per_sample_sq_grad_norms_loop(model, parameters, batch, t_all[start:stop], noise_all[start:stop])
-        sq_out.append(sq.cpu())
-        loss_out.append(loss.cpu())
-    for p in model.parameters():
-        p.requires_grad_(True)
+    verification: Dict[str, Any] = {}
+    try:
+        for start in range(0, pair_anchor.size, int(batch_size)):
+            stop = min(start + int(batch_size), pair_anchor.size)
+            batch = anchor_batch(anchors, pair_anchor[start:stop], instruction_table, device)
+            sq, loss = norms(batch, t_all[start:stop], noise_all[start:stop])
+            if start == 0:
+                verification = verify_against_loop(
+                    norms, batch, t_all[start:stop], noise_all[start:stop], sq, verify_pairs
+                )
+            sq_out.append(sq.cpu())
+            loss_out.append(loss.cpu())
+    finally:
+        for p in model.parameters():
+            p.requires_grad_(True)
     shape = (len(seeds), k)
     return GradientMeasurements(
         sq_norms=torch.cat(sq_out).double().numpy().reshape(shape),
         losses=torch.cat(loss_out).double().numpy().reshape(shape),
         parameter_count=sum(p.numel() for p in parameters),
+        layer_methods=dict(norms.layer_methods),
+        verification=verification,
     )
 
 

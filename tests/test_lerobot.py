@@ -1,0 +1,355 @@
+"""data=lerobot and external gradient artifacts: a LeRobotDataset (v3.0 as LeRobot's source writes
+it, v2.1 too) read with pyarrow; the built-in demonstrations exported and audited back to the same
+scores; a foreign dataset with other dimensions, per-frame tasks and its own episode ids trains the
+built-in policy and is audited; an artifact written with the docs' own snippet is accepted and a
+mismatched one refused."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helpers.configs import AUDIT_SMALL, REPO, compose_config
+from helpers.processes import run_main
+from helpers.reliability import record_outcome
+from vlaeval.data.lerobot import dataset_sha256, read_lerobot
+from vlaeval.errors import UserInputError
+from vlaeval.residual.artifact import ARTIFACT_JSON_SCHEMA
+
+AUDIT_ON_LEROBOT = [o for o in AUDIT_SMALL if not o.startswith("data=")]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    work = tmp_path_factory.mktemp("lerobot")
+    env = {"VLAEVAL_CACHE_DIR": str(work / "cache")}
+    proc = run_main(
+        [
+            "job=export_lerobot",
+            "data=tiny",
+            "tracking=disabled",
+            f"export.root={work / 'export'}",
+            f"hydra.run.dir={work / 'x'}",
+        ],
+        work,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return work, env
+
+
+def foreign_dataset(root, version="v3.0", state_dim=7, action_dim=2):
+    """A LeRobotDataset written independently of vlaeval's writer, from the layout in LeRobot's
+    source: two data files, episode ids from 10, a task that changes inside an episode."""
+    rng = np.random.default_rng(0)
+    lengths = [23, 31, 17, 26, 29, 20]
+    ids = list(range(10, 10 + len(lengths)))
+    tasks = ["stack the red cube on the blue one", "wipe the table"]
+    frames = []
+    index = 0
+    for e, length in zip(ids, lengths):
+        for f in range(length):
+            task = 0 if e % 2 == 0 else (1 if f >= length // 2 else 0)
+            frames.append(
+                {
+                    "observation.state": rng.standard_normal(state_dim).astype(np.float32),
+                    "action": np.tanh(rng.standard_normal(action_dim)).astype(np.float32),
+                    "timestamp": np.float32(f / 30),
+                    "frame_index": f,
+                    "episode_index": e,
+                    "index": index,
+                    "task_index": task,
+                }
+            )
+            index += 1
+
+    def table(rows):
+        return pa.table(
+            {
+                "observation.state": pa.array(
+                    [r["observation.state"].tolist() for r in rows], pa.list_(pa.float32(), state_dim)
+                ),
+                "action": pa.array([r["action"].tolist() for r in rows], pa.list_(pa.float32(), action_dim)),
+                **{
+                    k: pa.array([r[k] for r in rows])
+                    for k in ("timestamp", "frame_index", "episode_index", "index", "task_index")
+                },
+            }
+        )
+
+    half = sum(lengths[:3])
+    (root / "meta").mkdir(parents=True)
+    features = {
+        "observation.state": {"dtype": "float32", "shape": [state_dim], "names": None},
+        "action": {"dtype": "float32", "shape": [action_dim], "names": None},
+        "observation.images.wrist": {"dtype": "video", "shape": [64, 64, 3], "names": ["height", "width", "channel"]},
+        "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+        "frame_index": {"dtype": "int64", "shape": [1], "names": None},
+        "episode_index": {"dtype": "int64", "shape": [1], "names": None},
+        "index": {"dtype": "int64", "shape": [1], "names": None},
+        "task_index": {"dtype": "int64", "shape": [1], "names": None},
+    }
+    info = {
+        "codebase_version": version,
+        "fps": 30,
+        "robot_type": "so100",
+        "features": features,
+        "total_episodes": len(ids),
+    }
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    if version == "v3.0":
+        for file_index, rows in enumerate((frames[:half], frames[half:])):
+            path = root / "data" / "chunk-000" / f"file-{file_index:03d}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table(rows), path)
+        pd.DataFrame({"task_index": [0, 1]}, index=pd.Index(tasks, name="task")).to_parquet(
+            root / "meta" / "tasks.parquet"
+        )
+        episodes = pd.DataFrame(
+            {
+                "episode_index": ids,
+                "tasks": [tasks[:1] if e % 2 == 0 else tasks for e in ids],
+                "length": lengths,
+                "dataset_from_index": starts,
+                "dataset_to_index": starts + np.array(lengths),
+            }
+        )
+        (root / "meta" / "episodes" / "chunk-000").mkdir(parents=True)
+        episodes.to_parquet(root / "meta" / "episodes" / "chunk-000" / "file-000.parquet")
+    else:  # v2.1: one parquet file per episode, JSON-lines metadata
+        for e, start, length in zip(ids, starts, lengths):
+            path = root / "data" / "chunk-000" / f"episode_{e:06d}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table(frames[start : start + length]), path)
+        lines = [json.dumps({"task_index": i, "task": t}) for i, t in enumerate(tasks)]
+        (root / "meta" / "tasks.jsonl").write_text("\n".join(lines) + "\n")
+        lines = [json.dumps({"episode_index": e, "tasks": tasks, "length": n}) for e, n in zip(ids, lengths)]
+        (root / "meta" / "episodes.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_the_export_is_a_lerobot_v3_dataset_that_reads_back_to_the_same_demonstrations(work):
+    work, env = work
+    root = work / "export"
+    info = json.loads((root / "meta" / "info.json").read_text())
+    assert info["codebase_version"] == "v3.0" and info["total_frames"] > 0 and info["fps"] == 80
+    assert {"observation.state", "action", "timestamp", "frame_index", "episode_index", "index", "task_index"} == set(
+        info["features"]
+    )
+    tasks = pd.read_parquet(root / "meta" / "tasks.parquet")
+    assert tasks.index.name == "task" and list(tasks["task_index"]) == [0, 1]
+    assert list(tasks.index) == ["reach the red goal position", "push the puck to the goal"]
+    episodes = pd.read_parquet(root / "meta" / "episodes" / "chunk-000" / "file-000.parquet")
+    assert {"episode_index", "tasks", "length", "dataset_from_index", "dataset_to_index", "data/chunk_index"} <= set(
+        episodes
+    )
+    data = pq.read_table(root / "data" / "chunk-000" / "file-000.parquet")
+    assert data.schema.field("observation.state").type == pa.list_(pa.float32(), 39)
+    assert len(data) == info["total_frames"] == int(episodes["length"].sum())
+    result = json.loads((work / "x" / "result.json").read_text())
+    assert result["round_trip_identical"] and result["dataset_sha256"] == result["source_manifest_sha256"]
+    assert dataset_sha256(str(root)) == result["dataset_sha256"]
+
+
+def test_auditing_the_export_scores_exactly_as_the_builtin_data(work):
+    work, env = work
+    results = {}
+    for name, data in (("builtin", ["data=tiny"]), ("lerobot", ["data=lerobot", f"data.root={work / 'export'}"])):
+        proc = run_main(
+            ["job=residual_audit", "tracking=disabled", *AUDIT_ON_LEROBOT, *data, f"hydra.run.dir={work / name}"],
+            work,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = json.loads((work / name / "result.json").read_text())
+    a, b = results["builtin"], results["lerobot"]
+    assert [x["mean_residual"] for x in a["anchors"]] == [x["mean_residual"] for x in b["anchors"]]
+    assert [x["gradient_rms"] for x in a["anchors"]] == [x["gradient_rms"] for x in b["anchors"]]
+    assert [(x["episode"], x["frame"]) for x in a["anchors"]] == [(x["episode"], x["frame"]) for x in b["anchors"]]
+    assert (
+        a["metrics"]["alignment.spearman_residual_vs_gradient_rms"]
+        == b["metrics"]["alignment.spearman_residual_vs_gradient_rms"]
+    )
+
+
+def test_v2_1_and_v3_layouts_of_one_dataset_read_the_same(tmp_path):
+    v3 = read_lerobot(foreign_dataset(tmp_path / "v3"), "observation.state", "action", "x")
+    v21 = read_lerobot(foreign_dataset(tmp_path / "v21", version="v2.1"), "observation.state", "action", "x")
+    assert v3.manifest_sha256 == v21.manifest_sha256
+    assert v3.observations.shape == (146, 7) and v3.actions.shape == (146, 2)
+    assert list(v3.episode_ids()) == list(range(10, 16)) and list(v3.episode_length) == [23, 31, 17, 26, 29, 20]
+    assert v3.frame_task is not None and v3.frame_task[23 + 20] == 1 and v3.frame_task[23] == 0  # task per frame
+    assert v3.trajectory_id(1) == "stack the red cube on the blue one/episode-11"
+
+
+def _audit_foreign(work, env, root, *extra):
+    return run_main(
+        [
+            "job=residual_audit",
+            "tracking=disabled",
+            *AUDIT_ON_LEROBOT,
+            "data=lerobot",
+            f"data.root={root}",
+            "gradients.num_anchors=12",
+            "gate.min_anchors=8",
+            "gate.formal_min_anchors=8",
+            *extra,
+        ],
+        work,
+        env=env,
+    )
+
+
+def test_a_foreign_dataset_with_its_own_dimensions_trains_the_builtin_policy_and_is_audited(work, tmp_path):
+    work, env = work
+    root = foreign_dataset(tmp_path / "foreign")
+    proc = _audit_foreign(work, env, root, f"hydra.run.dir={tmp_path / 'audit'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "audit" / "result.json").read_text())
+    assert result["sample_count"] == 12 and all(x["episode"] >= 10 for x in result["anchors"])
+    assert result["gradient_artifact"]["dataset_sha256"] == dataset_sha256(str(root))
+
+
+def _snippet():
+    text = (REPO / "docs" / "gradient_artifact.md").read_text()
+    [code] = re.findall(r"## A writer any training loop can call\n\n```python\n(.*?)```", text, re.S)
+    namespace: dict = {}
+    exec(compile(code, "docs/gradient_artifact.md", "exec"), namespace)
+    return namespace
+
+
+def test_an_artifact_written_with_the_docs_snippet_is_audited_and_a_mismatched_one_refused(work, tmp_path):
+    import torch
+
+    from helpers.configs import builtin_policy
+    from vlaeval.policy.flow import FlowConvention
+    from vlaeval.policy.training import anchor_batch, flow_matching_losses
+
+    work, env = work
+    root = foreign_dataset(tmp_path / "foreign")
+    cfg = compose_config([*AUDIT_ON_LEROBOT, "data=lerobot", f"data.root={root}"], cache_dir=work / "cache")
+    data, handle = builtin_policy(cfg)
+    model = handle.model
+    params = list(model.trainable_parameters("action_head"))
+    snippet = _snippet()
+    rows, seeds = [], list(range(40, 56))
+    flow = FlowConvention.of(cfg.flow)
+    demos = data.demonstrations
+    for anchor in np.random.default_rng(1).choice(len(data.anchors), 12, replace=False):
+        batch = anchor_batch(data.anchors, np.array([anchor]), data.instruction_table)
+        draws = []
+        for seed in seeds:
+            g = np.random.default_rng(seed * 100_003 + int(anchor))
+            draws.append(
+                (
+                    torch.tensor(flow.sample_time(g, 1), dtype=torch.float32),
+                    torch.from_numpy(g.standard_normal((1, 4, 2)).astype(np.float32)),
+                )
+            )
+        row = snippet["gradient_artifact_row"](
+            lambda d, batch=batch: flow_matching_losses(model, batch, d[0], d[1], flow)[0], params, draws
+        )
+        e = int(data.anchors.trajectory_index[anchor])
+        rows.append((int(demos.episode_ids()[e]), int(data.anchors.anchor_index[anchor]), row))
+    path = tmp_path / "theirs.json"
+    snippet["write_gradient_artifact"](path, dataset_sha256(str(root)), rows, seeds, handle.sha256)
+    jsonschema.validate(
+        json.loads(path.read_text()), json.loads((REPO / "docs" / "gradient_artifact.schema.json").read_text())
+    )
+
+    proc = _audit_foreign(work, env, root, f"audit.gradient_artifact={path}", f"hydra.run.dir={tmp_path / 'audit'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "audit" / "result.json").read_text())
+    assert [(x["episode"], x["frame"]) for x in result["anchors"]] == [(e, f) for e, f, _ in rows]
+    assert result["gradient_artifact"]["gradient_seeds"] == seeds
+    assert "alignment.spearman_residual_vs_gradient_rms" in result["metrics"]
+
+    cases = {
+        "another dataset's digest": ({"dataset_sha256": dataset_sha256(str(work / "export"))}, "indexes dataset"),
+        "a frame past its episode": ({"anchors": [{**rows_json(path)[0], "frame": 500}]}, "anchor 0 (episode"),
+        "an episode the dataset lacks": ({"anchors": [{**rows_json(path)[0], "episode": 3}]}, "has no episode 3"),
+    }
+    for case, (change, needle) in cases.items():
+        bad = json.loads(path.read_text())
+        if "anchors" in change:
+            bad["anchors"] = change["anchors"] + bad["anchors"][1:]
+        else:
+            bad.update(change)
+        bad_path = tmp_path / "bad.json"
+        bad_path.write_text(json.dumps(bad))
+        fresh = {"VLAEVAL_CACHE_DIR": str(tmp_path / "fresh_cache")}  # refused before any policy is trained
+        proc = _audit_foreign(work, fresh, root, f"audit.gradient_artifact={bad_path}")
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
+        assert not (tmp_path / "fresh_cache" / "checkpoints").exists()
+        record_outcome(
+            "gradient artifacts",
+            f"external artifact: {case}",
+            f"exit 2 before training: `{lines[0]}`",
+            kind="bad input",
+        )
+
+
+def rows_json(path):
+    return json.loads(path.read_text())["anchors"]
+
+
+def test_the_schema_in_docs_is_the_schema_the_audit_checks():
+    assert json.loads((REPO / "docs" / "gradient_artifact.schema.json").read_text()) == ARTIFACT_JSON_SCHEMA
+
+
+BAD_DATASETS = {
+    "no meta/info.json": (lambda root: (root / "meta" / "info.json").unlink(), {}, "is not a LeRobotDataset"),
+    "unknown state feature": (
+        lambda root: None,
+        {"state_feature": "observation.joints"},
+        "its numeric features: observation.state, action",
+    ),
+    "image feature as state": (
+        lambda root: None,
+        {"state_feature": "observation.images.wrist"},
+        "must be a 1-D float vector",
+    ),
+    "unreadable version": (
+        lambda root: (root / "meta" / "info.json").write_text(
+            json.dumps({**json.loads((root / "meta" / "info.json").read_text()), "codebase_version": "v1.6"})
+        ),
+        {},
+        "codebase_version v1.6 is not one vlaeval reads",
+    ),
+    "episode length disagrees with its metadata": (
+        lambda root: (
+            pd.read_parquet(root / "meta/episodes/chunk-000/file-000.parquet")
+            .assign(length=[23, 30, 17, 26, 29, 20])
+            .to_parquet(root / "meta/episodes/chunk-000/file-000.parquet")
+        ),
+        {},
+        "episode 11 of",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DATASETS))
+def test_a_bad_dataset_is_one_line_naming_the_problem(tmp_path, case):
+    damage, settings, needle = BAD_DATASETS[case]
+    root = foreign_dataset(tmp_path / "d")
+    damage(root)
+    from vlaeval.data.lerobot import LeRobotDemonstrations
+
+    source = LeRobotDemonstrations(str(root), **settings)
+    with pytest.raises(UserInputError) as error:
+        source.validate()
+        source.load(tmp_path)
+    message = str(error.value)
+    assert needle in message and "\n" not in message, message
+    record_outcome(
+        "datasets", f"LeRobotDataset: {case}", f"one-line error before any work: `{message}`", kind="bad input"
+    )

@@ -1,0 +1,371 @@
+"""data=lerobot: a local LeRobotDataset read with pyarrow (no `lerobot` package), and the writer
+behind job=export_lerobot.
+
+The layout follows LeRobot's own source (lerobot/datasets/utils.py, io_utils.py,
+dataset_metadata.py and dataset_writer.py; codebase_version "v3.0"):
+
+    meta/info.json                                 fps, features {name: {dtype, shape, names}}, totals,
+                                                   data_path template
+    meta/tasks.parquet                             index "task" (the instruction), column task_index
+    meta/episodes/chunk-XXX/file-YYY.parquet       episode_index, tasks, length, dataset_from_index,
+                                                   dataset_to_index, data/chunk_index, data/file_index
+    data/chunk-XXX/file-YYY.parquet                one row per frame: the features plus timestamp,
+                                                   frame_index, episode_index, index, task_index
+
+v2.1 (meta/tasks.jsonl, meta/episodes.jsonl, data/chunk-XXX/episode_YYYYYY.parquet) is read too.
+The state and action features are chosen by name; the task instruction comes per frame
+(task_index). Camera features are not read (the built-in policies take no images).
+
+The export writes the same layout; it adds columns LeRobot ignores (`vlaeval/...`) carrying the
+built-in episodes' task names, scene variants, seeds and success, so reading an export back gives
+the very arrays -- and so the same content digest, sampler order and scores -- as data=metaworld.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from vlaeval.data.metaworld import Demonstrations, content_sha256
+from vlaeval.errors import UserInputError, require
+
+CODEBASE_VERSION = "v3.0"
+READABLE_VERSIONS = ("v3.0", "v2.1", "v2.0")
+INFO_PATH = "meta/info.json"
+TASKS_PATH = "meta/tasks.parquet"
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+FRAME_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+EXTRA = "vlaeval/"  # columns LeRobot ignores: the built-in data's labels, for an exact round trip
+
+
+class LeRobotDemonstrations:
+    """data=lerobot: the frames of a local LeRobotDataset as demonstrations. `root` is the folder
+    holding meta/ and data/; `state_feature` and `action_feature` name the features the policy
+    observes and acts in; `horizon` is the length H of the target action chunk."""
+
+    def __init__(
+        self,
+        root: str,
+        state_feature: str = "observation.state",
+        action_feature: str = "action",
+        horizon: int = 4,
+        name: str = "lerobot",
+    ) -> None:
+        self.root = str(root)
+        self.state_feature = str(state_feature)
+        self.action_feature = str(action_feature)
+        self.horizon = int(horizon)
+        self.name = str(name)
+
+    def validate(self) -> None:
+        read_info(Path(self.root), self.state_feature, self.action_feature)
+        require(self.horizon >= 1, f"data.horizon={self.horizon} must be >= 1 (the action chunk length H)")
+
+    def load(
+        self, cache_dir: str | os.PathLike, progress: Optional[Callable[[int, int, str], None]] = None
+    ) -> Tuple[Demonstrations, bool]:
+        demos = read_lerobot(Path(self.root), self.state_feature, self.action_feature, self.name)
+        if progress is not None:
+            progress(1, 1, f"read {demos.manifest['episodes']} episodes")
+        return demos, False
+
+
+def read_info(root: Path, state_feature: str, action_feature: str) -> Dict[str, Any]:
+    """meta/info.json, checked: a LeRobot layout this reader knows, with both features 1-D."""
+    require(
+        (root / INFO_PATH).is_file(),
+        f"data.root={root} is not a LeRobotDataset (no {INFO_PATH}); give the folder LeRobot wrote, "
+        "the one holding meta/ and data/",
+    )
+    try:
+        info = json.loads((root / INFO_PATH).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UserInputError(f"{root / INFO_PATH} is not valid JSON ({error}); the dataset is damaged") from None
+    version = str(info.get("codebase_version", "?"))
+    require(
+        version in READABLE_VERSIONS,
+        f"{root / INFO_PATH}: codebase_version {version} is not one vlaeval reads ({', '.join(READABLE_VERSIONS)}); "
+        "convert it with LeRobot's converter",
+    )
+    features = info.get("features") or {}
+    for key, which in ((state_feature, "state_feature"), (action_feature, "action_feature")):
+        if key not in features:
+            numeric = [
+                k for k, f in features.items() if f.get("dtype") in ("float32", "float64") and k not in FRAME_COLUMNS
+            ]
+            raise UserInputError(
+                f"data.{which}={key} is not a feature of the dataset at {root}; its numeric features: "
+                f"{', '.join(numeric) or 'none'}"
+            )
+        shape = list(features[key].get("shape") or [])
+        require(
+            len(shape) == 1 and features[key].get("dtype") in ("float32", "float64"),
+            f"data.{which}={key} has dtype {features[key].get('dtype')} and shape {shape}; it must be a 1-D float vector",
+        )
+    return info
+
+
+def _vector_column(table: Any, name: str, width: int) -> np.ndarray:
+    column = table.column(name).combine_chunks()
+    values = column.flatten().to_numpy(zero_copy_only=False)
+    require(values.size == len(table) * width, f"feature {name} does not hold {width} values in every frame")
+    return values.reshape(len(table), width).astype(np.float32)
+
+
+def _read_tasks(root: Path) -> Tuple[List[str], Optional[List[str]]]:
+    """(instructions by task_index, vlaeval task names or None)."""
+    import pandas as pd
+
+    if (root / TASKS_PATH).is_file():
+        frame = pd.read_parquet(root / TASKS_PATH)
+        order = np.argsort(frame["task_index"].to_numpy(), kind="stable")
+        indices = frame["task_index"].to_numpy()[order]
+        instructions = [str(t) for t in np.asarray(frame.index)[order]]
+        names = [str(n) for n in frame[EXTRA + "task_name"].to_numpy()[order]] if EXTRA + "task_name" in frame else None
+    else:
+        path = root / "meta" / "tasks.jsonl"
+        require(path.is_file(), f"the dataset at {root} has neither {TASKS_PATH} nor meta/tasks.jsonl")
+        rows = sorted(
+            (json.loads(line) for line in path.read_text().splitlines() if line.strip()), key=lambda r: r["task_index"]
+        )
+        indices = np.array([r["task_index"] for r in rows])
+        instructions, names = [str(r["task"]) for r in rows], None
+    require(
+        list(indices) == list(range(len(indices))),
+        f"the dataset at {root} numbers its tasks {list(indices)[:5]}...; task_index must run 0..{len(indices) - 1}",
+    )
+    return instructions, names
+
+
+def _read_episodes(root: Path) -> Optional[Any]:
+    import pandas as pd
+
+    files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+    if files:
+        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    path = root / "meta" / "episodes.jsonl"
+    if path.is_file():
+        return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    return None
+
+
+def read_lerobot(root: Path, state_feature: str, action_feature: str, name: str) -> Demonstrations:
+    """The dataset's frames as Demonstrations, every structural fact checked."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    info = read_info(root, state_feature, action_feature)
+    features = info["features"]
+    files = sorted((root / "data").glob("chunk-*/*.parquet"))
+    require(bool(files), f"the dataset at {root} has no data/chunk-*/*.parquet files")
+    columns = [state_feature, action_feature, "episode_index", "frame_index", "index", "task_index"]
+    try:
+        table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+    except (pa.ArrowInvalid, KeyError) as error:
+        raise UserInputError(
+            f"the data files of {root} lack a column vlaeval reads ({error}); expected {columns}"
+        ) from None
+    index = table.column("index").to_numpy()
+    order = np.argsort(index, kind="stable")
+    table = table.take(pa.array(order))
+    n = len(table)
+    require(n > 0, f"the dataset at {root} has no frames")
+    observations = _vector_column(table, state_feature, int(features[state_feature]["shape"][0]))
+    actions = _vector_column(table, action_feature, int(features[action_feature]["shape"][0]))
+    episode = table.column("episode_index").to_numpy().astype(np.int64)
+    frame = table.column("frame_index").to_numpy().astype(np.int64)
+    task = table.column("task_index").to_numpy().astype(np.int64)
+    starts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]])
+    lengths = np.diff(np.r_[starts, n])
+    ids = episode[starts]
+    require(
+        np.unique(ids).size == ids.size,
+        f"the frames of episode {ids[np.argmax(np.bincount(np.searchsorted(np.sort(ids), ids)))]} in {root} are "
+        "not contiguous in the global index; the dataset is damaged",
+    )
+    expected_frames = np.arange(n) - np.repeat(starts, lengths)
+    bad = np.flatnonzero(frame != expected_frames)
+    require(
+        bad.size == 0,
+        f"episode {int(episode[bad[0]]) if bad.size else 0} in {root} has frame_index "
+        f"{int(frame[bad[0]]) if bad.size else 0} at its position {int(expected_frames[bad[0]]) if bad.size else 0}; "
+        "frames must run 0..length-1",
+    )
+    instructions, names = _read_tasks(root)
+    require(
+        int(task.max()) < len(instructions) and int(task.min()) >= 0,
+        f"the dataset at {root} has frames with task_index {int(task.max())} but {len(instructions)} tasks",
+    )
+    episodes = _read_episodes(root)
+    extras: Dict[str, np.ndarray] = {}
+    if episodes is not None:
+        by_id = {int(e): i for i, e in enumerate(episodes["episode_index"].to_numpy())}
+        for e, length in zip(ids, lengths):
+            row = by_id.get(int(e))
+            require(row is not None, f"episode {int(e)} of {root} has frames but no row in its episode metadata")
+            recorded = int(episodes["length"].to_numpy()[row])
+            require(
+                recorded == int(length),
+                f"episode {int(e)} of {root} has {int(length)} frames but its metadata says length {recorded}",
+            )
+        rows = np.array([by_id[int(e)] for e in ids])
+        for key in ("variant", "seed", "success"):
+            if EXTRA + key in episodes:
+                extras[key] = episodes[EXTRA + key].to_numpy()[rows]
+    episode_task = task[starts]
+    per_frame = task if np.any(task != np.repeat(episode_task, lengths)) else None
+    arrays: Dict[str, np.ndarray] = {
+        "observations": observations,
+        "actions": actions,
+        "episode_start": starts.astype(np.int64),
+        "episode_length": lengths.astype(np.int64),
+        "episode_task": episode_task,
+        "episode_success": extras.get("success", np.zeros(ids.size)).astype(bool),
+        "episode_variant": extras.get("variant", np.full(ids.size, -1)).astype(np.int64),
+        "episode_seed": extras.get("seed", np.full(ids.size, -1)).astype(np.int64),
+    }
+    optional: Dict[str, np.ndarray] = {}
+    if per_frame is not None:
+        optional["frame_task"] = per_frame
+    if not np.array_equal(ids, np.arange(ids.size)):
+        optional["episode_index"] = ids
+    tasks = names if names is not None else instructions
+    manifest = {
+        "schema_version": 1,
+        "name": name,
+        "source": {
+            "format": "LeRobotDataset",
+            "codebase_version": info["codebase_version"],
+            "root": str(root.resolve()),
+        },
+        "features": {"state": state_feature, "action": action_feature},
+        "fps": info.get("fps"),
+        "tasks": tasks,
+        "instructions": instructions,
+        "episodes": int(ids.size),
+        "steps": n,
+        "expert_success_rate": float(arrays["episode_success"].mean()) if "success" in extras else None,
+        "content_sha256": content_sha256({**arrays, **optional}, tasks, instructions),
+    }
+    return Demonstrations(**arrays, tasks=tasks, instructions=instructions, manifest=manifest, **optional)
+
+
+def dataset_sha256(root: str, state_feature: str = "observation.state", action_feature: str = "action") -> str:
+    """The content digest vlaeval gives a LeRobotDataset: what a gradient artifact names as its
+    `dataset_sha256` (docs/gradient_artifact.md)."""
+    return read_lerobot(Path(root), state_feature, action_feature, "lerobot").manifest_sha256
+
+
+# ----------------------------------------------------------------------------- export
+def write_lerobot(demos: Demonstrations, root: Path, *, fps: int, robot_type: Optional[str]) -> Path:
+    """Write demonstrations as a LeRobotDataset v3.0 folder at `root`, atomically: everything is
+    written into a temporary sibling folder that is renamed into place."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    require(
+        not root.exists() or not any(root.iterdir()),
+        f"export.root={root} exists and is not empty; choose a new folder (an export never overwrites)",
+    )
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        n, obs_dim, action_dim = demos.observations.shape[0], demos.observations.shape[1], demos.actions.shape[1]
+        lengths, starts = demos.episode_length, demos.episode_start
+        ids = demos.episode_ids()
+        episode = np.repeat(ids, lengths)
+        frame = np.arange(n) - np.repeat(starts, lengths)
+        task = demos.frame_tasks()
+        data = pa.table(
+            {
+                "observation.state": pa.FixedSizeListArray.from_arrays(
+                    pa.array(demos.observations.reshape(-1), pa.float32()), obs_dim
+                ),
+                "action": pa.FixedSizeListArray.from_arrays(
+                    pa.array(demos.actions.reshape(-1), pa.float32()), action_dim
+                ),
+                "timestamp": pa.array((frame / float(fps)).astype(np.float32)),
+                "frame_index": pa.array(frame.astype(np.int64)),
+                "episode_index": pa.array(episode.astype(np.int64)),
+                "index": pa.array(np.arange(n, dtype=np.int64)),
+                "task_index": pa.array(task.astype(np.int64)),
+            }
+        )
+        path = staging / DATA_PATH.format(chunk_index=0, file_index=0)
+        path.parent.mkdir(parents=True)
+        pq.write_table(data, path, compression="snappy")
+        tasks = pd.DataFrame(
+            {"task_index": np.arange(len(demos.instructions)), EXTRA + "task_name": list(demos.tasks)},
+            index=pd.Index(list(demos.instructions), name="task"),
+        )
+        (staging / "meta").mkdir()
+        tasks.to_parquet(staging / TASKS_PATH)
+        episodes = pd.DataFrame(
+            {
+                "episode_index": ids.astype(np.int64),
+                "tasks": [[demos.instructions[int(t)]] for t in demos.episode_task],
+                "length": lengths.astype(np.int64),
+                "data/chunk_index": np.zeros(ids.size, dtype=np.int64),
+                "data/file_index": np.zeros(ids.size, dtype=np.int64),
+                "dataset_from_index": starts.astype(np.int64),
+                "dataset_to_index": (starts + lengths).astype(np.int64),
+                "meta/episodes/chunk_index": np.zeros(ids.size, dtype=np.int64),
+                "meta/episodes/file_index": np.zeros(ids.size, dtype=np.int64),
+                EXTRA + "variant": demos.episode_variant.astype(np.int64),
+                EXTRA + "seed": demos.episode_seed.astype(np.int64),
+                EXTRA + "success": demos.episode_success.astype(bool),
+            }
+        )
+        path = staging / EPISODES_PATH.format(chunk_index=0, file_index=0)
+        path.parent.mkdir(parents=True)
+        episodes.to_parquet(path)
+        info = {
+            "codebase_version": CODEBASE_VERSION,
+            "robot_type": robot_type,
+            "total_episodes": int(ids.size),
+            "total_frames": int(n),
+            "total_tasks": len(demos.instructions),
+            "chunks_size": 1000,
+            "data_files_size_in_mb": 100,
+            "video_files_size_in_mb": 200,
+            "fps": int(fps),
+            "splits": {"train": f"0:{int(ids.size)}"},
+            "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+            "video_path": None,
+            "features": {
+                "observation.state": {"dtype": "float32", "shape": [obs_dim], "names": None},
+                "action": {"dtype": "float32", "shape": [action_dim], "names": None},
+                "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+                "frame_index": {"dtype": "int64", "shape": [1], "names": None},
+                "episode_index": {"dtype": "int64", "shape": [1], "names": None},
+                "index": {"dtype": "int64", "shape": [1], "names": None},
+                "task_index": {"dtype": "int64", "shape": [1], "names": None},
+            },
+        }
+        (staging / INFO_PATH).write_text(json.dumps(info, indent=4), encoding="utf-8")
+        stats = {
+            key: {
+                "mean": values.mean(0).tolist(),
+                "std": values.std(0).tolist(),
+                "min": values.min(0).tolist(),
+                "max": values.max(0).tolist(),
+                "count": [int(n)],
+            }
+            for key, values in (("observation.state", demos.observations), ("action", demos.actions))
+        }
+        (staging / "meta" / "stats.json").write_text(json.dumps(stats, indent=4), encoding="utf-8")
+        if root.exists():
+            root.rmdir()  # empty (checked above)
+        os.replace(staging, root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return root
