@@ -70,9 +70,24 @@ def foreign_dataset(root, version="v3.0", state_dim=7, action_dim=2):
             )
             index += 1
 
+    def png(i):
+        import io
+
+        from PIL import Image
+
+        pixels = np.zeros((6, 8, 3), dtype=np.uint8)
+        pixels[..., 0], pixels[..., 1], pixels[0, 0, 2] = i % 256, (i * 7) % 256, 255
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="PNG")
+        return buffer.getvalue()
+
     def table(rows):
+        image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
         return pa.table(
             {
+                "observation.images.top": pa.array(
+                    [{"bytes": png(r["index"]), "path": None} for r in rows], image_type
+                ),
                 "observation.state": pa.array(
                     [r["observation.state"].tolist() for r in rows], pa.list_(pa.float32(), state_dim)
                 ),
@@ -90,6 +105,7 @@ def foreign_dataset(root, version="v3.0", state_dim=7, action_dim=2):
         "observation.state": {"dtype": "float32", "shape": [state_dim], "names": None},
         "action": {"dtype": "float32", "shape": [action_dim], "names": None},
         "observation.images.wrist": {"dtype": "video", "shape": [64, 64, 3], "names": ["height", "width", "channel"]},
+        "observation.images.top": {"dtype": "image", "shape": [6, 8, 3], "names": ["height", "width", "channel"]},
         "timestamp": {"dtype": "float32", "shape": [1], "names": None},
         "frame_index": {"dtype": "int64", "shape": [1], "names": None},
         "episode_index": {"dtype": "int64", "shape": [1], "names": None},
@@ -190,6 +206,25 @@ def test_v2_1_and_v3_layouts_of_one_dataset_read_the_same(tmp_path):
     assert v3.trajectory_id(1) == "stack the red cube on the blue one/episode-11"
 
 
+def test_camera_features_are_decoded_for_the_anchors_a_batch_uses(tmp_path):
+    import torch
+
+    from vlaeval.data.anchors import build_anchors
+    from vlaeval.policy.training import anchor_batch
+
+    root = foreign_dataset(tmp_path / "d")
+    demos = read_lerobot(root, "observation.state", "action", "x", ["observation.images.top"])
+    plain = read_lerobot(root, "observation.state", "action", "x")
+    assert demos.manifest_sha256 != plain.manifest_sha256  # the images are part of what the digest covers
+    anchors = build_anchors(demos, 4)
+    batch = anchor_batch(anchors, np.array([5, 40]), torch.eye(2, 3))
+    images = batch["observation.images.top"]
+    assert images.shape == (2, 3, 6, 8) and images.dtype == torch.float32
+    assert torch.allclose(images[:, 0, 0, 0], torch.tensor([5, 40]) / 255.0)  # frame i's red channel is i
+    assert torch.allclose(images[:, 2, 0, 0], torch.ones(2)) and float(images[:, 2, 1, 1].abs().max()) == 0.0
+    assert "observation.images.top" not in anchor_batch(build_anchors(plain, 4), np.array([5]), torch.eye(2, 3))
+
+
 def _audit_foreign(work, env, root, *extra):
     return run_main(
         [
@@ -211,11 +246,15 @@ def _audit_foreign(work, env, root, *extra):
 def test_a_foreign_dataset_with_its_own_dimensions_trains_the_builtin_policy_and_is_audited(work, tmp_path):
     work, env = work
     root = foreign_dataset(tmp_path / "foreign")
-    proc = _audit_foreign(work, env, root, f"hydra.run.dir={tmp_path / 'audit'}")
+    proc = _audit_foreign(
+        work, env, root, "data.camera_features=[observation.images.top]", f"hydra.run.dir={tmp_path / 'audit'}"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "audit" / "result.json").read_text())
     assert result["sample_count"] == 12 and all(x["episode"] >= 10 for x in result["anchors"])
-    assert result["gradient_artifact"]["dataset_sha256"] == dataset_sha256(str(root))
+    assert result["gradient_artifact"]["dataset_sha256"] == dataset_sha256(
+        str(root), camera_features=["observation.images.top"]
+    )
 
 
 def _snippet():
@@ -317,6 +356,12 @@ BAD_DATASETS = {
         lambda root: None,
         {"state_feature": "observation.images.wrist"},
         "must be a 1-D float vector",
+    ),
+    "video camera": (lambda root: None, {"camera_features": ["observation.images.wrist"]}, "is stored as video"),
+    "unknown camera": (
+        lambda root: None,
+        {"camera_features": ["observation.images.side"]},
+        "its camera features: observation.images.wrist, observation.images.top",
     ),
     "unreadable version": (
         lambda root: (root / "meta" / "info.json").write_text(

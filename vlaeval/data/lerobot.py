@@ -14,7 +14,9 @@ dataset_metadata.py and dataset_writer.py; codebase_version "v3.0"):
 
 v2.1 (meta/tasks.jsonl, meta/episodes.jsonl, data/chunk-XXX/episode_YYYYYY.parquet) is read too.
 The state and action features are chosen by name; the task instruction comes per frame
-(task_index). Camera features are not read (the built-in policies take no images).
+(task_index). Camera features named in `camera_features` (image features: PNG/JPEG bytes in the
+parquet files) are kept encoded and decoded only for the anchors a batch uses; they reach the
+policy as batch[<feature>] of shape (B, 3, height, width). Video features are not decoded.
 
 The export writes the same layout; it adds columns LeRobot ignores (`vlaeval/...`) carrying the
 built-in episodes' task names, scene variants, seeds and success, so reading an export back gives
@@ -23,12 +25,13 @@ the very arrays -- and so the same content digest, sampler order and scores -- a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -57,27 +60,29 @@ class LeRobotDemonstrations:
         action_feature: str = "action",
         horizon: int = 4,
         name: str = "lerobot",
+        camera_features: Sequence[str] = (),
     ) -> None:
         self.root = str(root)
+        self.camera_features = [str(c) for c in camera_features]
         self.state_feature = str(state_feature)
         self.action_feature = str(action_feature)
         self.horizon = int(horizon)
         self.name = str(name)
 
     def validate(self) -> None:
-        read_info(Path(self.root), self.state_feature, self.action_feature)
+        read_info(Path(self.root), self.state_feature, self.action_feature, self.camera_features)
         require(self.horizon >= 1, f"data.horizon={self.horizon} must be >= 1 (the action chunk length H)")
 
     def load(
         self, cache_dir: str | os.PathLike, progress: Optional[Callable[[int, int, str], None]] = None
     ) -> Tuple[Demonstrations, bool]:
-        demos = read_lerobot(Path(self.root), self.state_feature, self.action_feature, self.name)
+        demos = read_lerobot(Path(self.root), self.state_feature, self.action_feature, self.name, self.camera_features)
         if progress is not None:
             progress(1, 1, f"read {demos.manifest['episodes']} episodes")
         return demos, False
 
 
-def read_info(root: Path, state_feature: str, action_feature: str) -> Dict[str, Any]:
+def read_info(root: Path, state_feature: str, action_feature: str, cameras: Sequence[str] = ()) -> Dict[str, Any]:
     """meta/info.json, checked: a LeRobot layout this reader knows, with both features 1-D."""
     require(
         (root / INFO_PATH).is_file(),
@@ -108,6 +113,19 @@ def read_info(root: Path, state_feature: str, action_feature: str) -> Dict[str, 
         require(
             len(shape) == 1 and features[key].get("dtype") in ("float32", "float64"),
             f"data.{which}={key} has dtype {features[key].get('dtype')} and shape {shape}; it must be a 1-D float vector",
+        )
+    for key in cameras:
+        dtype = (features.get(key) or {}).get("dtype")
+        images = [k for k, f in features.items() if f.get("dtype") in ("image", "video")]
+        require(
+            dtype is not None,
+            f"data.camera_features names {key}, not a feature of the dataset at {root}; its camera features: "
+            f"{', '.join(images) or 'none'}",
+        )
+        require(
+            dtype == "image",
+            f"data.camera_features: {key} is stored as {dtype}; vlaeval decodes image features (PNG/JPEG in the "
+            "parquet files), not video: leave it out of data.camera_features",
         )
     return info
 
@@ -156,16 +174,19 @@ def _read_episodes(root: Path) -> Optional[Any]:
     return None
 
 
-def read_lerobot(root: Path, state_feature: str, action_feature: str, name: str) -> Demonstrations:
-    """The dataset's frames as Demonstrations, every structural fact checked."""
+def read_lerobot(
+    root: Path, state_feature: str, action_feature: str, name: str, cameras: Sequence[str] = ()
+) -> Demonstrations:
+    """The dataset's frames as Demonstrations, every structural fact checked; camera features are
+    kept encoded (decoded per batch, for the anchors it uses)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    info = read_info(root, state_feature, action_feature)
+    info = read_info(root, state_feature, action_feature, cameras)
     features = info["features"]
     files = sorted((root / "data").glob("chunk-*/*.parquet"))
     require(bool(files), f"the dataset at {root} has no data/chunk-*/*.parquet files")
-    columns = [state_feature, action_feature, "episode_index", "frame_index", "index", "task_index"]
+    columns = [state_feature, action_feature, "episode_index", "frame_index", "index", "task_index", *cameras]
     try:
         table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
     except (pa.ArrowInvalid, KeyError) as error:
@@ -236,6 +257,14 @@ def read_lerobot(root: Path, state_feature: str, action_feature: str, name: str)
         optional["frame_task"] = per_frame
     if not np.array_equal(ids, np.arange(ids.size)):
         optional["episode_index"] = ids
+    camera_frames: Dict[str, List[bytes]] = {}
+    for key in cameras:  # image features: a struct {bytes, path} per frame, as LeRobot embeds them
+        column = table.column(key).combine_chunks()
+        camera_frames[key] = [b if isinstance(b, bytes) else b"" for b in column.field("bytes").to_pylist()]
+        empty = [i for i, b in enumerate(camera_frames[key]) if not b]
+        require(not empty, f"camera feature {key} of {root} has no embedded image bytes at frame index {empty[:1]}")
+        digest = hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in camera_frames[key])).digest()
+        optional[f"camera:{key}"] = np.frombuffer(digest, dtype=np.uint8)
     tasks = names if names is not None else instructions
     manifest = {
         "schema_version": 1,
@@ -245,7 +274,7 @@ def read_lerobot(root: Path, state_feature: str, action_feature: str, name: str)
             "codebase_version": info["codebase_version"],
             "root": str(root.resolve()),
         },
-        "features": {"state": state_feature, "action": action_feature},
+        "features": {"state": state_feature, "action": action_feature, "cameras": list(cameras)},
         "fps": info.get("fps"),
         "tasks": tasks,
         "instructions": instructions,
@@ -254,13 +283,26 @@ def read_lerobot(root: Path, state_feature: str, action_feature: str, name: str)
         "expert_success_rate": float(arrays["episode_success"].mean()) if "success" in extras else None,
         "content_sha256": content_sha256({**arrays, **optional}, tasks, instructions),
     }
-    return Demonstrations(**arrays, tasks=tasks, instructions=instructions, manifest=manifest, **optional)
+    fields = {k: v for k, v in optional.items() if not k.startswith("camera:")}
+    return Demonstrations(
+        **arrays,
+        tasks=tasks,
+        instructions=instructions,
+        manifest=manifest,
+        cameras=camera_frames or None,
+        **fields,
+    )
 
 
-def dataset_sha256(root: str, state_feature: str = "observation.state", action_feature: str = "action") -> str:
-    """The content digest vlaeval gives a LeRobotDataset: what a gradient artifact names as its
-    `dataset_sha256` (docs/gradient_artifact.md)."""
-    return read_lerobot(Path(root), state_feature, action_feature, "lerobot").manifest_sha256
+def dataset_sha256(
+    root: str,
+    state_feature: str = "observation.state",
+    action_feature: str = "action",
+    camera_features: Sequence[str] = (),
+) -> str:
+    """The content digest vlaeval gives a LeRobotDataset read with these data.* settings: what a
+    gradient artifact names as its `dataset_sha256` (docs/gradient_artifact.md)."""
+    return read_lerobot(Path(root), state_feature, action_feature, "lerobot", camera_features).manifest_sha256
 
 
 # ----------------------------------------------------------------------------- export

@@ -90,6 +90,23 @@ class Demonstrations:
     # left out of the content digest, so the built-in data's digest is unchanged).
     frame_task: Optional[np.ndarray] = None  # int64 (steps,) task per frame, when it changes within an episode
     episode_index: Optional[np.ndarray] = None  # int64 (episodes,) the dataset's own episode ids, when not 0..E-1
+    # Camera features: per feature name, each frame's encoded image (PNG/JPEG bytes), decoded only
+    # for the anchors a batch uses (decode_cameras). Their digest is part of the content digest.
+    cameras: Optional[Dict[str, List[bytes]]] = None
+
+    def decode_cameras(self, steps: np.ndarray) -> Dict[str, np.ndarray]:
+        """{feature: float32 (len(steps), 3, height, width) in [0, 1]} for the given flat steps."""
+        if not self.cameras:
+            return {}
+        import io
+
+        from PIL import Image
+
+        out = {}
+        for name, frames in self.cameras.items():
+            images = [np.asarray(Image.open(io.BytesIO(frames[int(s)])).convert("RGB")) for s in np.asarray(steps)]
+            out[name] = (np.stack(images).astype(np.float32) / 255.0).transpose(0, 3, 1, 2).copy()
+        return out
 
     def episode_ids(self) -> np.ndarray:
         return np.arange(self.episode_length.size) if self.episode_index is None else self.episode_index

@@ -26,18 +26,22 @@ import torch
 from vlaeval.choices import NoiseEnd, TimeDistribution, VelocityTarget
 from vlaeval.errors import require
 
+FLOAT_FIELDS = ("beta_a", "beta_b", "logit_mean", "logit_std", "time_scale", "time_offset")
+
 
 @dataclass(frozen=True)
 class FlowConvention:
-    noise_at: NoiseEnd = NoiseEnd.one
-    velocity_target: VelocityTarget = VelocityTarget.noise_minus_action
-    time_distribution: TimeDistribution = TimeDistribution.beta
-    beta_a: float = 1.5
-    beta_b: float = 1.0
-    logit_mean: float = 0.0
-    logit_std: float = 1.0
-    time_scale: float = 0.999
-    time_offset: float = 0.001
+    """The `flow` section as a typed value (its defaults live in vlaeval.config.FlowConfig)."""
+
+    noise_at: NoiseEnd
+    velocity_target: VelocityTarget
+    time_distribution: TimeDistribution
+    beta_a: float
+    beta_b: float
+    logit_mean: float
+    logit_std: float
+    time_scale: float
+    time_offset: float
 
     @classmethod
     def of(cls, flow: Any) -> "FlowConvention":
@@ -45,19 +49,10 @@ class FlowConvention:
         if isinstance(flow, FlowConvention):
             return flow
         return cls(
-            noise_at=NoiseEnd.parse(getattr(flow, "noise_at", NoiseEnd.one), "flow.noise_at"),
-            velocity_target=VelocityTarget.parse(
-                getattr(flow, "velocity_target", VelocityTarget.noise_minus_action), "flow.velocity_target"
-            ),
-            time_distribution=TimeDistribution.parse(
-                getattr(flow, "time_distribution", TimeDistribution.beta), "flow.time_distribution"
-            ),
-            beta_a=float(getattr(flow, "beta_a", 1.5)),
-            beta_b=float(getattr(flow, "beta_b", 1.0)),
-            logit_mean=float(getattr(flow, "logit_mean", 0.0)),
-            logit_std=float(getattr(flow, "logit_std", 1.0)),
-            time_scale=float(flow.time_scale),
-            time_offset=float(flow.time_offset),
+            noise_at=NoiseEnd.parse(flow.noise_at, "flow.noise_at"),
+            velocity_target=VelocityTarget.parse(flow.velocity_target, "flow.velocity_target"),
+            time_distribution=TimeDistribution.parse(flow.time_distribution, "flow.time_distribution"),
+            **{name: float(getattr(flow, name)) for name in FLOAT_FIELDS},
         )
 
     def validate(self) -> None:

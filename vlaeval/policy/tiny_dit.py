@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from vlaeval.policy.flow import sinusoidal_embedding
+from vlaeval.policy.tiny_vla import ObservationStatistics
 
 
 class TokenPositions(nn.Module):
@@ -75,7 +76,7 @@ class Block(nn.Module):
         return x + gate2 * self.mlp_out(nn.functional.silu(self.mlp_in(h)))
 
 
-class TinyDiT(nn.Module):
+class TinyDiT(ObservationStatistics):
     def __init__(
         self,
         vocab: Sequence[str],
@@ -89,16 +90,12 @@ class TinyDiT(nn.Module):
         mlp_ratio: int = 2,
         time_embedding_dim: int = 32,
     ) -> None:
-        super().__init__()
+        super().__init__(obs_dim)
         if width % heads:
             raise ValueError(f"model.width={width} must be a multiple of model.heads={heads}")
         self.vocab = list(vocab)
         self.obs_dim, self.action_dim, self.horizon = int(obs_dim), int(action_dim), int(horizon)
         self.time_embedding_dim = int(time_embedding_dim)
-        self.obs_mean: torch.Tensor
-        self.obs_std: torch.Tensor
-        self.register_buffer("obs_mean", torch.zeros(obs_dim))
-        self.register_buffer("obs_std", torch.ones(obs_dim))
         # The prefix: one token for the observation, one for the instruction.
         self.observation_token = nn.Linear(obs_dim, width)
         self.instruction_token = nn.Linear(len(self.vocab), width)
@@ -110,13 +107,9 @@ class TinyDiT(nn.Module):
         self.final_norm = nn.LayerNorm(width)
         self.action_out = nn.Linear(width, action_dim)
 
-    def set_observation_statistics(self, mean: torch.Tensor, std: torch.Tensor) -> None:
-        self.obs_mean.copy_(mean)
-        self.obs_std.copy_(std.clamp_min(1e-3))
-
     def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, 2, width) conditioning tokens."""
-        obs = (batch["observation"] - self.obs_mean) / self.obs_std
+        obs = self.normalise(batch["observation"])
         return torch.stack([self.observation_token(obs), self.instruction_token(batch["instruction"])], dim=1)
 
     def velocity(self, conditioning: torch.Tensor, noisy_actions: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,27 @@ def mlp(sizes: Sequence[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-class TinyVLA(nn.Module):
+class ObservationStatistics(nn.Module):
+    """Buffers for the data's observation mean and std, set once from the data (the job calls
+    set_observation_statistics) and saved with the weights; `normalise` applies them in encode."""
+
+    obs_mean: torch.Tensor
+    obs_std: torch.Tensor
+
+    def __init__(self, obs_dim: int) -> None:
+        super().__init__()
+        self.register_buffer("obs_mean", torch.zeros(obs_dim))
+        self.register_buffer("obs_std", torch.ones(obs_dim))
+
+    def set_observation_statistics(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        self.obs_mean.copy_(mean)
+        self.obs_std.copy_(std.clamp_min(1e-3))
+
+    def normalise(self, observation: torch.Tensor) -> torch.Tensor:
+        return (observation - self.obs_mean) / self.obs_std
+
+
+class TinyVLA(ObservationStatistics):
     def __init__(
         self,
         vocab: Sequence[str],
@@ -54,24 +74,16 @@ class TinyVLA(nn.Module):
         head_layers: int = 3,
         time_embedding_dim: int = 32,
     ) -> None:
-        super().__init__()
+        super().__init__(obs_dim)
         self.vocab = list(vocab)
-        self.obs_mean: torch.Tensor
-        self.obs_std: torch.Tensor
         self.obs_dim, self.action_dim, self.horizon = int(obs_dim), int(action_dim), int(horizon)
         self.time_embedding_dim = int(time_embedding_dim)
-        self.register_buffer("obs_mean", torch.zeros(obs_dim))
-        self.register_buffer("obs_std", torch.ones(obs_dim))
         self.encoder = mlp([obs_dim + len(self.vocab), encoder_hidden, encoder_hidden, conditioning_dim])
         chunk = self.horizon * self.action_dim
         self.action_head = mlp([chunk + conditioning_dim + time_embedding_dim] + [head_hidden] * head_layers + [chunk])
 
-    def set_observation_statistics(self, mean: torch.Tensor, std: torch.Tensor) -> None:
-        self.obs_mean.copy_(mean)
-        self.obs_std.copy_(std.clamp_min(1e-3))
-
     def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        obs = (batch["observation"] - self.obs_mean) / self.obs_std
+        obs = self.normalise(batch["observation"])
         return self.encoder(torch.cat([obs, batch["instruction"]], dim=-1))
 
     def time_embedding(self, t: torch.Tensor) -> torch.Tensor:

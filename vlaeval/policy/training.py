@@ -24,6 +24,12 @@ def anchor_batch(
         "task_index": torch.from_numpy(anchors.task_index[index]).to(device),
         "target_actions": torch.from_numpy(anchors.target_actions[index]).to(device),
         "target_mask": torch.from_numpy(anchors.target_mask[index]).to(device),
+        # Camera features (a LeRobotDataset's, when data.camera_features names them): decoded here,
+        # for these anchors only.
+        **{
+            name: torch.from_numpy(images).to(device)
+            for name, images in anchors.demonstrations.decode_cameras(anchors.base_index[index]).items()
+        },
     }
 
 
