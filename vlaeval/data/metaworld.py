@@ -287,7 +287,7 @@ def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str],
         "config": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in _data_fields(data).items()},
         "content_sha256": content_sha256(arrays, tasks, instructions),
     }
-    return Demonstrations(**arrays, tasks=tasks, instructions=instructions, manifest=manifest)
+    return Demonstrations(**cast(Dict[str, Any], arrays), tasks=tasks, instructions=instructions, manifest=manifest)
 
 
 def _data_fields(data: Any) -> Dict[str, Any]:
