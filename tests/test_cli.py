@@ -21,6 +21,18 @@ def _outcome_file(workdir, mutate):
 
 
 BAD_INPUTS = {
+    "LeRobot data without a root": (
+        lambda w: ["job=residual_audit", "data=lerobot"],
+        "data.root is required by vlaeval.data.lerobot.LeRobotDemonstrations",
+    ),
+    "checkpoint=path without a path": (
+        lambda w: ["job=residual_audit", "checkpoint=path"],
+        "checkpoint=path needs checkpoint.path=<file.pt>",
+    ),
+    "checkpoint file missing": (
+        lambda w: ["job=gradients", "checkpoint=path", f"checkpoint.path={w / 'nowhere.pt'}"],
+        "nowhere.pt does not exist",
+    ),
     "unknown stratum in effects": (lambda w: ["+effects.moon_base=-0.1"], "effects.moon_base: unknown stratum"),
     "negative units": (lambda w: ["strata.nominal.units=-5"], "strata.nominal.units=-5 must be a positive"),
     "base rate above 1": (lambda w: ["strata.new_odd.base_rate=1.2"], "base_rate=1.2 must be a success rate in [0, 1]"),

@@ -186,6 +186,13 @@ def check_component(node: Any, group: str) -> Dict[str, Any]:
     errors name the signature."""
     from omegaconf import OmegaConf
 
+    if OmegaConf.is_config(node):
+        for key in node:
+            if OmegaConf.is_missing(node, key):
+                target = node.get("_target_", group)
+                raise UserInputError(
+                    f"{group}.{key} is required by {target} and has no value; give it: {group}.{key}=..."
+                )
     values: Dict[str, Any] = cast(
         Dict[str, Any], OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
     )

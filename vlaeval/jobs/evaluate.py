@@ -11,6 +11,7 @@ from typing import Any, Dict
 from omegaconf import DictConfig
 
 from vlaeval import console
+from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.evaluation import evaluation_view, plot_success, print_evaluation, validate_evaluate
 from vlaeval.policy.rollout import evaluate_closed_loop
 from vlaeval.provenance import code_version
@@ -23,6 +24,7 @@ COMPONENTS = ("data", "model")  # `_target_` groups checked against their signat
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
     validate_evaluate(cfg)
+    validate_checkpoint_config(cfg.checkpoint)
     data, handle = load_data_and_policy(cfg)
     with console.unit_progress("episodes", 1) as update:
         evaluation = evaluate_closed_loop(

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.errors import require
+from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.provenance import code_version
 from vlaeval.residual.artifact import build_gradient_artifact
@@ -40,6 +41,7 @@ def validate_gradients(cfg: DictConfig) -> None:
     require(g.batch_size >= 1, f"gradients.batch_size={g.batch_size} must be >= 1")
     require(g.verify_pairs >= 0, f"gradients.verify_pairs={g.verify_pairs} must be >= 0")
     FlowConvention.of(cfg.flow).validate()
+    validate_checkpoint_config(cfg.checkpoint)
     require(
         str(cfg.device) == "cpu" or str(cfg.device).startswith("cuda"), f"device={cfg.device!r} must be cpu or cuda[:N]"
     )

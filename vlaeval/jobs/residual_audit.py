@@ -25,6 +25,7 @@ from vlaeval.audit.plots import plot_audit
 from vlaeval.choices import CheckpointKind
 from vlaeval.errors import UserInputError, require
 from vlaeval.memory import PeakMemory
+from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.provenance import code_version
 from vlaeval.residual.artifact import cached_gradient_artifact, load_gradient_artifact, recover_anchors
@@ -54,6 +55,7 @@ def validate_audit(cfg: DictConfig) -> None:
     require(a.permutations >= 1, f"audit.permutations={a.permutations} must be >= 1")
     require(g.min_anchors >= 4, f"gate.min_anchors={g.min_anchors} must be >= 4")
     FlowConvention.of(cfg.flow).validate()
+    validate_checkpoint_config(cfg.checkpoint)
 
 
 def check_seed_separation(estimator_seeds: List[int], gradient_seeds: List[int]) -> None:

@@ -20,6 +20,17 @@ from vlaeval.errors import UserInputError, first_line, require
 CHECKPOINT_SCHEMA_VERSION = 1
 
 
+def validate_checkpoint_config(checkpoint: Any) -> None:
+    """checkpoint=path names an existing file: checked before any data is recorded or read."""
+    if str(checkpoint.kind) != "path":
+        return
+    require(checkpoint.path not in (None, "", "???"), "checkpoint=path needs checkpoint.path=<file.pt>")
+    require(
+        Path(str(checkpoint.path)).is_file(),
+        f"checkpoint {checkpoint.path} does not exist; train one with job=train or use checkpoint=builtin",
+    )
+
+
 def sidecar_path(path: Path) -> Path:
     return path.with_suffix(".json")
 
