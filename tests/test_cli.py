@@ -63,7 +63,10 @@ BAD_INPUTS = {
         lambda w: ["gauntlet.cs_grid_step=0.003"],
         "gauntlet.margin_delta=0.02 is not a multiple of gauntlet.cs_grid_step=0.003",
     ),
-    "file source without path": (lambda w: ["outcomes=file"], "outcomes=file needs a file"),
+    "file source without path": (
+        lambda w: ["outcomes=file"],
+        "outcomes.path is required by vlaeval.gauntlet.outcomes.FileOutcomes and has no value",
+    ),
     "unknown job": (lambda w: ["job.name=launch_rocket"], "unknown job 'launch_rocket'"),
     "reproduce without run id": (lambda w: ["job=reproduce"], "job=reproduce needs reproduce.run_id"),
 }

@@ -7,10 +7,14 @@ plug in its own (a simulator farm, a replay service) through `_target_`. The pro
     validate(strata, effects) -> None      raise UserInputError before any work starts
     available_strata() -> list | None      the strata the source holds (None: any configured one)
     cluster_sizes(request) -> array        the stratum's scenario plan, known before any outcome
-    load(request, cache) -> (StratumOutcomes, cache_status)
+    produce(request, clusters, cache)      the outcomes of these clusters (indices into the plan), in
+        -> (StratumOutcomes, cache_status) that order: asked batch by batch, so a source that runs
+                                           something per unit (rollouts) runs only what the test needs
+    load(request, cache)                   the whole stratum at once (sources that hold it anyway)
 
-Sources return clusters in their own order; the scheduler evaluates them in a seeded random order
-(`cluster_permutation`) unless the user declares that order random.
+The scheduler never asks for a cluster the sequential test does not need; it takes clusters in a
+seeded random order (`cluster_permutation`) unless the user declares the source's order random.
+A source with `load` but no `produce` is served by slicing what `load` returns (`producer`).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class StratumOutcomes:
         }
 
     def reordered(self, order: np.ndarray) -> "StratumOutcomes":
-        """The same outcomes with whole clusters in `order` (a permutation of cluster indices)."""
+        """The clusters `order` (indices of whole clusters: a permutation, or any selection) in that order."""
         sizes = self.cluster_sizes[order]
         moved = cluster_offsets(self.cluster_sizes)[:-1][order] - cluster_offsets(sizes)[:-1]  # per cluster
         units = np.repeat(moved, sizes) + np.arange(int(sizes.sum()))
@@ -124,7 +128,39 @@ def synthetic_paired_outcomes(stratum: str, spec: StratumConfig, effect: float, 
     return StratumOutcomes(u < p_base, np.where(flip, fresh, u) < p_cand, planned_cluster_sizes(spec))
 
 
-class SyntheticOutcomes:
+class WholeStratumSource:
+    """`produce` for a source whose stratum exists as a whole once loaded (generated or read): the
+    requested clusters are sliced from it, the stratum loaded once per request."""
+
+    produces_on_demand = False  # the whole stratum is made when first asked for
+
+    def produce(
+        self, request: OutcomeRequest, clusters: np.ndarray, cache: Optional[ArrayCache]
+    ) -> Tuple[StratumOutcomes, str]:
+        loaded = getattr(self, "_loaded", None)
+        if loaded is None or loaded[0] != request:
+            outcomes, status = self.load(request, cache)  # type: ignore[attr-defined]
+            loaded = (request, outcomes, status)
+            self._loaded = loaded
+        return loaded[1].reordered(np.asarray(clusters, dtype=np.int64)), loaded[2]
+
+
+def producer(source: Any, request: OutcomeRequest, cache: Optional[ArrayCache]):
+    """fetch(clusters) -> (StratumOutcomes, cache_status) for one stratum of `source`: its own
+    `produce`, or slices of its `load` (a source written before `produce` existed)."""
+    if hasattr(source, "produce"):
+        return lambda clusters: source.produce(request, clusters, cache)
+    whole: List[Tuple[StratumOutcomes, str]] = []
+
+    def fetch(clusters: np.ndarray) -> Tuple[StratumOutcomes, str]:
+        if not whole:
+            whole.append(source.load(request, cache))
+        return whole[0][0].reordered(np.asarray(clusters, dtype=np.int64)), whole[0][1]
+
+    return fetch
+
+
+class SyntheticOutcomes(WholeStratumSource):
     """The prototype's synthetic paired generator with planted per-stratum effects, cached."""
 
     holds_outcomes = False  # produced on request: the planner simulates instead
@@ -173,7 +209,7 @@ class SyntheticOutcomes:
         return StratumOutcomes.from_arrays(arrays), status
 
 
-class FileOutcomes:
+class FileOutcomes(WholeStratumSource):
     """Paired outcomes from a CSV or Parquet file with columns
     stratum, scenario_id, cluster_id, baseline, candidate (outcomes 0/1).
 

@@ -32,7 +32,7 @@ from vlaeval.choices import AlarmFwer, ClusterOrder
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import require
 from vlaeval.gauntlet.cache import ArrayCache
-from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes, cluster_permutation
+from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes, cluster_permutation, producer
 from vlaeval.gauntlet.recommendation import launch_recommendation
 from vlaeval.gauntlet.strata import alarm_alpha, alarm_count, priority_order
 from vlaeval.seqtest import (
@@ -140,20 +140,26 @@ def validate_gauntlet(
 
 def _evaluate_stratum(
     test: Any,
-    outcomes: StratumOutcomes,
+    fetch: Callable[[int, int], StratumOutcomes],
+    sizes: np.ndarray,
     batches: Sequence[tuple],
     halting: bool,
     report: Callable[[int, int, str], None],
 ) -> Dict[str, Any]:
-    """Feed the planned whole-cluster batches until the test decides (and, in a halting stratum
-    with a regression, until the catastrophic question is decided too) or the plan ends."""
-    sizes = outcomes.cluster_sizes
+    """Ask the source for each planned whole-cluster batch only when the test needs it, until the
+    test decides (and, in a halting stratum with a regression, until the catastrophic question is
+    decided too) or the plan ends. `sizes`: the plan's cluster sizes in evaluation order."""
     offsets = cluster_offsets(sizes)
-    differences = outcomes.candidate.astype(np.int8) - outcomes.baseline.astype(np.int8)
     used_clusters, batch_count = 0, 0
+    wins: Dict[str, List[np.ndarray]] = {"baseline": [], "candidate": []}
     for first, end in batches:
-        start_unit, end_unit = int(offsets[first]), int(offsets[end])
-        test.update_clusters(cluster_means(differences[start_unit:end_unit], sizes[first:end]), sizes[first:end])
+        batch = fetch(first, end)
+        end_unit = int(offsets[end])
+        differences = batch.candidate.astype(np.int8) - batch.baseline.astype(np.int8)
+        test.update_clusters(cluster_means(differences, sizes[first:end]), sizes[first:end])
+        baseline_wins, candidate_wins = batch.cluster_successes()
+        wins["baseline"].append(baseline_wins)
+        wins["candidate"].append(candidate_wins)
         used_clusters, batch_count = end, batch_count + 1
         decision = test.evaluate()
         report(batch_count, end_unit, decision)
@@ -164,11 +170,10 @@ def _evaluate_stratum(
             not halting or decision == DECISION_PASS or catastrophic != CATASTROPHIC_UNDECIDED
         ):
             break
-    baseline, candidate = outcomes.cluster_successes()
-    seen = slice(0, used_clusters)
+    seen = sizes[:used_clusters]
     rates = {
-        who: success_rate_interval(wins[seen], sizes[seen])
-        for who, wins in (("baseline", baseline), ("candidate", candidate))
+        who: success_rate_interval(np.concatenate(parts) if parts else np.zeros(0, np.int64), seen)
+        for who, parts in wins.items()
     }
     return {
         "units_evaluated": int(offsets[used_clusters]),
@@ -220,16 +225,38 @@ def run_gauntlet(
         spec = strata[name]
         processed.append(name)
         effect = float(effects.get(name, 0.0))
-        outcomes, cache_status = source.load(request(name), cache)
-        if shuffled:
-            outcomes = outcomes.reordered(cluster_permutation(outcomes.cluster_sizes.size, order_seed(s), name))
-        unit_limit = min(outcomes.units, budget_left)
+        # The plan is known before any outcome: the evaluation order, the batches, the test's
+        # constants. Outcomes are then asked for batch by batch (`fetch`), never beyond a decision.
+        plan = np.asarray(source.cluster_sizes(request(name)), dtype=np.int64)
+        evaluation_order = cluster_permutation(plan.size, order_seed(s), name) if shuffled else np.arange(plan.size)
+        sizes = plan[evaluation_order]
+        units_available = int(sizes.sum())
+        unit_limit = min(units_available, budget_left)
         if name == s.nominal_stratum:
             unit_limit = min(unit_limit, nominal_allowance)
-        batches = plan_batches(outcomes.cluster_sizes, s.batch_units, unit_limit)
+        batches = plan_batches(sizes, s.batch_units, unit_limit)
         planned_clusters = batches[-1][1] if batches else 0
         margin = spec.margin_delta if spec.margin_delta is not None else s.margin_delta
-        sizes = outcomes.cluster_sizes
+        produce = producer(source, request(name), cache)
+        cache_statuses: List[str] = []
+
+        def fetch(
+            first: int,
+            end: int,
+            produce=produce,
+            order=evaluation_order,
+            sizes=sizes,
+            name=name,
+            statuses=cache_statuses,
+        ) -> StratumOutcomes:
+            outcomes, status = produce(order[first:end])
+            statuses.append(status)
+            require(
+                np.array_equal(outcomes.cluster_sizes, sizes[first:end]),
+                f"the outcome source returned clusters of other sizes than it planned for stratum {name}",
+            )
+            return outcomes
+
         test = make_sequential_test(
             s.test_mode,
             margin,
@@ -260,8 +287,9 @@ def run_gauntlet(
             if on_batch is not None:
                 on_batch(BatchProgress(name, batch, used, unit_limit, before + used, decision))
 
-        run = _evaluate_stratum(test, outcomes, batches, spec.catastrophic_halt, report)
+        run = _evaluate_stratum(test, fetch, sizes, batches, spec.catastrophic_halt, report)
         used = run["units_evaluated"]
+        on_demand = bool(getattr(source, "produces_on_demand", False))
         budget_left -= used
         units_evaluated += used
         snapshot = test.snapshot()
@@ -272,17 +300,19 @@ def run_gauntlet(
                 "data_label": str(getattr(spec.data_label, "value", spec.data_label)),
                 "kind": spec.kind,
                 "planted_effect": effect,
-                "units_available": outcomes.units,
+                "units_available": units_available,
                 "clusters_available": int(sizes.size),
                 "unit_limit": unit_limit,
                 **run,
                 "units_saved_by_early_stop": unit_limit - used,
+                # What the source made: on demand, only the units the test asked for.
+                "units_produced": used if on_demand else (units_available if cache_statuses else 0),
                 "cluster_order": (
                     {"mode": "shuffled", "order_seed": order_seed(s), "stream": f"cluster-order/{name}"}
                     if shuffled
                     else {"mode": "as_given", "declared_random_by_user": True}
                 ),
-                "cache": cache_status,
+                "cache": cache_statuses[0] if cache_statuses else "not requested",
                 **snapshot,
                 "trajectory": test.trajectory(),
             }
@@ -354,6 +384,10 @@ def run_gauntlet(
             "total_units_defined": total_units,  # the units the source holds for the evaluated strata
             "units_evaluated": units_evaluated,
             "units_saved": total_units - units_evaluated,
+            # Units the source made: on demand (rollouts), only those evaluated; a whole-stratum
+            # source (synthetic, file) makes every unit of a stratum it is asked about.
+            "units_produced": sum(r["units_produced"] for r in results),
+            "produced_on_demand": bool(getattr(source, "produces_on_demand", False)),
             "budget_units": int(s.budget_units),
             "budget_remaining": budget_left,
             "nominal_allowance_final": nominal_allowance,
