@@ -171,6 +171,10 @@ class EvaluateConfig:
     seed: int = 1
     execute_actions: int = 1  # actions of each sampled chunk executed before re-planning
     max_steps: int = 150
+    # Episodes run in lockstep groups of this many (one batched policy call per control step); the
+    # groups, not the worker count, decide the numbers, so `workers` changes only the speed.
+    lockstep_group: int = 32
+    workers: int = 1  # rollout processes
 
 
 @dataclass

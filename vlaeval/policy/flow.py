@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -142,13 +142,22 @@ def per_sample_loss(
 
 @torch.no_grad()
 def sample_actions(
-    policy: Any, conditioning: torch.Tensor, steps: int, generator: torch.Generator, flow: Any
+    policy: Any,
+    conditioning: torch.Tensor,
+    steps: int,
+    generator: torch.Generator,
+    flow: Any,
+    initial_noise: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Euler integration of the learned velocity from the noise end of t to the action end."""
+    """Euler integration of the learned velocity from the noise end of t to the action end, from
+    `initial_noise` (B, H, action_dim) or from noise drawn with `generator`."""
     convention = FlowConvention.of(flow)
     batch = conditioning.shape[0]
     dtype = conditioning.dtype
-    x = torch.randn(batch, policy.horizon, policy.action_dim, generator=generator, dtype=dtype)
+    if initial_noise is not None:
+        x = initial_noise.to(dtype)
+    else:
+        x = torch.randn(batch, policy.horizon, policy.action_dim, generator=generator, dtype=dtype)
     start = 1.0 if convention.noise_at == NoiseEnd.one else 0.0
     direction = -1.0 if convention.noise_at == NoiseEnd.one else 1.0
     sign = 1.0 if convention.velocity_is_dxdt else -1.0
