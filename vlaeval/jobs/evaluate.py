@@ -1,7 +1,8 @@
 """job=evaluate: closed-loop success per task, beside the scripted expert on the same episodes.
 
 Roll the policy out in Meta-World on held-out scene variants (checkpoint=builtin trains it on
-first use) and the scripted expert on the very same episodes; report success per task for both.
+first use) and the scripted expert on the very same episodes; report success per task for both;
+write the episodes as paired outcomes (paired_outcomes.csv) that outcomes=file reads.
 """
 
 from __future__ import annotations
@@ -12,12 +13,19 @@ from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.policy.checkpoint import validate_checkpoint_config
-from vlaeval.policy.evaluation import evaluation_view, plot_success, print_evaluation, validate_evaluate
+from vlaeval.policy.evaluation import (
+    evaluation_view,
+    paired_outcomes_csv,
+    plot_success,
+    print_evaluation,
+    validate_evaluate,
+)
 from vlaeval.policy.rollout import evaluate_closed_loop
 from vlaeval.provenance import code_version
 from vlaeval.runs import load_data_and_policy, now_ms, output_dir, publish
 
 JOB = "evaluate"
+PAIRED_OUTCOMES_FILE = "paired_outcomes.csv"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
 
 
@@ -37,11 +45,15 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         )
     metrics, checks = evaluation_view(evaluation)
     plot = plot_success(evaluation, output_dir(cfg) / "success_rates.png")
+    # The same episodes as paired outcomes (expert = baseline, policy = candidate) that
+    # `job=gauntlet outcomes=file outcomes.path=...` reads: re-analysed without new rollouts.
+    outcomes_path = paired_outcomes_csv(evaluation, output_dir(cfg) / PAIRED_OUTCOMES_FILE)
     result = {
         "checkpoint": str(handle.path),
         "checkpoint_sha256": handle.sha256,
         "manifest_sha256": data.demonstrations.manifest_sha256,
         "evaluation": evaluation,
+        "paired_outcomes": str(outcomes_path),
     }
     result = publish(
         cfg,
@@ -54,6 +66,8 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
         plots=[plot],
         code=code_version(),
+        extra_artifacts=[(outcomes_path, None)],
     )
     print_evaluation(evaluation)
+    console.show(f"paired outcomes (expert vs policy): {outcomes_path}")
     return result

@@ -9,7 +9,7 @@ from typing import Any, Dict, Tuple
 from omegaconf import DictConfig
 
 from vlaeval import console
-from vlaeval.artifacts import atomic_write_bytes
+from vlaeval.artifacts import atomic_write_bytes, atomic_write_text
 from vlaeval.errors import require
 
 
@@ -53,6 +53,21 @@ def print_evaluation(evaluation: Dict[str, Any]) -> None:
     console.show(
         console.table("Closed-loop success on held-out episodes", ["task", "policy", "expert", "episodes"], rows)
     )
+
+
+# The paired outcomes of an evaluation, in the format outcomes=file reads: the scripted expert is the
+# baseline and the policy the candidate on the very same episodes; a scene (task variant) is a
+# cluster. Held-out variants are new scenes of the training tasks: the distribution_shift stratum.
+EVALUATION_STRATUM = "distribution_shift"
+
+
+def paired_outcomes_csv(evaluation: Dict[str, Any], path: Path) -> Path:
+    """Write the evaluation's episodes as stratum, scenario_id, cluster_id, baseline, candidate."""
+    lines = ["stratum,scenario_id,cluster_id,baseline,candidate"]
+    for e in evaluation["episodes"]:
+        scene = f"{e['task']}/variant-{e['variant']}"
+        lines.append(f"{EVALUATION_STRATUM},{scene}/seed-{e['seed']},{scene},{int(e['expert'])},{int(e['policy'])}")
+    return atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def plot_success(evaluation: Dict[str, Any], path: Path) -> Path:

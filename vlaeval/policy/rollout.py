@@ -257,6 +257,10 @@ def evaluate_closed_loop(
         }
     return {
         "per_task": rows,
+        "episodes": [
+            {"task": e.task, "variant": e.variant, "seed": e.seed, "policy": bool(p), "expert": bool(x)}
+            for e, p, x in zip(episodes, policy, expert)
+        ],
         "policy_success_rate": float(np.mean(policy)),
         "expert_success_rate": float(np.mean(expert)),
         "held_out_variants": [HELD_OUT_VARIANTS.start, HELD_OUT_VARIANTS.stop],
