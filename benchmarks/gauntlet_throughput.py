@@ -171,17 +171,7 @@ def main() -> None:
     if not args.quick:
         # Every stratum planted exactly at the margin (Delta = -0.002): no test can decide, so the
         # whole 10M-unit budget is evaluated -- the worst case for throughput.
-        at_margin = [
-            f"+effects.{name}=-0.002"
-            for name in (
-                "safety_critical",
-                "historical_regressions",
-                "new_odd",
-                "distribution_shift",
-                "rare_events",
-                "nominal",
-            )
-        ]
+        at_margin = [f"+effects.{name}=-0.002" for name in compose_default(["strata=large"]).strata]
         cases.append(
             (
                 "large (10M units, all evaluated)",

@@ -37,10 +37,9 @@ from vlaeval.audit.statistics import (
     oracle_ratio,
     proposal_distribution,
 )
-from vlaeval.jobs.residual_audit import per_seed_values
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.training import anchor_batch
-from vlaeval.residual.artifact import cached_gradient_artifact, recover_anchors
+from vlaeval.residual.artifact import cached_gradient_artifact, per_seed_values, recover_anchors
 from vlaeval.residual.estimators import UNBIASED, draw_pairs, score_anchors
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List
 
 import numpy as np
 from omegaconf import DictConfig
@@ -28,7 +28,12 @@ from vlaeval.memory import PeakMemory
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.provenance import code_version
-from vlaeval.residual.artifact import cached_gradient_artifact, load_gradient_artifact, recover_anchors
+from vlaeval.residual.artifact import (
+    cached_gradient_artifact,
+    load_gradient_artifact,
+    per_seed_values,
+    recover_anchors,
+)
 from vlaeval.residual.estimators import DESCRIPTIONS, UNBIASED, score_anchors
 from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
 
@@ -78,18 +83,6 @@ def check_checkpoint(metadata: Dict[str, Any], path: Path, sha256: str | None) -
 
 def sha256_file_or_none(path: Path) -> str | None:
     return sha256_file(path) if path.is_file() else None  # a missing file is reported when it is loaded
-
-
-def per_seed_values(anchors: List[Dict[str, Any]]) -> Tuple[np.ndarray | None, np.ndarray | None]:
-    """(gradient RMS, loss) per gradient seed and anchor, shape (seeds, anchors), when every anchor
-    of the artifact carries them (vlaeval's own artifacts do); else (None, None)."""
-    try:
-        rms = np.array([a["per_seed"]["gradient_rms"] for a in anchors], dtype=np.float64).T
-        loss = np.array([a["per_seed"]["loss"] for a in anchors], dtype=np.float64).T
-    except (KeyError, TypeError, ValueError):
-        return None, None
-    ok = rms.ndim == 2 and rms.shape == loss.shape and np.all(np.isfinite(rms)) and np.all(np.isfinite(loss))
-    return (rms, loss) if ok else (None, None)
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:

@@ -293,3 +293,15 @@ def recover_anchors(
         duplicated == 0, f"gradient artifact {path} lists {duplicated} anchor(s) twice; list each (episode, frame) once"
     )
     return out
+
+
+def per_seed_values(anchors: List[Dict[str, Any]]) -> Tuple[np.ndarray | None, np.ndarray | None]:
+    """(gradient RMS, loss) per gradient seed and anchor, shape (seeds, anchors), when every anchor
+    of the artifact carries them (vlaeval's own artifacts do); else (None, None)."""
+    try:
+        rms = np.array([a["per_seed"]["gradient_rms"] for a in anchors], dtype=np.float64).T
+        loss = np.array([a["per_seed"]["loss"] for a in anchors], dtype=np.float64).T
+    except (KeyError, TypeError, ValueError):
+        return None, None
+    ok = rms.ndim == 2 and rms.shape == loss.shape and np.all(np.isfinite(rms)) and np.all(np.isfinite(loss))
+    return (rms, loss) if ok else (None, None)
