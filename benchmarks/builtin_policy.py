@@ -2,6 +2,11 @@
 closed-loop success per task for the trained policy beside the scripted expert.
 
     python benchmarks/builtin_policy.py [--episodes N]
+    python benchmarks/builtin_policy.py --recipe baseline --episodes 40   # the rollout gauntlet's baseline
+
+--recipe names one of the rollout gauntlet's built-in policies (conf/outcomes/rollout.yaml,
+`policies`): its data and train overrides are applied to the default config. --cache-dir reuses a
+cache (e.g. the one the rollout gauntlet trained in); the timings then exclude what was cached.
 """
 
 from __future__ import annotations
@@ -20,10 +25,24 @@ from vlaeval.policy.rollout import evaluate_closed_loop
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--episodes", type=int, default=10, help="held-out episodes per task")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "builtin_policy.json")
+    parser.add_argument(
+        "--recipe", default=None, help="a built-in policy of outcomes=rollout: baseline, equivalent, worse"
+    )
+    parser.add_argument("--cache-dir", default=None, help="an existing cache folder (default: a fresh one)")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as cache:
+    name = "builtin_policy" if args.recipe is None else f"builtin_policy_{args.recipe}"
+    out = args.out or REPO / "benchmarks" / "results" / f"{name}.json"
+    with tempfile.TemporaryDirectory() as fresh:
+        cache = args.cache_dir or fresh
         cfg = compose_default([f"paths.cache_dir={cache}", f"evaluate.episodes_per_task={args.episodes}"])
+        if args.recipe is not None:
+            from omegaconf import OmegaConf, open_dict
+
+            recipe = compose_default(["outcomes=rollout"]).outcomes.policies[args.recipe]
+            with open_dict(cfg):
+                for section in ("data", "train"):
+                    cfg[section] = OmegaConf.merge(cfg[section], recipe.get(section) or {})
         started = time.perf_counter()
         data = prepare_data(cfg.data, str(cfg.paths.cache_dir))
         build_s = time.perf_counter() - started
@@ -51,8 +70,9 @@ def main() -> None:
         f"  {'all':22s} policy {evaluation['policy_success_rate']:.2f}   expert {evaluation['expert_success_rate']:.2f}"
     )
     atomic_write_json(
-        args.out,
+        out,
         {
+            "recipe": args.recipe,
             "dataset_build_seconds": build_s,
             "train_seconds": train_s,
             "eval_seconds": eval_s,

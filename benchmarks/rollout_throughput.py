@@ -3,7 +3,10 @@ control step, groups of episodes spread over worker processes) against the simul
 stepping the same scenes on the same cores, and against one episode at a time with a policy call
 per episode -- same process, same episodes, environment creation and reset included everywhere.
 
-    python benchmarks/rollout_throughput.py [--episodes-per-task 5] [--max-steps 150] [--workers 2]
+    python benchmarks/rollout_throughput.py [--episodes-per-task 5] [--max-steps 150] [--workers 2] [--no-ray]
+
+With Ray installed, the same episodes also run as Ray tasks on a local instance with as many CPUs
+as workers (gauntlet.executor=ray): local pool vs Ray on the same machine, same outcomes.
 
 The simulator-alone figure opens the same scenes and steps each for as many steps as the lockstep
 run took there, with zero actions, on the same number of processes: the physical bound of any
@@ -13,6 +16,7 @@ rollout engine on these cores.
 from __future__ import annotations
 
 import argparse
+import logging
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -54,6 +58,7 @@ def main() -> None:
     parser.add_argument("--episodes-per-task", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=150)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray executor")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rollout_throughput.json")
     args = parser.parse_args()
     cfg, data, handle = default_policy()
@@ -74,6 +79,18 @@ def main() -> None:
     lockstep_w, lockstep_w_s = timed(group_size=group, workers=args.workers)
     single, single_s = timed(group_size=1, workers=1)
     assert np.array_equal(lockstep_1["success"], lockstep_w["success"])  # workers change only the speed
+    on_ray_s = None
+    if not args.no_ray:
+        import ray
+
+        from vlaeval.policy.executors import RayExecutor
+
+        ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        executor = RayExecutor()
+        timed(group_size=group, executor=executor)  # warm: the workers start and build the scenes once
+        on_ray, on_ray_s = timed(group_size=group, executor=executor)
+        ray.shutdown()
+        assert np.array_equal(on_ray["steps"], lockstep_1["steps"])  # the executor changes only the speed
     steps = lockstep_1["steps"]
     total = int(steps.sum())
     bound_1 = total / simulator_alone(episodes, steps, 1)
@@ -92,6 +109,8 @@ def main() -> None:
         "lockstep_fraction_of_bound_workers": (total / lockstep_w_s) / bound_w,
         "lockstep_speedup_over_one_at_a_time": (total / lockstep_1_s) / (int(single["steps"].sum()) / single_s),
         "success_rate": float(lockstep_1["success"].mean()),
+        "ray_steps_per_second_workers": None if on_ray_s is None else total / on_ray_s,
+        "ray_fraction_of_local_pool": None if on_ray_s is None else lockstep_w_s / on_ray_s,
     }
     print(f"{len(episodes)} episodes, {total} env steps ({', '.join(tasks)}), groups of {group}")
     print(f"  simulator alone: {bound_1:,.0f} steps/s on 1 process, {bound_w:,.0f} on {args.workers}")
@@ -104,6 +123,11 @@ def main() -> None:
         f"  one episode at a time: {summary['one_at_a_time_steps_per_second']:,.0f} steps/s "
         f"(lockstep {summary['lockstep_speedup_over_one_at_a_time']:.1f}x faster)"
     )
+    if on_ray_s is not None:
+        print(
+            f"  Ray tasks on a local instance ({args.workers} CPUs, warm workers): {total / on_ray_s:,.0f} steps/s "
+            f"({summary['ray_fraction_of_local_pool']:.2f}x the local pool)"
+        )
     atomic_write_json(args.out, summary)
 
 

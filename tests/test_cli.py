@@ -33,6 +33,38 @@ BAD_INPUTS = {
         lambda w: ["job=gradients", "checkpoint=path", f"checkpoint.path={w / 'nowhere.pt'}"],
         "nowhere.pt does not exist",
     ),
+    "success-rate effect planted in rollouts": (
+        lambda w: ["outcomes=rollout_small", "+effects.nominal=-0.05"],
+        "effects.nominal=-0.05 is a success-rate difference, which only synthetic outcomes can plant",
+    ),
+    "rollout degradation planted in synthetic outcomes": (
+        lambda w: ["+effects.nominal={action_noise: 0.5}"],
+        "is a rollout degradation; synthetic outcomes plant a success-rate difference",
+    ),
+    "unknown degradation": (
+        lambda w: ["outcomes=rollout_small", "+effects.nominal={action_nois: 0.5}"],
+        "effects.nominal.action_nois is not a perturbation",
+    ),
+    "unknown built-in policy": (
+        lambda w: ["outcomes=rollout_small", "outcomes.candidate=builtin:better"],
+        "outcomes.candidate=builtin:better: no built-in policy 'better'",
+    ),
+    "rollout checkpoint missing": (
+        lambda w: ["outcomes=rollout_small", f"outcomes.candidate={w / 'nowhere.pt'}"],
+        "nowhere.pt does not exist; give a checkpoint file or builtin:<name>",
+    ),
+    "unknown scenario-family key": (
+        lambda w: ["outcomes=rollout_small", "+outcomes.scenarios.nominal.variant=[0,3]"],
+        "outcomes.scenarios.nominal.variant is not a scenario-family setting",
+    ),
+    "scenario variants out of range": (
+        lambda w: ["outcomes=rollout_small", "outcomes.scenarios.nominal.variants=[40,60]"],
+        "outcomes.scenarios.nominal.variants=[40, 60] must be [first, stop)",
+    ),
+    "safety monitor without an obstacle": (
+        lambda w: ["outcomes=rollout_small", "outcomes.scenarios.safety_critical.tasks=[reach-v3]"],
+        "task reach-v3 has no body named wall to monitor",
+    ),
     "unknown stratum in effects": (lambda w: ["+effects.moon_base=-0.1"], "effects.moon_base: unknown stratum"),
     "negative units": (lambda w: ["strata.nominal.units=-5"], "strata.nominal.units=-5 must be a positive"),
     "base rate above 1": (lambda w: ["strata.new_odd.base_rate=1.2"], "base_rate=1.2 must be a success rate in [0, 1]"),

@@ -76,6 +76,12 @@ class ClusterOrder(Choice):
     as_given = "as_given"  # the source's order, declared random by the user (recorded in lineage)
 
 
+class Executor(Choice):
+    # Where rollouts run (outcomes=rollout): the outcomes do not depend on it.
+    local = "local"  # a process pool on this machine (outcomes.workers processes)
+    ray = "ray"  # Ray tasks: a local instance, or the cluster at gauntlet.ray_address
+
+
 class StrataFrom(Choice):
     file = "file"  # an outcome file's strata are evaluated; configured ones it lacks are reported
     config = "config"  # a stratum the config lacks is refused

@@ -42,9 +42,13 @@ BUILTIN_COMPONENTS: Dict[str, Dict[str, str]] = {
     "outcomes": {
         "synthetic": "vlaeval.gauntlet.outcomes.SyntheticOutcomes",
         "file": "vlaeval.gauntlet.outcomes.FileOutcomes",
+        "rollout": "vlaeval.gauntlet.rollouts.RolloutOutcomes",
     },
 }
-RUNTIME_ARGUMENTS: Dict[str, Tuple[str, ...]] = {"model": ("vocab", "obs_dim", "action_dim", "horizon")}
+RUNTIME_ARGUMENTS: Dict[str, Tuple[str, ...]] = {
+    "model": ("vocab", "obs_dim", "action_dim", "horizon"),
+    "outcomes": ("context",),  # the run's config sections, for a source that runs policies
+}
 HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
 SCHEMA_SUFFIX = "_schema"  # conf/<group>/<option>.yaml lists `<option>_schema` first in its defaults
 

@@ -26,6 +26,7 @@ from vlaeval.choices import (
     DataLabel,
     Estimand,
     EstimatorKind,
+    Executor,
     GradientMethod,
     NoiseEnd,
     Preflight,
@@ -127,6 +128,10 @@ class GauntletConfig:
     use_cache: bool = True
     require_clean_code: bool = False  # lineage invalid when the git tree has uncommitted changes
     plot: bool = True
+    # Where a source that runs policies (outcomes=rollout) runs them. ray_address: null starts a
+    # local Ray instance for the run; "auto" joins the running cluster; ray://host:10001 a remote one.
+    executor: Executor = Executor.local
+    ray_address: Optional[str] = None
     # A CI launch gate: exit 0 for LAUNCH, 10 for NEEDS_REVIEW, 11 for DO_NOT_LAUNCH (README "Exit codes").
     exit_code_from_recommendation: bool = False
 
@@ -268,7 +273,9 @@ class VlaevalConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     gauntlet: GauntletConfig = field(default_factory=GauntletConfig)
     strata: Dict[str, StratumConfig] = field(default_factory=dict)
-    effects: Dict[str, float] = field(default_factory=dict)
+    # Per stratum: a success-rate difference (synthetic outcomes) or a degradation of the candidate
+    # (rollouts: a perturbation mapping); each source refuses what it cannot plant.
+    effects: Dict[str, Any] = field(default_factory=dict)
     # `_target_` components: each option's schema comes from its target's signature
     # (vlaeval.components); a user's own component is checked against its signature at start.
     outcomes: Any = field(default_factory=dict)

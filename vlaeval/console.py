@@ -109,6 +109,47 @@ def unit_progress(description: str, total: int) -> Iterator[Callable[..., None]]
     yield plain_update
 
 
+@contextlib.contextmanager
+def strata_progress() -> Iterator[Callable[..., None]]:
+    """One progress bar per stratum; yields update(stratum, completed, total, detail, final). A
+    terminal gets a rich bar per stratum as it starts (units, then `detail`: clusters, e-values,
+    the decision); a log gets a plain line per stratum when it ends (`final`) and otherwise at most
+    every PLAIN_PROGRESS_EVERY_S seconds, so long strata are never silent."""
+    if console.is_terminal:
+        progress = Progress(
+            TextColumn("{task.fields[stratum]:<24}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        tasks: Dict[str, Any] = {}
+        with progress:
+
+            def update(stratum: str, completed: int, total: int, detail: str = "", final: bool = False) -> None:
+                if stratum not in tasks:
+                    tasks[stratum] = progress.add_task("", total=max(int(total), 1), stratum=stratum, detail=detail)
+                progress.update(tasks[stratum], completed=completed, total=max(int(total), 1), detail=detail)
+                if final:
+                    progress.stop_task(tasks[stratum])
+
+            yield update
+        return
+    start = time.monotonic()
+    last: Dict[str, float] = {}
+
+    def plain_update(stratum: str, completed: int, total: int, detail: str = "", final: bool = False) -> None:
+        now = time.monotonic()
+        if final or now - last.setdefault(stratum, start) >= PLAIN_PROGRESS_EVERY_S:
+            last[stratum] = now
+            line = f"[progress] {stratum}: {completed:,}/{total:,} units, {detail} ({now - start:.0f} s)"
+            console.print(line, markup=False)
+            log.info(line)
+
+    yield plain_update
+
+
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
     t = Table(title=title, title_justify="left")
     for column in columns:

@@ -22,7 +22,7 @@ from vlaeval.gauntlet.strata import ResolvedStrata, resolve_strata
 class GauntletInputs:
     settings: GauntletConfig
     configured: Dict[str, StratumConfig]
-    effects: Dict[str, float]
+    effects: Dict[str, Any]  # per stratum: a success-rate difference or a degradation mapping
     source: Any
     resolved: ResolvedStrata
     plans: Dict[str, StratumPlan]
@@ -46,14 +46,17 @@ class GauntletInputs:
         )
 
 
-def build_source(outcomes: DictConfig) -> Any:
-    """The outcome source the `outcomes` group names (`_target_` and its arguments)."""
+def build_source(outcomes: DictConfig, context: Any = None) -> Any:
+    """The outcome source the `outcomes` group names (`_target_` and its arguments); a source whose
+    constructor takes `context` (outcomes=rollout) gets the run's config sections through it."""
     require(
         "path" not in outcomes.keys() or not OmegaConf.is_missing(outcomes, "path"),
         "outcomes=file needs a file: add outcomes.path=<file.csv|file.parquet>",
     )
+    extra = {"context": context} if context is not None and accepts_context(outcomes) else {}
     try:
-        return instantiate(outcomes)
+        # _recursive_=False: scenario families and policy recipes are plain mappings, not components.
+        return instantiate(outcomes, _recursive_=False, **extra)
     except InstantiationException as error:
         # Hydra wraps the source's own one-line input errors; show them as they are.
         if isinstance(error.__cause__, UserInputError):
@@ -63,17 +66,72 @@ def build_source(outcomes: DictConfig) -> Any:
         ) from None
 
 
+def run_context(cfg: DictConfig) -> Any:
+    """The run's config sections a source that runs policies needs (outcomes=rollout)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        model=cfg.model,
+        data=cfg.data,
+        flow=cfg.flow,
+        train=cfg.train,
+        cache_dir=str(cfg.paths.cache_dir),
+        tracking=cfg.tracking,
+        executor=str(cfg.gauntlet.executor),
+        ray_address=cfg.gauntlet.ray_address,
+    )
+
+
+def accepts_context(outcomes: DictConfig) -> bool:
+    import inspect
+
+    from vlaeval.components import _import_target
+
+    target = _import_target(str(outcomes._target_), "outcomes")
+    try:
+        return "context" in inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def planted_effects(effects: DictConfig) -> Dict[str, Any]:
+    """effects.<stratum>: a number (a success-rate difference, synthetic outcomes) or a mapping (a
+    degradation of the candidate, rollouts); each source checks that it can plant what it is given."""
+    out: Dict[str, Any] = {}
+    for key, value in effects.items():
+        name = str(key)
+        if OmegaConf.is_config(value):
+            out[name] = OmegaConf.to_container(value, resolve=True)
+        else:
+            try:
+                out[name] = float(value)
+            except (TypeError, ValueError):
+                raise UserInputError(
+                    f"effects.{name}={repr(value)} is neither a success-rate difference (a number) nor a "
+                    "degradation (a mapping such as {action_noise: 0.5})"
+                ) from None
+    return out
+
+
 def gauntlet_inputs(
-    gauntlet: DictConfig, strata: DictConfig, effects: DictConfig, outcomes: DictConfig
+    gauntlet: DictConfig, strata: DictConfig, effects: DictConfig, outcomes: DictConfig, context: Any = None
 ) -> GauntletInputs:
     """Validate the gauntlet settings, strata, effects and outcome source, reconcile their strata,
-    read the plans (the config sections `gauntlet`, `strata`, `effects`, `outcomes`)."""
+    read the plans (the config sections `gauntlet`, `strata`, `effects`, `outcomes`; `context`: the
+    run's config, for sources that run policies)."""
     settings = cast(GauntletConfig, OmegaConf.to_object(gauntlet))
     configured = {str(name): cast(StratumConfig, OmegaConf.to_object(node)) for name, node in strata.items()}
-    planted = {str(k): float(v) for k, v in effects.items()}
-    source = build_source(outcomes)
+    planted = planted_effects(effects)
+    source = build_source(outcomes, context)
     validate_gauntlet(settings, configured, planted)
     source.validate(configured, planted)
+    source_notices = list(getattr(source, "notices", lambda: [])())
+    if getattr(source, "batch_units", None):  # a source of expensive units asks for small batches
+        settings.batch_units = int(source.batch_units)
+        source_notices.append(
+            f"batches of {settings.batch_units} units (outcomes.batch_units): each unit is a rollout pair, "
+            "so the test looks often; gauntlet.batch_units does not apply"
+        )
     described = source.describe()
     where = (
         f"outcome file {described['path']}"
@@ -87,6 +145,7 @@ def gauntlet_inputs(
         source_name=where,
         strata_from="config" if getattr(source, "strata_from", None) == "config" else "source",
     )
+    resolved.notices[:0] = source_notices
     return GauntletInputs(
         settings, configured, planted, source, resolved, stratum_plans(source, settings, resolved.strata, planted)
     )

@@ -95,6 +95,12 @@ class OutcomeRequest:
     candidate_version: str
 
 
+def success_rate_effect(planted: Any) -> float:
+    """A planted effect as a success-rate difference: a number as it is; a rollout degradation (a
+    mapping) has no size known in advance: 0."""
+    return float(planted) if isinstance(planted, (int, float)) else 0.0
+
+
 def cluster_permutation(n_clusters: int, order_seed: int, stratum: str) -> np.ndarray:
     """The seeded random order in which a stratum's clusters are evaluated (a stable digest of the
     stratum name, never Python's salted hash, so every process draws the same order)."""
@@ -180,6 +186,11 @@ class SyntheticOutcomes(WholeStratumSource):
 
     def validate(self, strata: Mapping[str, StratumConfig], effects: Mapping[str, float]) -> None:
         for name, effect in effects.items():
+            require(
+                isinstance(effect, (int, float)),
+                f"effects.{name}={effect} is a rollout degradation; synthetic outcomes plant a success-rate "
+                f"difference in [-1, 1] (effects.{name}=-0.05) -- or use outcomes=rollout",
+            )
             require(
                 -1.0 <= float(effect) <= 1.0,
                 f"effects.{name}={effect} is outside [-1, 1]; a planted effect is a difference of success rates",

@@ -22,7 +22,7 @@ import numpy as np
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.config import GauntletConfig, StratumConfig
-from vlaeval.gauntlet.outcomes import OutcomeRequest, planned_cluster_sizes
+from vlaeval.gauntlet.outcomes import OutcomeRequest, planned_cluster_sizes, success_rate_effect
 from vlaeval.gauntlet.strata import alarm_alpha, priority_order
 from vlaeval.seqtest import MODE_ASYMPTOTIC, MODE_GROUP_SEQUENTIAL, cluster_means, plan_batches, size_adaptive_cap
 from vlaeval.seqtest.simulation import (
@@ -61,7 +61,7 @@ def stratum_plans(
         request = OutcomeRequest(
             name,
             spec,
-            float(effects.get(name, 0.0)),
+            success_rate_effect(effects.get(name)),
             settings.seed,
             settings.baseline_version,
             settings.candidate_version,

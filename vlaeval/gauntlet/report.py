@@ -23,6 +23,13 @@ def rate(interval: Dict[str, Any] | None) -> str:
 MODE_LABEL = {"exact": "", "asymptotic": "ASYMPTOTIC", "group_sequential": "GROUP-SEQUENTIAL"}
 
 
+def planted_text(effect: Any) -> str:
+    """A success-rate difference as +0.030; a rollout degradation as its non-zero settings."""
+    if isinstance(effect, dict):
+        return ", ".join(f"{k} {v:g}" for k, v in effect.items() if v) or "-"
+    return f"{effect:+.3f}"
+
+
 def print_summary(result: Dict[str, Any]) -> None:
     """The strata table, events and recommendation (also for results saved by older versions)."""
     label = MODE_LABEL.get(result["test_mode"], result["test_mode"].upper())
@@ -35,7 +42,7 @@ def print_summary(result: Dict[str, Any]) -> None:
         rates = s.get("success_rates", {})
         rows.append(
             (s["priority"], s["stratum"], s["data_label"])
-            + ((f"{s['planted_effect']:+.3f}",) if planted else ())
+            + ((planted_text(s["planted_effect"]),) if planted else ())
             + (
                 s["decision"],
                 f"{s['units_evaluated']}/{s['unit_limit']}",

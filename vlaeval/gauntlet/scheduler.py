@@ -32,7 +32,13 @@ from vlaeval.choices import AlarmFwer, ClusterOrder
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import require
 from vlaeval.gauntlet.cache import ArrayCache
-from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes, cluster_permutation, producer
+from vlaeval.gauntlet.outcomes import (
+    OutcomeRequest,
+    StratumOutcomes,
+    cluster_permutation,
+    producer,
+    success_rate_effect,
+)
 from vlaeval.gauntlet.recommendation import launch_recommendation
 from vlaeval.gauntlet.strata import alarm_alpha, alarm_count, priority_order
 from vlaeval.seqtest import (
@@ -63,6 +69,9 @@ class BatchProgress:
     unit_limit: int
     units_evaluated_total: int
     decision: str
+    clusters: int = 0  # clusters of the stratum evaluated so far
+    e_values: Optional[Dict[str, Optional[float]]] = None  # the test's current wealth (exact mode)
+    final: bool = False  # the stratum's last batch
 
 
 def order_seed(settings: GauntletConfig) -> int:
@@ -144,7 +153,7 @@ def _evaluate_stratum(
     sizes: np.ndarray,
     batches: Sequence[tuple],
     halting: bool,
-    report: Callable[[int, int, str], None],
+    report: Callable[..., None],
 ) -> Dict[str, Any]:
     """Ask the source for each planned whole-cluster batch only when the test needs it, until the
     test decides (and, in a halting stratum with a regression, until the catastrophic question is
@@ -162,13 +171,13 @@ def _evaluate_stratum(
         wins["candidate"].append(candidate_wins)
         used_clusters, batch_count = end, batch_count + 1
         decision = test.evaluate()
-        report(batch_count, end_unit, decision)
         catastrophic = test.catastrophic_status()
-        if halting and catastrophic == CATASTROPHIC:
-            break
-        if decision != DECISION_INSUFFICIENT and (
-            not halting or decision == DECISION_PASS or catastrophic != CATASTROPHIC_UNDECIDED
-        ):
+        stop = (halting and catastrophic == CATASTROPHIC) or (
+            decision != DECISION_INSUFFICIENT
+            and (not halting or decision == DECISION_PASS or catastrophic != CATASTROPHIC_UNDECIDED)
+        )
+        report(batch_count, end_unit, decision, end, test.e_values(), stop or end == batches[-1][1])
+        if stop:
             break
     seen = sizes[:used_clusters]
     rates = {
@@ -216,7 +225,7 @@ def run_gauntlet(
 
     def request(name: str) -> OutcomeRequest:
         return OutcomeRequest(
-            name, strata[name], float(effects.get(name, 0.0)), s.seed, s.baseline_version, s.candidate_version
+            name, strata[name], success_rate_effect(effects.get(name)), s.seed, s.baseline_version, s.candidate_version
         )
 
     units_defined = {name: int(np.sum(source.cluster_sizes(request(name)))) for name in order}
@@ -224,7 +233,7 @@ def run_gauntlet(
         name = queue.pop(0)
         spec = strata[name]
         processed.append(name)
-        effect = float(effects.get(name, 0.0))
+        effect = effects.get(name, 0.0)  # a success-rate difference, or a rollout degradation (a mapping)
         # The plan is known before any outcome: the evaluation order, the batches, the test's
         # constants. Outcomes are then asked for batch by batch (`fetch`), never beyond a decision.
         plan = np.asarray(source.cluster_sizes(request(name)), dtype=np.int64)
@@ -280,12 +289,17 @@ def run_gauntlet(
             batch: int,
             used: int,
             decision: str,
+            clusters: int,
+            e_values: Dict[str, Optional[float]],
+            final: bool,
             name: str = name,
             unit_limit: int = unit_limit,
             before: int = units_evaluated,
         ) -> None:
             if on_batch is not None:
-                on_batch(BatchProgress(name, batch, used, unit_limit, before + used, decision))
+                on_batch(
+                    BatchProgress(name, batch, used, unit_limit, before + used, decision, clusters, e_values, final)
+                )
 
         run = _evaluate_stratum(test, fetch, sizes, batches, spec.catastrophic_halt, report)
         used = run["units_evaluated"]
@@ -297,7 +311,10 @@ def run_gauntlet(
             {
                 "stratum": name,
                 "priority": order.index(name) + 1,
-                "data_label": str(getattr(spec.data_label, "value", spec.data_label)),
+                # A source may say what its units are (rollouts: SIMULATED) whatever the stratum's label.
+                "data_label": str(
+                    getattr(source, "data_label", None) or getattr(spec.data_label, "value", spec.data_label)
+                ),
                 "kind": spec.kind,
                 "planted_effect": effect,
                 "units_available": units_available,

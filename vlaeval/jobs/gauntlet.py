@@ -1,16 +1,18 @@
 """job=gauntlet: may this candidate policy replace the baseline?
 
 Validate the strata, effects and outcome source and reconcile the strata the source holds with the
-configured ones; plan every stratum (pre-flight); evaluate the strata in safety-first priority
-order, clusters in a seeded random order, each stopped by its sequential test; react to halts,
+configured ones; plan every stratum (pre-flight); for a source that runs policies, load or train
+them (their digests become the versions); evaluate the strata in safety-first priority order,
+clusters in a seeded random order, each stopped by its sequential test; react to halts,
 regressions and critical passes; recommend LAUNCH / DO_NOT_LAUNCH / NEEDS_REVIEW with lineage;
-save the result, plot the e-processes, log everything to MLflow, print the strata table.
+for rollouts, write the paired outcomes and record the candidate's failures in the registry; save
+the result, plot the e-processes, log everything to MLflow, print the strata table.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from omegaconf import DictConfig
@@ -19,7 +21,7 @@ from vlaeval import console
 from vlaeval.artifacts import atomic_write_npz
 from vlaeval.config import ClusterOrder, UserInputError, to_plain
 from vlaeval.gauntlet.cache import ArrayCache
-from vlaeval.gauntlet.inputs import GauntletInputs, gauntlet_inputs
+from vlaeval.gauntlet.inputs import GauntletInputs, gauntlet_inputs, run_context
 from vlaeval.gauntlet.lineage import build_lineage
 from vlaeval.gauntlet.plots import plot_trajectories
 from vlaeval.gauntlet.recommendation import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW
@@ -34,15 +36,23 @@ JOB = "gauntlet"
 RECOMMENDATION_EXIT_CODES = {LAUNCH: 0, NEEDS_REVIEW: 10, DO_NOT_LAUNCH: 11}  # gauntlet.exit_code_from_recommendation
 COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures before run()
 TRAJECTORY_FILE = "trajectories.npz"
+PAIRED_OUTCOMES_FILE = "paired_outcomes.csv"  # rollout gauntlets: outcomes=file reads it
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
-    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes, run_context(cfg))
     settings = inputs.settings
     for line in inputs.resolved.notices:
         console.show(f"notice: {line}")
     preflight = run_preflight(inputs)
+    prepare = getattr(inputs.source, "prepare", None)
+    if prepare is not None:  # a source that runs policies: loaded or trained now, digests as versions
+        with console.unit_progress("loading the baseline and the candidate", 1) as update:
+            settings.baseline_version, settings.candidate_version = prepare(
+                lambda what, done, total: update(completed=done, total=total, description=what)
+            )
+        console.show(f"baseline {settings.baseline_version}, candidate {settings.candidate_version}")
 
     plain = to_plain(cfg)
     code = code_version()
@@ -60,24 +70,39 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     )
     cache = ArrayCache(cfg.paths.cache_dir, enabled=settings.use_cache, namespace="gauntlet-units")
 
-    with console.unit_progress("gauntlet", settings.budget_units) as update:
+    with console.strata_progress() as update:
 
         def on_batch(p: BatchProgress) -> None:
-            update(completed=p.units_evaluated_total, description=f"{p.stratum} [{p.decision}]")
+            e = p.e_values or {}
+            wealth = (
+                f", e(reg) {e['e_value_regression']:.3g}, e(pass) {e['e_value_pass']:.3g}"
+                if e.get("e_value_regression") is not None and e.get("e_value_pass") is not None
+                else ""
+            )
+            detail = f"{p.clusters} clusters{wealth} [{p.decision}]"
+            update(p.stratum, p.units_in_stratum, p.unit_limit, detail, p.final)
 
-        result = run_gauntlet(
-            settings,
-            inputs.strata,
-            inputs.effects,
-            inputs.source,
-            cache,
-            lineage,
-            absent=inputs.resolved.absent,
-            required_absent=inputs.required_absent,
-            on_batch=on_batch,
-        )
+        try:
+            result = run_gauntlet(
+                settings,
+                inputs.strata,
+                inputs.effects,
+                inputs.source,
+                cache,
+                lineage,
+                absent=inputs.resolved.absent,
+                required_absent=inputs.required_absent,
+                on_batch=on_batch,
+            )
+        finally:
+            getattr(inputs.source, "close", lambda: None)()  # e.g. a Ray instance the rollouts started
     result["preflight"] = preflight
     result["notices"] = inputs.resolved.notices
+    extra: List[Tuple[Path, Optional[str]]] = []
+    if hasattr(inputs.source, "paired_outcomes_table"):
+        rollouts = record_rollouts(inputs.source, result, output_dir(cfg))
+        result["rollouts"] = rollouts
+        extra.append((Path(rollouts["paired_outcomes"]), None))
     for path in result["cache"]["corrupt_entries"]:
         console.print_error(f"corrupt cache entry {path} was detected and recomputed")
 
@@ -96,12 +121,41 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         history=history,
         plots=plots,
         code=code,
-        extra_artifacts=[(trajectories, None)],
+        extra_artifacts=[(trajectories, None), *extra],
     )
     print_summary(result)
+    if "rollouts" in result:
+        r = result["rollouts"]
+        console.show(
+            f"rollouts: {r['episodes_run']:,} run, {r['episodes_from_cache']:,} from the cache; "
+            f"{r['episode_pairs_evaluated']:,} episode pairs of {r['episode_pairs_full_evaluation']:,} a full "
+            f"evaluation runs ({r['rollouts_saved_by_early_stop']:,} rollouts saved by early stopping); "
+            f"{r['registry_entries_added']} new scenarios in the failure registry {r['registry']}"
+        )
+        console.show(f"paired outcomes (outcomes=file reads them): {r['paired_outcomes']}")
     if settings.exit_code_from_recommendation:
         result["exit_code"] = RECOMMENDATION_EXIT_CODES[result["recommendation"]["recommendation"]]
     return result
+
+
+def record_rollouts(source: Any, result: Dict[str, Any], out: Path) -> Dict[str, Any]:
+    """After a rollout gauntlet: every episode pair produced as a paired-outcome file (outcomes=file
+    re-analyses it without new rollouts), the candidate's failures added to the failure registry,
+    and what the rollouts cost."""
+    from vlaeval.gauntlet.rollouts import write_paired_outcomes
+
+    path = write_paired_outcomes(source.paired_outcomes_table(), out / PAIRED_OUTCOMES_FILE)
+    added = source.registry.record(source.failures())
+    full, pairs = result["scale"]["total_units_defined"], result["scale"]["units_evaluated"]
+    return {
+        **source.stats(),
+        "paired_outcomes": str(path),
+        "registry": str(source.registry.path),
+        "registry_entries_added": added,
+        "episode_pairs_evaluated": pairs,
+        "episode_pairs_full_evaluation": full,
+        "rollouts_saved_by_early_stop": 2 * (full - pairs),
+    }
 
 
 def save_trajectories(result: Dict[str, Any], path: Path) -> Path:

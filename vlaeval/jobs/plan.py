@@ -16,7 +16,7 @@ from typing import Any, Dict
 from omegaconf import DictConfig
 
 from vlaeval import console
-from vlaeval.gauntlet.inputs import gauntlet_inputs
+from vlaeval.gauntlet.inputs import gauntlet_inputs, run_context
 from vlaeval.provenance import code_version
 from vlaeval.runs import now_ms, publish
 
@@ -26,7 +26,7 @@ COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
-    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes, run_context(cfg))
     settings = inputs.settings
     for line in inputs.resolved.notices:
         console.show(f"notice: {line}")

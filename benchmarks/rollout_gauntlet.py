@@ -1,0 +1,113 @@
+"""The default rollout gauntlet, measured: the built-in baseline against the worse and the equivalent
+built-in candidates on the default scenario families (`python main.py outcomes=rollout`), then a
+rerun served from the per-episode cache. Every run goes through the CLI in its own process, on one
+cache folder, so the figures are what a user sees.
+
+    python benchmarks/rollout_gauntlet.py [--cache-dir /tmp/vlaeval-rollout-bench] [--extra key=value ...]
+
+1. worse candidate: the failure registry starts empty, the gauntlet fills it;
+2. equivalent candidate: replays that registry (historical_regressions), reuses every baseline
+   episode already run;
+3. the equivalent run again on the same registry snapshot: served from the cache.
+Per run: decisions per stratum, episode pairs evaluated against a full evaluation's, rollouts run and
+from the cache, wall time. Results in benchmarks/results/rollout_gauntlet.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+from benchlib import REPO
+from vlaeval.artifacts import atomic_write_json
+
+
+def gauntlet(cache: Path, name: str, overrides: List[str]) -> Dict[str, Any]:
+    out = cache.parent / "runs" / name
+    env = {**os.environ, "VLAEVAL_CACHE_DIR": str(cache), "MPLBACKEND": "Agg"}
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "main.py"),
+            "outcomes=rollout",
+            "tracking=disabled",
+            *overrides,
+            f"hydra.run.dir={out}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads((out / "result.json").read_text())
+    r = result["rollouts"]
+    row = {
+        "run": name,
+        "baseline": result["baseline_version"],
+        "candidate": result["candidate_version"],
+        "recommendation": result["recommendation"]["recommendation"],
+        "halted": result["halted"],
+        "strata": {
+            s["stratum"]: {
+                "decision": s["decision"],
+                "episode_pairs": s["units_evaluated"],
+                "of": s["units_available"],
+                "baseline_success": s["success_rates"]["baseline"]["rate"],
+                "candidate_success": s["success_rates"]["candidate"]["rate"],
+            }
+            for s in result["strata"]
+        },
+        "not_evaluated": result["not_evaluated"],
+        "absent": result.get("absent_strata", []),
+        "episode_pairs_evaluated": r["episode_pairs_evaluated"],
+        "episode_pairs_full_evaluation": r["episode_pairs_full_evaluation"],
+        "rollouts_run": r["episodes_run"],
+        "rollouts_from_cache": r["episodes_from_cache"],
+        "rollouts_saved_by_early_stop": r["rollouts_saved_by_early_stop"],
+        "registry_entries_added": r["registry_entries_added"],
+        "registry_replayed": result["lineage"]["data_source"]["registry_entries_replayed"],
+        "env_steps_per_s": r["env_steps_per_s"],
+        "wall_s": wall,
+    }
+    print(json.dumps(row, indent=1), flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/vlaeval-rollout-bench/cache"))
+    parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rollout_gauntlet.json")
+    args = parser.parse_args()
+    cache = args.cache_dir
+    registry = cache / "vlaeval_failure_registry.jsonl"
+    worse = gauntlet(cache, "worse", [*args.extra])
+    # The equivalent candidate and its rerun replay the same registry snapshot (the one the worse
+    # candidate left), each on its own copy: both runs ask for the very same episodes.
+    snapshots = [cache.parent / f"registry-{k}.jsonl" for k in (1, 2)]
+    for snapshot in snapshots:
+        shutil.copyfile(registry, snapshot)
+    equivalent = gauntlet(
+        cache, "equivalent", ["outcomes.candidate=builtin:equivalent", f"outcomes.registry={snapshots[0]}", *args.extra]
+    )
+    rerun = gauntlet(
+        cache,
+        "equivalent-rerun",
+        ["outcomes.candidate=builtin:equivalent", f"outcomes.registry={snapshots[1]}", *args.extra],
+    )
+    atomic_write_json(args.out, {"runs": [worse, equivalent, rerun], "extra_overrides": args.extra})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

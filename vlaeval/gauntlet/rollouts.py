@@ -1,0 +1,543 @@
+"""outcomes=rollout: the gauntlet runs two policies, episode by episode, only when its test asks.
+
+The baseline and the candidate are checkpoints: a file (`outcomes.candidate=/path/model.pt`,
+built with the run's model/data/flow config) or a built-in recipe (`builtin:<name>`, one of
+`outcomes.policies`: overrides of the data and train sections, trained on first use and cached
+like checkpoint=builtin). Their sha256 digests are the versions the lineage records.
+
+Each stratum is a scenario family (`outcomes.scenarios.<stratum>`): Meta-World tasks, a range of
+scene variants of a variant family, episodes per scene, a perturbation, and for safety strata a
+monitored obstacle whose contact above a force is an unsafe event that fails the episode. A
+cluster is one scene, a unit one episode; both policies run every episode with identical seeds
+(the policy's sampling noise and the perturbation streams come from the episode seed, a stable
+digest of stratum, scene and index). `replay: true` makes the family the failure registry's
+scenarios (historical_regressions). `effects.<stratum>` plants a degradation (a perturbation) on
+the candidate only, drawn from its own stream, so a planted regression is a real one.
+
+Outcomes are cached per episode (vlaeval.policy.episode_cache); the gauntlet job writes every
+episode produced as a paired-outcome file (outcomes=file reads it) and records the discordant
+ones in the failure registry (vlaeval.gauntlet.registry).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from vlaeval.artifacts import sha256_json, stable_seed
+from vlaeval.config import StratumConfig
+from vlaeval.errors import require
+from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes
+from vlaeval.gauntlet.registry import FailureRegistry, registry_path
+from vlaeval.policy.rollout import NO_PERTURBATION, Episode, Perturbation
+
+BUILTIN_PREFIX = "builtin:"
+FAMILY_KEYS = (
+    "tasks",
+    "variants",
+    "family",
+    "episodes_per_scene",
+    "perturbation",
+    "unsafe_contact_force",
+    "obstacle",
+    "replay",
+)
+VARIANTS_PER_FAMILY = 50  # Meta-World draws 50 scene variants per task and benchmark seed
+
+
+@dataclass(frozen=True)
+class ScenarioFamily:
+    """A stratum's scenarios. tasks: Meta-World tasks (null: the run's data.tasks); variants:
+    [first, stop) scene variants of the variant family `family` (the MT1 benchmark seed; 0 is the
+    family the built-in demonstrations use, variants 0-24 for training); episodes_per_scene: units
+    per cluster; perturbation: see vlaeval.policy.rollout.Perturbation; unsafe_contact_force:
+    newtons above which contact with an `obstacle` body is an unsafe event; replay: the failure
+    registry's scenarios instead."""
+
+    tasks: Tuple[str, ...]
+    variants: Tuple[int, int] = (0, 25)
+    family: int = 0
+    episodes_per_scene: int = 4
+    perturbation: Perturbation = NO_PERTURBATION
+    unsafe_contact_force: Optional[float] = None
+    obstacle: Tuple[str, ...] = ("wall",)
+    replay: bool = False
+
+    @classmethod
+    def parse(cls, stratum: str, values: Any, default_tasks: Sequence[str]) -> "ScenarioFamily":
+        where = f"outcomes.scenarios.{stratum}"
+        require(isinstance(values, Mapping), f"{where} must be a mapping of {', '.join(FAMILY_KEYS)}")
+        for key in values:
+            require(key in FAMILY_KEYS, f"{where}.{key} is not a scenario-family setting; use {', '.join(FAMILY_KEYS)}")
+        replay = bool(values.get("replay", False))
+        tasks = tuple(str(t) for t in (values.get("tasks") or default_tasks))
+        variants = tuple(int(v) for v in values.get("variants", (0, 25)))
+        require(
+            len(variants) == 2 and 0 <= variants[0] < variants[1] <= VARIANTS_PER_FAMILY,
+            f"{where}.variants={list(variants)} must be [first, stop) with 0 <= first < stop <= {VARIANTS_PER_FAMILY}",
+        )
+        episodes = int(values.get("episodes_per_scene", 4))
+        require(episodes >= 1, f"{where}.episodes_per_scene={episodes} must be >= 1")
+        force = values.get("unsafe_contact_force")
+        require(force is None or float(force) > 0, f"{where}.unsafe_contact_force={force} must be > 0 newtons")
+        require(len(tasks) > 0 or replay, f"{where}.tasks is empty; list Meta-World tasks")
+        return cls(
+            tasks=tasks,
+            variants=(variants[0], variants[1]),
+            family=int(values.get("family", 0)),
+            episodes_per_scene=episodes,
+            perturbation=Perturbation.parse(values.get("perturbation"), f"{where}.perturbation"),
+            unsafe_contact_force=None if force is None else float(force),
+            obstacle=tuple(str(b) for b in values.get("obstacle", ("wall",))),
+            replay=replay,
+        )
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A cluster: one scene variant of a task, and the episodes run on it."""
+
+    task: str
+    family: int
+    variant: int
+    episodes: Tuple[Dict[str, Any], ...]  # episode specs (seed, perturbation, safety monitor)
+
+    @property
+    def id(self) -> str:
+        return f"{self.task}/family-{self.family}/variant-{self.variant}"
+
+
+@dataclass
+class RolloutPolicy:
+    role: str
+    reference: str
+    version: str
+    sha256: str
+    model: Any
+    vocab: List[str]
+    flow: Any
+
+
+def episode_spec(episode: Episode) -> Dict[str, Any]:
+    """What identifies an episode for replay and for the registry (not its instruction index, not
+    a planted degradation)."""
+    spec = dataclasses.asdict(episode)
+    spec.pop("task_index")
+    spec.pop("degradation")
+    spec["obstacle"] = list(spec["obstacle"])
+    return spec
+
+
+def episode_from_spec(spec: Mapping[str, Any], task_index: int, degradation: Perturbation) -> Episode:
+    return Episode(
+        task=str(spec["task"]),
+        task_index=int(task_index),
+        variant=int(spec["variant"]),
+        seed=int(spec["seed"]),
+        family=int(spec.get("family", 0)),
+        perturbation=Perturbation(**dict(spec.get("perturbation") or {})),
+        degradation=degradation,
+        unsafe_contact_force=spec.get("unsafe_contact_force"),
+        obstacle=tuple(spec.get("obstacle", ("wall",))),
+    )
+
+
+class RolloutOutcomes:
+    """Paired outcomes from rolling out two checkpoints on scenario families, on demand."""
+
+    holds_outcomes = False  # nothing exists before the test asks: the planner simulates
+    produces_on_demand = True
+    # Every unit is a simulator episode, whatever a stratum's configured label says: the lineage and
+    # the recommendation must not present simulated evidence as replayed real-world data.
+    data_label = "SIMULATED"
+
+    def __init__(
+        self,
+        baseline: str = "builtin:baseline",
+        candidate: str = "builtin:worse",
+        policies: Any = None,
+        scenarios: Any = None,
+        execute_actions: int = 1,
+        max_steps: int = 150,
+        lockstep_group: int = 24,
+        workers: int = 2,
+        batch_units: int = 48,
+        registry: Optional[str] = None,
+        use_cache: bool = True,
+        context: Any = None,
+    ) -> None:
+        require(context is not None, "outcomes=rollout is built by the gauntlet job (it needs the run's config)")
+        self.context = context
+        self.references = {"baseline": str(baseline), "candidate": str(candidate)}
+        self.recipes: Dict[str, Any] = dict(policies or {})
+        self.execute_actions, self.max_steps = int(execute_actions), int(max_steps)
+        self.lockstep_group, self.workers, self.batch_units = int(lockstep_group), int(workers), int(batch_units)
+        self.use_cache = bool(use_cache)
+        require(self.execute_actions >= 1, f"outcomes.execute_actions={execute_actions} must be >= 1")
+        require(self.max_steps >= 1, f"outcomes.max_steps={max_steps} must be >= 1")
+        require(self.lockstep_group >= 1, f"outcomes.lockstep_group={lockstep_group} must be >= 1")
+        require(self.workers >= 1, f"outcomes.workers={workers} must be >= 1")
+        require(self.batch_units >= 1, f"outcomes.batch_units={batch_units} must be >= 1")
+        require(scenarios, "outcomes.scenarios is empty; give each stratum a scenario family")
+        default_tasks = [str(t) for t in (context.data.get("tasks") or [])]
+        self.families = {str(k): ScenarioFamily.parse(str(k), v, default_tasks) for k, v in dict(scenarios).items()}
+        self.registry = FailureRegistry(registry_path(registry, context.tracking, context.cache_dir))
+        self.degradations: Dict[str, Perturbation] = {}
+        self.policies: Dict[str, RolloutPolicy] = {}
+        self.rows: List[Dict[str, Any]] = []  # every episode pair produced, in production order
+        self._replayed: Optional[List[Dict[str, Any]]] = None
+        self._scenes: Dict[str, List[Scene]] = {}
+        self.timing = {"rollout_s": 0.0, "episodes_run": 0, "episodes_from_cache": 0, "env_steps": 0}
+        from vlaeval.policy.executors import make_executor
+
+        # gauntlet.executor: where the rollouts run (local processes or Ray); never what they give.
+        self.executor = make_executor(
+            getattr(context, "executor", "local"), self.workers, getattr(context, "ray_address", None)
+        )
+
+    # ------------------------------------------------------------------ checks before any work
+    def validate(self, strata: Mapping[str, StratumConfig], effects: Mapping[str, Any]) -> None:
+        from vlaeval.data.metaworld import known_tasks
+
+        for name, value in effects.items():
+            require(
+                isinstance(value, Mapping),
+                f"effects.{name}={value} is a success-rate difference, which only synthetic outcomes can plant; "
+                f"for rollouts plant a degradation of the candidate, e.g. effects.{name}={{action_noise: 0.5}}",
+            )
+            self.degradations[name] = Perturbation.parse(value, f"effects.{name}")
+        known = set(known_tasks())
+        for stratum, family in self.families.items():
+            for task in family.tasks:
+                require(
+                    task in known,
+                    f"outcomes.scenarios.{stratum}.tasks: unknown Meta-World task {task!r}; see metaworld.MT1 tasks",
+                )
+        self._check_obstacles()
+        for role, reference in self.references.items():
+            if reference.startswith(BUILTIN_PREFIX):
+                name = reference[len(BUILTIN_PREFIX) :]
+                require(
+                    name in self.recipes,
+                    f"outcomes.{role}={reference}: no built-in policy {name!r}; "
+                    f"known: {', '.join(BUILTIN_PREFIX + k for k in self.recipes)} (or give a checkpoint path)",
+                )
+            else:
+                require(
+                    Path(reference).is_file(),
+                    f"outcomes.{role}={reference} does not exist; give a checkpoint file or builtin:<name> "
+                    f"({', '.join(BUILTIN_PREFIX + k for k in self.recipes)})",
+                )
+
+    def describe(self) -> Dict[str, Any]:
+        policies = {
+            role: {"reference": p.reference, "version": p.version, "sha256": p.sha256}
+            for role, p in self.policies.items()
+        }
+        scenarios = {k: dataclasses.asdict(f) for k, f in self.families.items()}
+        controls = self.controls()
+        return {
+            "kind": "rollout",
+            "policies": policies,
+            "scenarios": scenarios,
+            "controls": controls,
+            "registry": str(self.registry.path),
+            "registry_entries_replayed": len(self._replay_entries()),
+            "executor": self.executor.describe(),
+            "sha256": sha256_json(
+                {
+                    "policies": {r: p["sha256"] for r, p in policies.items()},
+                    "scenarios": scenarios,
+                    "controls": controls,
+                }
+            ),
+        }
+
+    def controls(self) -> Dict[str, Any]:
+        return {"execute_actions": self.execute_actions, "max_steps": self.max_steps}
+
+    def _replay_entries(self) -> List[Dict[str, Any]]:
+        if self._replayed is None:  # read once: the registry a gauntlet replays is the one it started with
+            self._replayed = self.registry.entries() if any(f.replay for f in self.families.values()) else []
+        return self._replayed
+
+    def available_strata(self) -> List[str]:
+        return [name for name, f in self.families.items() if not f.replay or self._replay_entries()]
+
+    def notices(self) -> List[str]:
+        empty = [name for name, f in self.families.items() if f.replay and not self._replay_entries()]
+        return [
+            f"the failure registry {self.registry.path} is empty: {name} has no scenario to replay yet "
+            "(every rollout gauntlet records the episodes its candidate failed and the baseline passed)"
+            for name in empty
+        ]
+
+    # ------------------------------------------------------------------ the scenario plan
+    def scenes(self, stratum: str) -> List[Scene]:
+        if stratum not in self._scenes:
+            family = self.families[stratum]
+            if family.replay:
+                grouped: Dict[Tuple[str, int, int], List[Dict[str, Any]]] = {}
+                for entry in self._replay_entries():
+                    e = entry["episode"]
+                    grouped.setdefault((e["task"], int(e.get("family", 0)), int(e["variant"])), []).append(dict(e))
+                scenes = [Scene(t, f, v, tuple(specs)) for (t, f, v), specs in grouped.items()]
+            else:
+                scenes = []
+                for task in family.tasks:
+                    for variant in range(*family.variants):
+                        scene_id = f"{task}/family-{family.family}/variant-{variant}"
+                        specs = tuple(
+                            episode_spec(
+                                Episode(
+                                    task,
+                                    0,
+                                    variant,
+                                    stable_seed("rollout-scenario", stratum, scene_id, k),
+                                    family=family.family,
+                                    perturbation=family.perturbation,
+                                    unsafe_contact_force=family.unsafe_contact_force,
+                                    obstacle=family.obstacle,
+                                )
+                            )
+                            for k in range(family.episodes_per_scene)
+                        )
+                        scenes.append(Scene(task, family.family, variant, specs))
+            self._scenes[stratum] = scenes
+        return self._scenes[stratum]
+
+    def cluster_sizes(self, request: OutcomeRequest) -> np.ndarray:
+        return np.array([len(s.episodes) for s in self.scenes(request.stratum)], dtype=np.int64)
+
+    # ------------------------------------------------------------------ the policies
+    def prepare(self, progress: Optional[Callable[[str, int, int], None]] = None) -> Tuple[str, str]:
+        """Load or train both policies (progress(what, done, total) while recording demonstrations
+        and training); returns the (baseline, candidate) versions: name @ the checkpoint's sha256."""
+        for role, reference in self.references.items():
+            self.policies[role] = self._load(role, reference, progress)
+        self._build_scenes_once()
+        return self.policies["baseline"].version, self.policies["candidate"].version
+
+    def _load(
+        self, role: str, reference: str, progress: Optional[Callable[[str, int, int], None]] = None
+    ) -> RolloutPolicy:
+        from omegaconf import OmegaConf
+
+        from vlaeval.config import CheckpointConfig
+        from vlaeval.policy.builtin import PolicySpec, load_policy, obtain_policy, prepare_data
+        from vlaeval.policy.tiny_vla import vocabulary
+
+        ctx = self.context
+        sections = {name: getattr(ctx, name) for name in ("model", "data", "flow", "train")}
+        if reference.startswith(BUILTIN_PREFIX):
+            name = reference[len(BUILTIN_PREFIX) :]
+            recipe = dict(self.recipes[name] or {})
+            for key in recipe:
+                require(
+                    key in sections,
+                    f"outcomes.policies.{name}.{key} is not a policy section; use model, data, flow or train",
+                )
+            sections = {k: OmegaConf.merge(v, recipe.get(k) or {}) for k, v in sections.items()}
+        spec = PolicySpec(sections["model"], sections["data"], sections["flow"], sections["train"])
+        steps = int(spec.train.steps)
+        data = prepare_data(
+            spec.data,
+            str(ctx.cache_dir),
+            None
+            if progress is None
+            else (lambda done, total, task: progress(f"{role}: recording {task}", done, total)),
+        )
+        if reference.startswith(BUILTIN_PREFIX):
+            handle = obtain_policy(
+                spec,
+                CheckpointConfig(),
+                str(ctx.cache_dir),
+                data,
+                None
+                if progress is None
+                else (lambda step, loss: progress(f"{role}: training, loss {loss:.4f}", step, steps)),
+            )
+            label = reference[len(BUILTIN_PREFIX) :]
+        else:
+            handle = load_policy(spec, data, Path(reference))
+            label = Path(reference).stem
+        handle.model.eval()
+        return RolloutPolicy(
+            role,
+            reference,
+            f"{label}@{handle.sha256[:12]}",
+            handle.sha256,
+            handle.model,
+            vocabulary(data.demonstrations.instructions),
+            spec.flow,
+        )
+
+    def _build_scenes_once(self) -> None:
+        """Meta-World's benchmark of every (task, variant family) the strata use, built here once:
+        forked rollout workers inherit them instead of rebuilding them (~2 s each) for every batch."""
+        from vlaeval.policy.rollout import _task_benchmark
+
+        for name in self.available_strata():
+            for scene in self.scenes(name):
+                _task_benchmark(scene.task, scene.family)
+
+    def _check_obstacles(self) -> None:
+        from vlaeval.policy.rollout import _task_benchmark, obstacle_bodies
+
+        for stratum, family in self.families.items():
+            if family.unsafe_contact_force is None or family.replay:
+                continue
+            for task in family.tasks:
+                benchmark = _task_benchmark(task, family.family)
+                env = benchmark.train_classes[task]()
+                try:
+                    found = obstacle_bodies(env, family.obstacle)
+                finally:
+                    env.close()
+                require(
+                    len(found) == len(family.obstacle),
+                    f"outcomes.scenarios.{stratum}: task {task} has no body named "
+                    f"{', '.join(family.obstacle)} to monitor; use tasks whose scene has that obstacle "
+                    "(reach-wall-v3, push-wall-v3, pick-place-wall-v3 have `wall`) or set obstacle=[...]",
+                )
+
+    # ------------------------------------------------------------------ producing outcomes
+    def produce(self, request: OutcomeRequest, clusters: np.ndarray, cache: Any) -> Tuple[StratumOutcomes, str]:
+        """Both policies' outcomes on the requested scenes (in that order), each episode from the
+        per-episode cache or rolled out now."""
+        from vlaeval.policy.episode_cache import EpisodeCache
+
+        require(bool(self.policies), "RolloutOutcomes.prepare() must run before outcomes are produced")
+        stratum = request.stratum
+        scenes = [self.scenes(stratum)[int(c)] for c in np.asarray(clusters, dtype=np.int64)]
+        specs = [spec for scene in scenes for spec in scene.episodes]
+        episode_cache = EpisodeCache(self.context.cache_dir, enabled=self.use_cache)
+        outcomes: Dict[str, Dict[str, np.ndarray]] = {}
+        for role, policy in self.policies.items():
+            degradation = self.degradations.get(stratum, NO_PERTURBATION) if role == "candidate" else NO_PERTURBATION
+            outcomes[role] = self._outcomes(policy, specs, degradation, episode_cache)
+        self.timing["episodes_from_cache"] += episode_cache.hits
+        self.timing["episodes_run"] += episode_cache.misses
+        sizes = np.array([len(s.episodes) for s in scenes], dtype=np.int64)
+        k = 0
+        for scene in scenes:
+            for spec in scene.episodes:
+                self.rows.append(
+                    {
+                        "stratum": stratum,
+                        "scenario_id": f"{scene.id}/seed-{spec['seed']}",
+                        "cluster_id": scene.id,
+                        **{role: bool(outcomes[role]["success"][k]) for role in ("baseline", "candidate")},
+                        **{f"{role}_unsafe": bool(outcomes[role]["unsafe"][k]) for role in ("baseline", "candidate")},
+                        **{f"{role}_steps": int(outcomes[role]["steps"][k]) for role in ("baseline", "candidate")},
+                        "episode": spec,
+                    }
+                )
+                k += 1
+        status = "hit" if episode_cache.misses == 0 else ("miss" if episode_cache.hits == 0 else "partial")
+        return StratumOutcomes(outcomes["baseline"]["success"], outcomes["candidate"]["success"], sizes), status
+
+    def _outcomes(
+        self, policy: RolloutPolicy, specs: Sequence[Mapping[str, Any]], degradation: Perturbation, cache: Any
+    ) -> Dict[str, np.ndarray]:
+        from vlaeval.data.metaworld import instruction_for
+        from vlaeval.policy.episode_cache import episode_key
+        from vlaeval.policy.rollout import rollout_episodes
+        from vlaeval.policy.tiny_vla import bag_of_words
+
+        tasks = sorted({str(s["task"]) for s in specs})
+        table = bag_of_words([instruction_for(t) for t in tasks], policy.vocab)
+        episodes = [episode_from_spec(s, tasks.index(str(s["task"])), degradation) for s in specs]
+        controls = {**self.controls(), "flow": _plain(policy.flow)}
+        keys = [episode_key(policy.sha256, e, controls) for e in episodes]
+        found = cache.get_many(keys)
+        todo = [i for i, key in enumerate(keys) if key not in found]
+        if todo:
+            started = time.perf_counter()
+            ran = rollout_episodes(
+                policy.model,
+                [episodes[i] for i in todo],
+                table,
+                policy.flow,
+                execute_actions=self.execute_actions,
+                max_steps=self.max_steps,
+                group_size=self.lockstep_group,
+                executor=self.executor,
+            )
+            self.timing["rollout_s"] += time.perf_counter() - started
+            self.timing["env_steps"] += int(ran["steps"].sum())
+            new = {
+                keys[i]: (bool(ran["success"][j]), bool(ran["unsafe"][j]), int(ran["steps"][j]))
+                for j, i in enumerate(todo)
+            }
+            cache.put_many((key, policy.sha256, outcome) for key, outcome in new.items())
+            found.update(new)
+        rows = [found[key] for key in keys]
+        return {
+            "success": np.array([r[0] for r in rows], dtype=bool),
+            "unsafe": np.array([r[1] for r in rows], dtype=bool),
+            "steps": np.array([r[2] for r in rows], dtype=np.int64),
+        }
+
+    # ------------------------------------------------------------------ after the gauntlet
+    def close(self) -> None:
+        """Release the executor (a Ray instance this run started is shut down)."""
+        self.executor.close()
+
+    def failures(self) -> List[Dict[str, Any]]:
+        """Registry entries: the produced episodes the candidate failed and the baseline passed."""
+        candidate, baseline = self.policies["candidate"], self.policies["baseline"]
+        return [
+            {
+                "stratum": row["stratum"],
+                "scenario_id": row["scenario_id"],
+                "episode": row["episode"],
+                "candidate": {
+                    "version": candidate.version,
+                    "sha256": candidate.sha256,
+                    "unsafe": row["candidate_unsafe"],
+                },
+                "baseline": {"version": baseline.version, "sha256": baseline.sha256},
+                "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            for row in self.rows
+            if row["baseline"] and not row["candidate"]
+        ]
+
+    def paired_outcomes_table(self) -> List[Dict[str, Any]]:
+        """Every episode produced, as rows of the outcome-file format (plus unsafe and steps columns)."""
+        return [{k: v for k, v in row.items() if k != "episode"} for row in self.rows]
+
+    def stats(self) -> Dict[str, Any]:
+        rollouts = self.timing["episodes_run"]
+        return {
+            **self.timing,
+            "episode_pairs_produced": len(self.rows),
+            "env_steps_per_s": self.timing["env_steps"] / self.timing["rollout_s"]
+            if self.timing["rollout_s"]
+            else None,
+            "rollouts_per_s": rollouts / self.timing["rollout_s"] if self.timing["rollout_s"] else None,
+        }
+
+
+def write_paired_outcomes(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """The outcome-file format (stratum, scenario_id, cluster_id, baseline, candidate as 0/1) plus
+    each policy's unsafe flag and steps, written atomically."""
+    from vlaeval.artifacts import atomic_write_text
+
+    columns = ["stratum", "scenario_id", "cluster_id", "baseline", "candidate"]
+    columns += ["baseline_unsafe", "candidate_unsafe", "baseline_steps", "candidate_steps"]
+    lines = [",".join(columns)]
+    lines += [",".join(str(int(row[c]) if isinstance(row[c], bool) else row[c]) for c in columns) for row in rows]
+    return atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def _plain(node: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True, enum_to_str=True) if OmegaConf.is_config(node) else node
