@@ -65,6 +65,10 @@ BAD_INPUTS = {
         lambda w: ["outcomes=rollout_small", "outcomes.scenarios.safety_critical.tasks=[reach-v3]"],
         "task reach-v3 has no body named wall to monitor",
     ),
+    "repeated training variant family": (
+        lambda w: ["job=train", "data.train_families=[0,0]"],
+        "data.train_families=[0, 0] must list distinct variant families",
+    ),
     "unknown stratum in effects": (lambda w: ["+effects.moon_base=-0.1"], "effects.moon_base: unknown stratum"),
     "negative units": (lambda w: ["strata.nominal.units=-5"], "strata.nominal.units=-5 must be a positive"),
     "base rate above 1": (lambda w: ["strata.new_odd.base_rate=1.2"], "base_rate=1.2 must be a success rate in [0, 1]"),

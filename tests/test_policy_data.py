@@ -324,3 +324,39 @@ def test_reproduce_of_a_training_run_gives_the_same_checkpoint(workdir):
     assert report["all_identical"]
     keys = {c["key"] for c in report["comparisons"]}
     assert {"checkpoint.sha256", "train.final_loss"} <= keys
+
+
+def test_the_default_episode_plan_is_pinned_and_more_episodes_cover_every_scene():
+    """The default data's scenes never move (cached datasets and audit figures depend on them);
+    more episodes than scenes visit every scene equally often; train_families adds other
+    variant families' scenes as indices 50 * family + variant."""
+    from collections import Counter
+
+    from vlaeval.data.metaworld import TRAIN_VARIANTS, episode_plan, scene_of
+
+    default = [e["variant"] for e in episode_plan(["reach-v3"], 12, 0, TRAIN_VARIANTS)]
+    assert default == [4, 7, 8, 23, 15, 5, 2, 22, 24, 16, 11, 0]
+    counts = Counter(e["variant"] for e in episode_plan(["reach-v3"], 40, 0, TRAIN_VARIANTS))
+    assert set(counts) == set(TRAIN_VARIANTS) and set(counts.values()) == {1, 2}
+    wide = Counter(e["variant"] for e in episode_plan(["reach-v3"], 150, 0, TRAIN_VARIANTS, families=[0, 2, 3]))
+    assert set(wide.values()) == {2} and {scene_of(s)[0] for s in wide} == {0, 2, 3}
+    assert {scene_of(s)[1] for s in wide} == set(TRAIN_VARIANTS)
+
+
+def test_a_scene_of_another_family_is_that_family_s_variant():
+    import metaworld
+
+    from vlaeval.data.metaworld import EpisodeRunner
+
+    runner = EpisodeRunner()
+    try:
+        _, obs = runner.env("reach-v3", 50 * 2 + 3)
+        _, home = runner.env("reach-v3", 3)
+    finally:
+        runner.close()
+    benchmark = metaworld.MT1("reach-v3", seed=2)
+    env = benchmark.train_classes["reach-v3"]()
+    env.set_task(benchmark.train_tasks[3])
+    expected, _ = env.reset()
+    env.close()
+    assert np.allclose(obs[-3:], expected[-3:]) and not np.allclose(obs[-3:], home[-3:])  # its goal, not family 0's

@@ -4,7 +4,9 @@ Each episode is seeded: its scene is a task variant (`MT1(task).train_tasks[i]`;
 ignores the seed passed to reset) and the expert's actions are perturbed by seeded Gaussian noise
 while the clean expert action is recorded as the label (so the data covers states off the
 expert's own path). Training episodes use the first half of the 50 variants, held-out
-evaluation episodes the second half. Arrays plus a manifest whose sha256 covers their content are
+evaluation episodes the second half. `train_families` adds the first half of other variant
+families (`MT1(task, seed=family)`: 50 other goal and object placements each) to the training
+scenes; a scene is then stored as its index 50 * family + variant. Arrays plus a manifest whose sha256 covers their content are
 cached under <cache>/demonstrations/<config hash>/.
 """
 
@@ -170,6 +172,11 @@ def validate_data_config(data: Any) -> None:
     require(data.max_steps >= 2, f"data.max_steps={data.max_steps} must be >= 2")
     require(data.action_noise >= 0.0, f"data.action_noise={data.action_noise} must be >= 0")
     require(data.horizon >= 1, f"data.horizon={data.horizon} must be >= 1 (the action chunk length H)")
+    families = list(getattr(data, "train_families", [0]))
+    require(
+        len(families) > 0 and all(int(f) >= 0 for f in families) and len(set(families)) == len(families),
+        f"data.train_families={families} must list distinct variant families (MT1 benchmark seeds) >= 0, e.g. [0, 2, 3]",
+    )
 
 
 def _distance(a: str, b: str) -> int:
@@ -183,12 +190,30 @@ def _distance(a: str, b: str) -> int:
     return previous[-1]
 
 
-def episode_plan(tasks: Sequence[str], episodes_per_task: int, seed: int, variants: range) -> List[Dict[str, Any]]:
-    """Which scene variant and noise seed each episode uses: a function of the config alone."""
+def scene_of(index: int) -> tuple[int, int]:
+    """(variant family, variant) of a stored scene index 50 * family + variant."""
+    family, variant = divmod(int(index), VARIANTS_PER_TASK)
+    return family, variant
+
+
+def episode_plan(
+    tasks: Sequence[str], episodes_per_task: int, seed: int, variants: range, families: Sequence[int] = (0,)
+) -> List[Dict[str, Any]]:
+    """Which scene and noise seed each episode uses: a function of the config alone. The scenes are
+    `variants` of each of `families`, as indices 50 * family + variant (family 0: the variant)."""
     plan = []
     for task_index, task in enumerate(tasks):
         rng = np.random.default_rng(stable_seed("episodes", task, seed))
-        chosen = rng.choice(np.array(variants), size=episodes_per_task, replace=episodes_per_task > len(variants))
+        pool = np.array([VARIANTS_PER_TASK * int(f) + v for f in families for v in variants])
+        if episodes_per_task <= len(pool):
+            chosen = rng.choice(pool, size=episodes_per_task, replace=False)
+        else:
+            # More episodes than scenes: every scene equally often (whole shuffled rounds, the rest
+            # without replacement), not draws with replacement that leave a fifth of them unseen.
+            rounds, rest = divmod(episodes_per_task, len(pool))
+            chosen = np.concatenate(
+                [rng.permutation(pool) for _ in range(rounds)] + [rng.choice(pool, rest, replace=False)]
+            )
         for k in range(episodes_per_task):
             plan.append(
                 {
@@ -206,14 +231,15 @@ class EpisodeRunner:
 
     def __init__(self) -> None:
         self._metaworld, self._policies = _quiet_metaworld()
-        self._envs: Dict[str, Any] = {}
+        self._envs: Dict[tuple[str, int], Any] = {}  # (task, variant family) -> (env, its variants)
 
-    def env(self, task: str, variant: int):
-        if task not in self._envs:
-            benchmark = self._metaworld.MT1(task, seed=0)
+    def env(self, task: str, scene: int):
+        family, variant = scene_of(scene)
+        if (task, family) not in self._envs:
+            benchmark = self._metaworld.MT1(task, seed=family)
             env = benchmark.train_classes[task]()
-            self._envs[task] = (env, benchmark.train_tasks)
-        env, variants = self._envs[task]
+            self._envs[task, family] = (env, benchmark.train_tasks)
+        env, variants = self._envs[task, family]
         env.set_task(variants[variant])
         obs, _ = env.reset()
         return env, obs
@@ -250,7 +276,8 @@ def record_episode(
 
 def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str], None]] = None) -> Demonstrations:
     tasks = list(data.tasks)
-    plan = episode_plan(tasks, int(data.episodes_per_task), int(data.seed), TRAIN_VARIANTS)
+    families = [int(f) for f in getattr(data, "train_families", (0,))]
+    plan = episode_plan(tasks, int(data.episodes_per_task), int(data.seed), TRAIN_VARIANTS, families)
     runner = EpisodeRunner()
     episodes = []
     try:
@@ -298,8 +325,12 @@ def _data_fields(data: Any) -> Dict[str, Any]:
         if isinstance(data, DictConfig)
         else dict(vars(data))
     )
-    # The horizon shapes anchors, not episodes: it does not change the recorded data.
-    return {k: v for k, v in plain.items() if k not in ("horizon",)}
+    # The horizon shapes anchors, not episodes: it does not change the recorded data. The default
+    # train_families=[0] is left out so that data recorded before the setting existed stays cached.
+    out = {k: v for k, v in plain.items() if k not in ("horizon",)}
+    if list(out.get("train_families", [0])) == [0]:
+        out.pop("train_families", None)
+    return out
 
 
 def dataset_key(data: Any) -> str:
@@ -328,6 +359,7 @@ class MetaWorldDemonstrations:
         seed: int = 0,
         horizon: int = 4,
         name: str = "metaworld",
+        train_families: Sequence[int] = (0,),
     ) -> None:
         self.name = str(name)
         self.tasks = [str(t) for t in tasks]
@@ -336,6 +368,7 @@ class MetaWorldDemonstrations:
         self.action_noise = float(action_noise)
         self.seed = int(seed)
         self.horizon = int(horizon)
+        self.train_families = [int(f) for f in train_families]
 
     def validate(self) -> None:
         validate_data_config(self)

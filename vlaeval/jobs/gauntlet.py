@@ -214,6 +214,11 @@ def tracking_view(result: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, b
         "gauntlet.test_mode": result["test_mode"],
         "gauntlet.alarm_alpha": f"{result['multiplicity']['alarm_alpha']:.6g}",
     }
+    if "rollouts" in result:  # what the rollouts cost, and what early stopping saved
+        r = result["rollouts"]
+        for key in ("episodes_run", "episodes_from_cache", "rollouts_saved_by_early_stop", "env_steps_per_s"):
+            metrics[f"rollouts.{key}"] = r[key]
+        metrics["rollouts.registry_entries_added"] = r["registry_entries_added"]
     if result.get("preflight") is not None:
         metrics["preflight.ok"] = float(result["preflight"]["ok"])
         metrics["preflight.expected_units"] = result["preflight"]["expected_units"]

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from vlaeval.artifacts import stable_seed
-from vlaeval.data.metaworld import HELD_OUT_VARIANTS, EpisodeRunner, _quiet_metaworld, episode_plan
+from vlaeval.data.metaworld import HELD_OUT_VARIANTS, VARIANTS_PER_TASK, EpisodeRunner, _quiet_metaworld, episode_plan
 from vlaeval.policy.flow import FlowConvention, sample_actions
 
 MIN_POLICY_BATCH = 8  # rows of every batched policy call (padded): see the module docstring
@@ -355,7 +355,7 @@ def expert_successes(episodes: Sequence[Episode], max_steps: int) -> np.ndarray:
     out = np.zeros(len(episodes), dtype=bool)
     try:
         for k, e in enumerate(episodes):
-            env, obs = runner.env(e.task, e.variant)
+            env, obs = runner.env(e.task, VARIANTS_PER_TASK * e.family + e.variant)
             expert = runner.expert(e.task)
             for _ in range(max_steps):
                 obs, _, terminated, truncated, info = env.step(np.clip(expert.get_action(obs), -1.0, 1.0))
