@@ -31,6 +31,7 @@ from vlaeval.artifacts import atomic_write_json
 
 def gauntlet(cache: Path, name: str, overrides: List[str]) -> Dict[str, Any]:
     out = cache.parent / "runs" / name
+    shutil.rmtree(out, ignore_errors=True)  # a run folder of an earlier benchmark is replaced
     env = {**os.environ, "VLAEVAL_CACHE_DIR": str(cache), "MPLBACKEND": "Agg"}
     started = time.perf_counter()
     proc = subprocess.run(

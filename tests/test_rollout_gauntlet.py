@@ -307,12 +307,7 @@ def test_ray_gives_the_local_outcomes_and_a_dead_worker_loses_no_episode(ray_hea
         results = list(
             executor.map_groups(
                 _kill_first_attempt,
-                model,
-                [episodes[i : i + 2] for i in range(0, 8, 2)],
-                table,
-                plain_flow(flow),
-                1,
-                12,
+                [(model, episodes[i : i + 2], table, plain_flow(flow), 1, 12) for i in range(0, 8, 2)],
             )
         )
         assert len(list(markers.iterdir())) == 4  # four workers died

@@ -45,8 +45,9 @@ def compose_config(
 def typed_gauntlet(cfg: DictConfig):
     settings = OmegaConf.to_object(cfg.gauntlet)
     strata = {k: OmegaConf.to_object(v) for k, v in cfg.strata.items()}
-    effects = {str(k): float(v) for k, v in cfg.effects.items()}
-    return settings, strata, effects
+    from vlaeval.gauntlet.inputs import planted_effects
+
+    return settings, strata, planted_effects(cfg.effects)
 
 
 def builtin_policy(cfg: DictConfig):

@@ -6,7 +6,7 @@ built with the run's model/data/flow config) or a built-in recipe (`builtin:<nam
 like checkpoint=builtin). Their sha256 digests are the versions the lineage records.
 
 Each stratum is a scenario family (`outcomes.scenarios.<stratum>`): Meta-World tasks, a range of
-scene variants of a variant family, episodes per scene, a perturbation, and for safety strata a
+scene variants of one or more variant families, episodes per scene, a perturbation, and for safety strata a
 monitored obstacle whose contact above a force is an unsafe event that fails the episode. A
 cluster is one scene, a unit one episode; both policies run every episode with identical seeds
 (the policy's sampling noise and the perturbation streams come from the episode seed, a stable
@@ -40,7 +40,7 @@ BUILTIN_PREFIX = "builtin:"
 FAMILY_KEYS = (
     "tasks",
     "variants",
-    "family",
+    "variant_families",
     "episodes_per_scene",
     "perturbation",
     "unsafe_contact_force",
@@ -53,15 +53,15 @@ VARIANTS_PER_FAMILY = 50  # Meta-World draws 50 scene variants per task and benc
 @dataclass(frozen=True)
 class ScenarioFamily:
     """A stratum's scenarios. tasks: Meta-World tasks (null: the run's data.tasks); variants:
-    [first, stop) scene variants of the variant family `family` (the MT1 benchmark seed; 0 is the
-    family the built-in demonstrations use, variants 0-24 for training); episodes_per_scene: units
+    [first, stop) scene variants of each of `variant_families` (MT1 benchmark seeds; family 0
+    variants 0-24 are the built-in demonstrations' scenes); episodes_per_scene: units
     per cluster; perturbation: see vlaeval.policy.rollout.Perturbation; unsafe_contact_force:
     newtons above which contact with an `obstacle` body is an unsafe event; replay: the failure
     registry's scenarios instead."""
 
     tasks: Tuple[str, ...]
     variants: Tuple[int, int] = (0, 25)
-    family: int = 0
+    variant_families: Tuple[int, ...] = (0,)
     episodes_per_scene: int = 4
     perturbation: Perturbation = NO_PERTURBATION
     unsafe_contact_force: Optional[float] = None
@@ -89,7 +89,7 @@ class ScenarioFamily:
         return cls(
             tasks=tasks,
             variants=(variants[0], variants[1]),
-            family=int(values.get("family", 0)),
+            variant_families=tuple(int(f) for f in values.get("variant_families", (0,))),
             episodes_per_scene=episodes,
             perturbation=Perturbation.parse(values.get("perturbation"), f"{where}.perturbation"),
             unsafe_contact_force=None if force is None else float(force),
@@ -192,6 +192,7 @@ class RolloutOutcomes:
         self.rows: List[Dict[str, Any]] = []  # every episode pair produced, in production order
         self._replayed: Optional[List[Dict[str, Any]]] = None
         self._scenes: Dict[str, List[Scene]] = {}
+        self._built: set = set()  # strata whose scenes' benchmarks are built in this process
         self.timing = {"rollout_s": 0.0, "episodes_run": 0, "episodes_from_cache": 0, "env_steps": 0}
         from vlaeval.policy.executors import make_executor
 
@@ -218,7 +219,6 @@ class RolloutOutcomes:
                     task in known,
                     f"outcomes.scenarios.{stratum}.tasks: unknown Meta-World task {task!r}; see metaworld.MT1 tasks",
                 )
-        self._check_obstacles()
         for role, reference in self.references.items():
             if reference.startswith(BUILTIN_PREFIX):
                 name = reference[len(BUILTIN_PREFIX) :]
@@ -233,6 +233,7 @@ class RolloutOutcomes:
                     f"outcomes.{role}={reference} does not exist; give a checkpoint file or builtin:<name> "
                     f"({', '.join(BUILTIN_PREFIX + k for k in self.recipes)})",
                 )
+        self._check_obstacles()  # last: it builds each safety task's scene (~2 s a task)
 
     def describe(self) -> Dict[str, Any]:
         policies = {
@@ -248,12 +249,15 @@ class RolloutOutcomes:
             "controls": controls,
             "registry": str(self.registry.path),
             "registry_entries_replayed": len(self._replay_entries()),
+            # What historical_regressions replayed: a re-run with another registry is told apart.
+            "registry_replayed_sha256": sha256_json([e["id"] for e in self._replay_entries()]),
             "executor": self.executor.describe(),
             "sha256": sha256_json(
                 {
                     "policies": {r: p["sha256"] for r, p in policies.items()},
                     "scenarios": scenarios,
                     "controls": controls,
+                    "replayed": [e["id"] for e in self._replay_entries()],
                 }
             ),
         }
@@ -290,26 +294,32 @@ class RolloutOutcomes:
             else:
                 scenes = []
                 for task in family.tasks:
-                    for variant in range(*family.variants):
-                        scene_id = f"{task}/family-{family.family}/variant-{variant}"
-                        specs = tuple(
-                            episode_spec(
-                                Episode(
-                                    task,
-                                    0,
-                                    variant,
-                                    stable_seed("rollout-scenario", stratum, scene_id, k),
-                                    family=family.family,
-                                    perturbation=family.perturbation,
-                                    unsafe_contact_force=family.unsafe_contact_force,
-                                    obstacle=family.obstacle,
-                                )
-                            )
-                            for k in range(family.episodes_per_scene)
-                        )
-                        scenes.append(Scene(task, family.family, variant, specs))
+                    for family_seed in family.variant_families:
+                        for variant in range(*family.variants):
+                            scenes.append(self._scene(stratum, family, task, family_seed, variant))
             self._scenes[stratum] = scenes
         return self._scenes[stratum]
+
+    @staticmethod
+    def _scene(stratum: str, family: ScenarioFamily, task: str, family_seed: int, variant: int) -> Scene:
+        """A scene and its episodes; each episode's seed is a stable digest of stratum, scene and index."""
+        scene_id = f"{task}/family-{family_seed}/variant-{variant}"
+        episodes = tuple(
+            episode_spec(
+                Episode(
+                    task,
+                    0,
+                    variant,
+                    stable_seed("rollout-scenario", stratum, scene_id, k),
+                    family=family_seed,
+                    perturbation=family.perturbation,
+                    unsafe_contact_force=family.unsafe_contact_force,
+                    obstacle=family.obstacle,
+                )
+            )
+            for k in range(family.episodes_per_scene)
+        )
+        return Scene(task, family_seed, variant, episodes)
 
     def cluster_sizes(self, request: OutcomeRequest) -> np.ndarray:
         return np.array([len(s.episodes) for s in self.scenes(request.stratum)], dtype=np.int64)
@@ -320,7 +330,6 @@ class RolloutOutcomes:
         and training); returns the (baseline, candidate) versions: name @ the checkpoint's sha256."""
         for role, reference in self.references.items():
             self.policies[role] = self._load(role, reference, progress)
-        self._build_scenes_once()
         return self.policies["baseline"].version, self.policies["candidate"].version
 
     def _load(
@@ -377,14 +386,20 @@ class RolloutOutcomes:
             spec.flow,
         )
 
-    def _build_scenes_once(self) -> None:
-        """Meta-World's benchmark of every (task, variant family) the strata use, built here once:
-        forked rollout workers inherit them instead of rebuilding them (~2 s each) for every batch."""
+    def _build_scenes(self, stratum: str) -> None:
+        """Meta-World's benchmark of every (task, variant family) of the stratum, built here before
+        its first rollout (~1 s each): local workers, forked again after new ones, inherit them
+        instead of rebuilding them for every batch."""
         from vlaeval.policy.rollout import _task_benchmark
 
-        for name in self.available_strata():
-            for scene in self.scenes(name):
-                _task_benchmark(scene.task, scene.family)
+        if stratum in self._built:
+            return
+        self._built.add(stratum)
+        before = _task_benchmark.cache_info().currsize
+        for scene in self.scenes(stratum):
+            _task_benchmark(scene.task, scene.family)
+        if _task_benchmark.cache_info().currsize > before:
+            self.executor.restart_workers()  # a local pool re-forks on its next use; Ray workers build their own
 
     def _check_obstacles(self) -> None:
         from vlaeval.policy.rollout import _task_benchmark, obstacle_bodies
@@ -393,7 +408,7 @@ class RolloutOutcomes:
             if family.unsafe_contact_force is None or family.replay:
                 continue
             for task in family.tasks:
-                benchmark = _task_benchmark(task, family.family)
+                benchmark = _task_benchmark(task, family.variant_families[0])
                 env = benchmark.train_classes[task]()
                 try:
                     found = obstacle_bodies(env, family.obstacle)
@@ -414,13 +429,11 @@ class RolloutOutcomes:
 
         require(bool(self.policies), "RolloutOutcomes.prepare() must run before outcomes are produced")
         stratum = request.stratum
+        self._build_scenes(stratum)
         scenes = [self.scenes(stratum)[int(c)] for c in np.asarray(clusters, dtype=np.int64)]
         specs = [spec for scene in scenes for spec in scene.episodes]
         episode_cache = EpisodeCache(self.context.cache_dir, enabled=self.use_cache)
-        outcomes: Dict[str, Dict[str, np.ndarray]] = {}
-        for role, policy in self.policies.items():
-            degradation = self.degradations.get(stratum, NO_PERTURBATION) if role == "candidate" else NO_PERTURBATION
-            outcomes[role] = self._outcomes(policy, specs, degradation, episode_cache)
+        outcomes = self._outcomes(stratum, specs, episode_cache)
         self.timing["episodes_from_cache"] += episode_cache.hits
         self.timing["episodes_run"] += episode_cache.misses
         sizes = np.array([len(s.episodes) for s in scenes], dtype=np.int64)
@@ -443,46 +456,57 @@ class RolloutOutcomes:
         return StratumOutcomes(outcomes["baseline"]["success"], outcomes["candidate"]["success"], sizes), status
 
     def _outcomes(
-        self, policy: RolloutPolicy, specs: Sequence[Mapping[str, Any]], degradation: Perturbation, cache: Any
-    ) -> Dict[str, np.ndarray]:
+        self, stratum: str, specs: Sequence[Mapping[str, Any]], cache: Any
+    ) -> Dict[str, Dict[str, np.ndarray]]:
+        """Per policy (baseline, candidate): success, unsafe, steps of the episodes `specs`, from the
+        cache or rolled out now -- both policies' missing episodes in one executor call."""
         from vlaeval.data.metaworld import instruction_for
         from vlaeval.policy.episode_cache import episode_key
-        from vlaeval.policy.rollout import rollout_episodes
+        from vlaeval.policy.rollout import RolloutJob, rollout_jobs
         from vlaeval.policy.tiny_vla import bag_of_words
 
         tasks = sorted({str(s["task"]) for s in specs})
-        table = bag_of_words([instruction_for(t) for t in tasks], policy.vocab)
-        episodes = [episode_from_spec(s, tasks.index(str(s["task"])), degradation) for s in specs]
-        controls = {**self.controls(), "flow": _plain(policy.flow)}
-        keys = [episode_key(policy.sha256, e, controls) for e in episodes]
-        found = cache.get_many(keys)
-        todo = [i for i, key in enumerate(keys) if key not in found]
-        if todo:
+        keys: Dict[str, List[str]] = {}
+        found: Dict[str, Dict[str, Tuple[bool, bool, int]]] = {}
+        jobs, missing = [], []
+        for role, policy in self.policies.items():
+            degradation = self.degradations.get(stratum, NO_PERTURBATION) if role == "candidate" else NO_PERTURBATION
+            episodes = [episode_from_spec(s, tasks.index(str(s["task"])), degradation) for s in specs]
+            controls = {**self.controls(), "flow": _plain(policy.flow)}
+            keys[role] = [episode_key(policy.sha256, e, controls) for e in episodes]
+            found[role] = cache.get_many(keys[role])
+            todo = [i for i, key in enumerate(keys[role]) if key not in found[role]]
+            if todo:
+                table = bag_of_words([instruction_for(t) for t in tasks], policy.vocab)
+                jobs.append(RolloutJob(policy.model, [episodes[i] for i in todo], table, policy.flow))
+                missing.append((role, todo))
+        if jobs:
             started = time.perf_counter()
-            ran = rollout_episodes(
-                policy.model,
-                [episodes[i] for i in todo],
-                table,
-                policy.flow,
+            ran = rollout_jobs(
+                jobs,
+                self.executor,
                 execute_actions=self.execute_actions,
                 max_steps=self.max_steps,
                 group_size=self.lockstep_group,
-                executor=self.executor,
             )
             self.timing["rollout_s"] += time.perf_counter() - started
-            self.timing["env_steps"] += int(ran["steps"].sum())
-            new = {
-                keys[i]: (bool(ran["success"][j]), bool(ran["unsafe"][j]), int(ran["steps"][j]))
-                for j, i in enumerate(todo)
+            for (role, todo), out in zip(missing, ran):
+                self.timing["env_steps"] += int(out["steps"].sum())
+                new = {
+                    keys[role][i]: (bool(out["success"][j]), bool(out["unsafe"][j]), int(out["steps"][j]))
+                    for j, i in enumerate(todo)
+                }
+                cache.put_many((key, self.policies[role].sha256, outcome) for key, outcome in new.items())
+                found[role].update(new)
+        result = {}
+        for role in self.policies:
+            rows = [found[role][key] for key in keys[role]]
+            result[role] = {
+                "success": np.array([r[0] for r in rows], dtype=bool),
+                "unsafe": np.array([r[1] for r in rows], dtype=bool),
+                "steps": np.array([r[2] for r in rows], dtype=np.int64),
             }
-            cache.put_many((key, policy.sha256, outcome) for key, outcome in new.items())
-            found.update(new)
-        rows = [found[key] for key in keys]
-        return {
-            "success": np.array([r[0] for r in rows], dtype=bool),
-            "unsafe": np.array([r[1] for r in rows], dtype=bool),
-            "steps": np.array([r[2] for r in rows], dtype=np.int64),
-        }
+        return result
 
     # ------------------------------------------------------------------ after the gauntlet
     def close(self) -> None:

@@ -229,6 +229,57 @@ def plain_flow(flow: Any) -> SimpleNamespace:
     return SimpleNamespace(**dataclasses.asdict(FlowConvention.of(flow)), sampling_steps=int(flow.sampling_steps))
 
 
+@dataclass
+class RolloutJob:
+    """One policy's episodes: the policy, its instruction table (rows indexed by the episodes'
+    task_index) and its flow convention."""
+
+    model: Any
+    episodes: Sequence[Episode]
+    instruction_table: torch.Tensor
+    flow: Any
+
+
+def rollout_jobs(
+    jobs: Sequence[RolloutJob],
+    executor: Any,
+    *,
+    execute_actions: int,
+    max_steps: int,
+    group_size: int = 32,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> List[Dict[str, np.ndarray]]:
+    """Every job's episodes in lockstep groups of `group_size`, all groups of all jobs handed to the
+    executor at once (so one policy's stragglers overlap another's work); per job `success`,
+    `steps`, `unsafe` in its episodes' order. An episode's outcome depends on the episode alone, so
+    neither the groups nor the executor change the numbers."""
+    size = max(int(group_size), 1)
+    calls, owner = [], []
+    for k, job in enumerate(jobs):
+        flow = plain_flow(job.flow)
+        for i in range(0, len(job.episodes), size):
+            calls.append(
+                (job.model, list(job.episodes[i : i + size]), job.instruction_table, flow, execute_actions, max_steps)
+            )
+            owner.append(k)
+    parts: List[List[Dict[str, np.ndarray]]] = [[] for _ in jobs]
+    total, done = sum(len(job.episodes) for job in jobs), 0
+    for k, part in zip(owner, executor.map_groups(_rollout_group, calls)):
+        parts[k].append(part)
+        done += int(part["success"].size)
+        if progress is not None:
+            progress(done, total)
+    empty = {
+        "success": np.zeros(0, dtype=bool),
+        "steps": np.zeros(0, dtype=np.int64),
+        "unsafe": np.zeros(0, dtype=bool),
+    }
+    return [
+        {key: np.concatenate([p[key] for p in job_parts]) for key in empty} if job_parts else dict(empty)
+        for job_parts in parts
+    ]
+
+
 def rollout_episodes(
     model: torch.nn.Module,
     episodes: Sequence[Episode],
@@ -242,29 +293,24 @@ def rollout_episodes(
     executor: Any = None,
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> Dict[str, np.ndarray]:
-    """rollout_lockstep over groups of `group_size` consecutive episodes, run by `executor`
-    (vlaeval.policy.executors; None: a local pool of `workers` processes). An episode's outcome
-    depends on the episode alone, so neither the groups nor the executor change the numbers."""
+    """One policy's episodes (rollout_jobs with one job), run by `executor` (None: a local pool of
+    `workers` processes, closed on return)."""
     from vlaeval.policy.executors import LocalExecutor
 
-    flow = plain_flow(flow)
-    size = max(int(group_size), 1)
-    groups = [list(episodes[i : i + size]) for i in range(0, len(episodes), size)]
     runner = executor if executor is not None else LocalExecutor(workers)
-    parts: List[Dict[str, np.ndarray]] = []
-    done = 0
-    for part in runner.map_groups(_rollout_group, model, groups, instruction_table, flow, execute_actions, max_steps):
-        parts.append(part)
-        done += int(part["success"].size)
-        if progress is not None:
-            progress(done, len(episodes))
-    if not parts:
-        return {
-            "success": np.zeros(0, dtype=bool),
-            "steps": np.zeros(0, dtype=np.int64),
-            "unsafe": np.zeros(0, dtype=bool),
-        }
-    return {key: np.concatenate([p[key] for p in parts]) for key in ("success", "steps", "unsafe")}
+    try:
+        [out] = rollout_jobs(
+            [RolloutJob(model, episodes, instruction_table, flow)],
+            runner,
+            execute_actions=execute_actions,
+            max_steps=max_steps,
+            group_size=group_size,
+            progress=progress,
+        )
+    finally:
+        if executor is None:
+            runner.close()
+    return out
 
 
 def _rollout_group(
