@@ -13,7 +13,8 @@ signature is the one place its defaults live (the rule in docs/architecture.md):
   the logged config, the run's digest and the checkpoint key see every argument.
 
 Arguments a job supplies at build time (a policy's vocab, obs_dim, action_dim, horizon) are listed
-in RUNTIME_ARGUMENTS: they must not be configured and are never missing.
+in RUNTIME_ARGUMENTS: they must not be configured and are never missing; OFFERED_ARGUMENTS are
+passed only to components whose constructor takes them (an outcome source's `context`).
 """
 
 from __future__ import annotations
@@ -45,10 +46,16 @@ BUILTIN_COMPONENTS: Dict[str, Dict[str, str]] = {
         "rollout": "vlaeval.gauntlet.rollouts.RolloutOutcomes",
     },
 }
-RUNTIME_ARGUMENTS: Dict[str, Tuple[str, ...]] = {
-    "model": ("vocab", "obs_dim", "action_dim", "horizon"),
-    "outcomes": ("context",),  # the run's config sections, for a source that runs policies
-}
+RUNTIME_ARGUMENTS: Dict[str, Tuple[str, ...]] = {"model": ("vocab", "obs_dim", "action_dim", "horizon")}
+# Arguments a job offers to the components that accept them (never configured either): the run's
+# config sections, for an outcome source that runs policies (outcomes=rollout).
+OFFERED_ARGUMENTS: Dict[str, Tuple[str, ...]] = {"outcomes": ("context",)}
+
+
+def supplied_arguments(group: str) -> set:
+    return set(RUNTIME_ARGUMENTS.get(group, ())) | set(OFFERED_ARGUMENTS.get(group, ()))
+
+
 HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
 SCHEMA_SUFFIX = "_schema"  # conf/<group>/<option>.yaml lists `<option>_schema` first in its defaults
 
@@ -142,7 +149,7 @@ def static_parameters(target: str) -> List[Tuple[str, Any, Any]]:
 def schema_for(target: str, group: str) -> type:
     """A structured-config dataclass for the target: `_target_` plus every configurable argument
     with its signature default (arguments the job supplies are left out)."""
-    supplied = set(RUNTIME_ARGUMENTS.get(group, ()))
+    supplied = supplied_arguments(group)
     fields: List[Tuple[str, Any, Any]] = [("_target_", str, field(default=target))]
     for name, kind, default in static_parameters(target):
         if name in supplied:
@@ -210,7 +217,7 @@ def check_component(node: Any, group: str) -> Dict[str, Any]:
         parameters = inspect.signature(target).parameters
     except (TypeError, ValueError):
         return values  # no signature to check against (a builtin or C extension)
-    supplied = set(RUNTIME_ARGUMENTS.get(group, ()))
+    supplied = supplied_arguments(group)
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     named = [
         n
