@@ -390,15 +390,15 @@ class RolloutOutcomes:
         """Meta-World's benchmark of every (task, variant family) of the stratum, built here before
         its first rollout (~1 s each): local workers, forked again after new ones, inherit them
         instead of rebuilding them for every batch."""
-        from vlaeval.policy.rollout import _task_benchmark
+        from vlaeval.policy.rollout import _built_benchmark, _task_benchmark
 
         if stratum in self._built:
             return
         self._built.add(stratum)
-        before = _task_benchmark.cache_info().currsize
+        before = _built_benchmark.cache_info().currsize
         for scene in self.scenes(stratum):
             _task_benchmark(scene.task, scene.family)
-        if _task_benchmark.cache_info().currsize > before:
+        if _built_benchmark.cache_info().currsize > before:
             self.executor.restart_workers()  # a local pool re-forks on its next use; Ray workers build their own
 
     def _check_obstacles(self) -> None:

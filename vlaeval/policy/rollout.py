@@ -96,12 +96,16 @@ class Episode:
     obstacle: Tuple[str, ...] = field(default=("wall",))
 
 
-@functools.lru_cache(maxsize=None)
 def _task_benchmark(task: str, family: int = 0) -> Any:
-    """Meta-World's MT1 benchmark of a task (its 50 scene variants of one family): ~2 s to build,
+    """Meta-World's MT1 benchmark of a task (its 50 scene variants of one family): ~1-2 s to build,
     so built once per process and shared by every group of episodes."""
+    return _built_benchmark(str(task), int(family))
+
+
+@functools.lru_cache(maxsize=None)
+def _built_benchmark(task: str, family: int) -> Any:  # one cache key per (task, family), however called
     metaworld, _ = _quiet_metaworld()
-    return metaworld.MT1(task, seed=int(family))
+    return metaworld.MT1(task, seed=family)
 
 
 def obstacle_bodies(env: Any, names: Sequence[str]) -> List[int]:
