@@ -132,7 +132,10 @@ def test_a_rerun_is_served_from_the_episode_cache(three_runs):
 
 @pytest.mark.slow
 def test_the_paired_outcomes_are_reanalysed_by_outcomes_file(three_runs):
-    tmp, (first, _, _) = three_runs
+    """The second run's file: replayed registry episodes are the very episodes of another stratum,
+    and the file must still hold each scenario once."""
+    tmp, (_, first, _) = three_runs
+    assert "historical_regressions" in set(_pairs(first)["stratum"])
     proc = run_main(
         [
             "outcomes=file",

@@ -443,7 +443,9 @@ class RolloutOutcomes:
                 self.rows.append(
                     {
                         "stratum": stratum,
-                        "scenario_id": f"{scene.id}/seed-{spec['seed']}",
+                        # Unique across strata: a replayed registry entry is the very episode it
+                        # was found as, in another stratum.
+                        "scenario_id": f"{stratum}:{scene.id}/seed-{spec['seed']}",
                         "cluster_id": scene.id,
                         **{role: bool(outcomes[role]["success"][k]) for role in ("baseline", "candidate")},
                         **{f"{role}_unsafe": bool(outcomes[role]["unsafe"][k]) for role in ("baseline", "candidate")},
