@@ -12,6 +12,12 @@ plug in its own (a simulator farm, a replay service) through `_target_`. The pro
                                            something per unit (rollouts) runs only what the test needs
     load(request, cache)                   the whole stratum at once (sources that hold it anyway)
 
+Optional, for a source that runs policies (vlaeval.gauntlet.rollouts): `context` in the constructor
+(the run's config sections), `prepare()` -> (baseline, candidate) versions before the first
+cluster, `close()`, `notices()`, `batch_units` (replaces gauntlet.batch_units), `data_label` (the
+label of every unit, whatever the stratum says), `paired_outcomes_table()` and `failures()` (the
+job writes the paired-outcome file and feeds the failure registry).
+
 The scheduler never asks for a cluster the sequential test does not need; it takes clusters in a
 seeded random order (`cluster_permutation`) unless the user declares the source's order random.
 A source with `load` but no `produce` is served by slicing what `load` returns (`producer`).
