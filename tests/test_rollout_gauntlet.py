@@ -265,6 +265,10 @@ def ray_head(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     markers = tmp_path_factory.mktemp("markers")
+    # Token authentication off for this local head, in this process and the CLI runs it starts: a
+    # token left in ~/.ray by an earlier local ray.init() would otherwise not match the head's.
+    patch = pytest.MonkeyPatch()
+    patch.setenv("RAY_AUTH_MODE", "disabled")
     env = {**__import__("os").environ, "VLAEVAL_TEST_MARKERS": str(markers), "RAY_USAGE_STATS_ENABLED": "0"}
     start = subprocess.run(
         [
@@ -286,6 +290,7 @@ def ray_head(tmp_path_factory):
         yield f"127.0.0.1:{port}", markers
     finally:
         subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        patch.undo()
 
 
 @pytest.mark.slow
