@@ -552,15 +552,10 @@ class RolloutOutcomes:
 
 
 def write_paired_outcomes(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """The outcome-file format (stratum, scenario_id, cluster_id, baseline, candidate as 0/1) plus
-    each policy's unsafe flag and steps, written atomically."""
-    from vlaeval.artifacts import atomic_write_text
+    """The outcome-file format plus each policy's unsafe flag and steps, written atomically."""
+    from vlaeval.policy.evaluation import write_paired_outcomes as write
 
-    columns = ["stratum", "scenario_id", "cluster_id", "baseline", "candidate"]
-    columns += ["baseline_unsafe", "candidate_unsafe", "baseline_steps", "candidate_steps"]
-    lines = [",".join(columns)]
-    lines += [",".join(str(int(row[c]) if isinstance(row[c], bool) else row[c]) for c in columns) for row in rows]
-    return atomic_write_text(path, "\n".join(lines) + "\n")
+    return write(rows, path, ("baseline_unsafe", "candidate_unsafe", "baseline_steps", "candidate_steps"))
 
 
 def _plain(node: Any) -> Any:

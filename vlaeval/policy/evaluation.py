@@ -4,7 +4,7 @@ job=train share them)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Mapping, Sequence, Tuple
 
 from omegaconf import DictConfig
 
@@ -61,13 +61,33 @@ def print_evaluation(evaluation: Dict[str, Any]) -> None:
 EVALUATION_STRATUM = "distribution_shift"
 
 
+PAIRED_OUTCOME_COLUMNS = ("stratum", "scenario_id", "cluster_id", "baseline", "candidate")
+
+
+def write_paired_outcomes(rows: Sequence[Mapping[str, Any]], path: Path, extra_columns: Sequence[str] = ()) -> Path:
+    """Rows in the outcome-file format outcomes=file reads (booleans as 0/1), plus `extra_columns`,
+    written atomically: job=evaluate's episodes and every rollout gauntlet's."""
+    columns = [*PAIRED_OUTCOME_COLUMNS, *extra_columns]
+    lines = [",".join(columns)]
+    lines += [",".join(str(int(row[c]) if isinstance(row[c], bool) else row[c]) for c in columns) for row in rows]
+    return atomic_write_text(path, "\n".join(lines) + "\n")
+
+
 def paired_outcomes_csv(evaluation: Dict[str, Any], path: Path) -> Path:
     """Write the evaluation's episodes as stratum, scenario_id, cluster_id, baseline, candidate."""
-    lines = ["stratum,scenario_id,cluster_id,baseline,candidate"]
+    rows = []
     for e in evaluation["episodes"]:
         scene = f"{e['task']}/variant-{e['variant']}"
-        lines.append(f"{EVALUATION_STRATUM},{scene}/seed-{e['seed']},{scene},{int(e['expert'])},{int(e['policy'])}")
-    return atomic_write_text(path, "\n".join(lines) + "\n")
+        rows.append(
+            {
+                "stratum": EVALUATION_STRATUM,
+                "scenario_id": f"{scene}/seed-{e['seed']}",
+                "cluster_id": scene,
+                "baseline": bool(e["expert"]),
+                "candidate": bool(e["policy"]),
+            }
+        )
+    return write_paired_outcomes(rows, path)
 
 
 def plot_success(evaluation: Dict[str, Any], path: Path) -> Path:
