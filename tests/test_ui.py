@@ -15,7 +15,7 @@ import tempfile
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -99,7 +99,9 @@ def browser():
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def _wait(driver, what: str, condition, timeout: float = 60):
+def _wait(driver, what: str, condition, timeout: float = 60, state: Optional[Callable[[], str]] = None):
+    """`condition`'s first truthy value; on timeout an error with a screenshot and, given
+    `state`, what the page last looked like."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -108,8 +110,16 @@ def _wait(driver, what: str, condition, timeout: float = 60):
     except TimeoutException:
         shot = _screenshot(driver, "failure.png", check=False)
         raise AssertionError(
-            f"the MLflow UI never showed {what} (url: {driver.current_url}; screenshot: {shot})"
+            f"the MLflow UI never showed {what} (url: {driver.current_url}; screenshot: {shot}"
+            + (f"; {state()}" if state is not None else "")
+            + ")"
         ) from None
+
+
+def _spans(cells) -> str:
+    """The row offsets a grid has rendered, as 'first-last (count)'."""
+    tops = sorted({top for top, *_ in cells})
+    return f"{tops[0]:.0f}-{tops[-1]:.0f} ({len(tops)})" if tops else "none"
 
 
 def _open(driver, url: str) -> None:
@@ -174,12 +184,17 @@ def _compare_view_metrics(driver) -> Dict[str, List[str]]:
         "//*[contains(@class,'collapse-item')][./*[contains(@class,'collapse-header')][normalize-space(.)='Metrics']]",
     )
     names_grid, values_grid = section.find_elements(By.CSS_SELECTOR, ".ReactVirtualized__Grid")
+    # Every read scrolls both grids and fires their scroll events: the names grid follows the
+    # values grid only through its scroll handler, and under load a missed sync (a re-assigned
+    # scrollTop fires nothing) left it rendering older rows until the wait timed out (CI, stop 20).
     read = """
         const [names, values, offset] = arguments;
         values.scrollTop = offset;
+        names.scrollTop = values.scrollTop;
+        for (const g of [values, names]) g.dispatchEvent(new Event('scroll'));
         const cells = g => Array.from(g.firstElementChild.children).map(c => [parseFloat(c.style.top),
             parseFloat(c.style.left), parseFloat(c.style.height), c.innerText.trim()]);
-        return [values.firstElementChild.scrollHeight, cells(names), cells(values)];
+        return [values.firstElementChild.scrollHeight, cells(names), cells(values), values.scrollTop, names.scrollTop];
     """
 
     def covers(cells, offset: float) -> bool:  # react has rendered the row at this offset
@@ -187,10 +202,13 @@ def _compare_view_metrics(driver) -> Dict[str, List[str]]:
 
     step = 150  # pixels scrolled per read
 
+    last_read: List[Any] = []
+
     def rendered_at(offset: float):
         """Both grids have rendered every row from `offset` to the next read's offset (the names
         grid follows the values grid's scroll a frame later)."""
-        height, name_cells, value_cells = driver.execute_script(read, names_grid, values_grid, offset)
+        height, name_cells, value_cells, *scrolled = driver.execute_script(read, names_grid, values_grid, offset)
+        last_read[:] = [height, scrolled, _spans(name_cells), _spans(value_cells)]
         rows = (offset, min(offset + step, height) - 1)
         done = offset >= height or all(covers(cells, y) for cells in (name_cells, value_cells) for y in rows)
         return (height, name_cells, value_cells) if done else None
@@ -198,7 +216,13 @@ def _compare_view_metrics(driver) -> Dict[str, List[str]]:
     names, values, offset = {}, {}, 0
     while True:
         height, name_cells, value_cells = _wait(
-            driver, f"the Metrics rows at offset {offset}", lambda _, offset=offset: rendered_at(offset), timeout=20
+            driver,
+            f"the Metrics rows at offset {offset}",
+            lambda _, offset=offset: rendered_at(offset),
+            timeout=30,
+            state=lambda: "last read: height {}, scrollTop values/names {}, rows names {}, values {}".format(
+                *last_read
+            ),
         )
         names.update({top: text for top, _, _, text in name_cells})
         values.update({(top, left): text for top, left, _, text in value_cells})
