@@ -103,6 +103,26 @@ BAD_INPUTS = {
         lambda w: ["outcomes=file"],
         "outcomes.path is required by vlaeval.gauntlet.outcomes.FileOutcomes and has no value",
     ),
+    "ablation with one seed": (
+        lambda w: ["job=ablation", "ablation.seeds=[0]"],
+        "ablation.seeds has 1 seed(s); give >= 2 (intervals are across seeds)",
+    ),
+    "ablation proposal listed twice": (
+        lambda w: ["job=ablation", "ablation.proposals=[uniform,residual,uniform]"],
+        "ablation.proposals repeats ['uniform']",
+    ),
+    "ablation audit result missing": (
+        lambda w: ["job=ablation", f"ablation.audit_result={w / 'nowhere.json'}"],
+        "is not a file; give a job=residual_audit result.json",
+    ),
+    "ablation held-out loss on data without held-out scenes": (
+        lambda w: ["job=ablation", "data=lerobot", f"data.root={w}"],
+        "has no held-out scenes (a `scenes` argument); set ablation.heldout_episodes_per_task=0",
+    ),
+    "unknown data scene split": (
+        lambda w: ["job=train", "data.scenes=test"],
+        "data.scenes='test' must be one of train, held_out",
+    ),
     "unknown job": (lambda w: ["job.name=launch_rocket"], "unknown job 'launch_rocket'"),
     "reproduce without run id": (lambda w: ["job=reproduce"], "job=reproduce needs reproduce.run_id"),
 }

@@ -124,6 +124,24 @@ class GradientMethod(Choice):
     loop = "loop"  # one backward pass per sample: the reference
 
 
+class AblationProposal(Choice):
+    uniform = "uniform"  # the training distribution: every anchor and flow time as in training
+    residual = (
+        "residual"  # the audit's proposal from the residual score (audit.alpha, percentile_epsilon, proposal_power)
+    )
+    training_loss = "training_loss"  # the same transform of the training loss on draws independent of the judge's
+    gradient_oracle = (
+        "gradient_oracle"  # the same transform of gradient RMS^2 from build draws disjoint from the judge's
+    )
+    flow_time = "flow_time"  # uniform anchors, flow time from a proposal over equal-probability bins
+    residual_flow_time = "residual_flow_time"  # the residual proposal over anchors x the flow-time proposal
+
+
+class Optimizer(Choice):
+    adamw = "adamw"  # what the built-in policy is trained with
+    sgd = "sgd"  # plain SGD: the step's noise is the minibatch gradient's variance, unnormalised
+
+
 class TrainableSubset(Choice):
     action_head = "action_head"
     all = "all"

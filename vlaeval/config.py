@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from vlaeval.choices import (
     DEFAULT_BET_RULE,
+    AblationProposal,
     AlarmFwer,
     BetRule,
     CheckpointKind,
@@ -29,6 +30,7 @@ from vlaeval.choices import (
     Executor,
     GradientMethod,
     NoiseEnd,
+    Optimizer,
     Preflight,
     StratumKind,
     TestMode,
@@ -218,6 +220,55 @@ class AuditConfig:
 
 
 @dataclass
+class ScoreConfig:
+    """job=score: per-anchor residual scores of every training anchor, shard by shard."""
+
+    shard_index: int = 0
+    shard_count: int = 1  # anchors split into this many contiguous ranges (a multirun over shard_index)
+    merge: Optional[str] = None  # a folder of shards (e.g. the sweep's): check and join them instead
+
+
+@dataclass
+class AblationConfig:
+    """job=ablation: fine-tune the audited checkpoint under each proposal (docs/ablation.md)."""
+
+    proposals: List[AblationProposal] = field(
+        default_factory=lambda: [
+            AblationProposal.uniform,
+            AblationProposal.residual,
+            AblationProposal.training_loss,
+            AblationProposal.gradient_oracle,
+            AblationProposal.flow_time,
+            AblationProposal.residual_flow_time,
+        ]
+    )
+    seeds: List[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])  # training seeds, each run per proposal
+    steps: int = 500
+    batch_size: int = 256
+    learning_rate: float = 1e-4  # constant; the built-in policy ended its cosine schedule from 1e-3
+    optimizer: Optimizer = Optimizer.adamw
+    # The gradient's second moment at steps 0, measure_every, ..., steps: every anchor with
+    # judge_draws fresh flow draws each (never used to build a proposal), and `minibatches` real
+    # minibatch gradients of each proposal and of uniform sampling at the same parameters.
+    measure_every: int = 250
+    judge_draws: int = 8
+    minibatches: int = 32
+    # Draws per anchor the training-loss, gradient-oracle and flow-time proposals are built from.
+    build_draws: int = 16
+    time_bins: int = 10  # equal-probability bins of the training flow-time distribution
+    time_alpha: float = 0.1  # uniform mixing of the flow-time proposal
+    # Held-out flow-matching loss every heldout_every steps: the data's held-out scenes
+    # (data.scenes=held_out), heldout_episodes_per_task episodes, heldout_draws fixed draws per anchor.
+    heldout_every: int = 50
+    heldout_episodes_per_task: int = 4
+    heldout_draws: int = 4
+    evaluate: bool = True  # closed-loop success after fine-tuning on the evaluate.* episodes
+    audit_result: Optional[str] = None  # a job=residual_audit result.json: its predicted ratio and gate
+    scores: Optional[str] = None  # job=score's scores.json or shard folder (null: score every anchor here)
+    plot: bool = True
+
+
+@dataclass
 class GateConfig:
     name: str = "formal"
     min_anchors: int = 64
@@ -288,6 +339,8 @@ class VlaevalConfig:
     gradients: GradientsConfig = field(default_factory=GradientsConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
+    ablation: AblationConfig = field(default_factory=AblationConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)

@@ -81,6 +81,10 @@ def sweep_run_name(run_name: str) -> str:
     return tracking.clip_run_name(f"{run_name} #{runtime['job_num']} {' '.join(overrides)}")
 
 
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
 def typed(node: Any) -> Any:
     """The structured-config dataclass behind a node (enums and types as the schema says)."""
     return OmegaConf.to_object(node)
@@ -102,12 +106,15 @@ def publish(
     extra_artifacts: Sequence[Tuple[Path, Optional[str]]] = (),
     artifact_file: Optional[str] = None,
     gate_pass: Optional[bool] = None,
+    children: Sequence[Dict[str, Any]] = (),
 ) -> Dict[str, Any]:
     """Write the result locally (atomic) first, then log the run to MLflow (spooled for job=sync
     if the store cannot be reached). With `artifact_file`, result["artifact"] is also written on
     its own under that name (e.g. the gradient artifact). Every result carries a unique run id
     (`run_id`, tag `vlaeval.run_id`), tracked or not; `gate_pass` overrides the gate.pass tag's
-    all-checks-passed (a smoke audit passes its checks but is no certificate)."""
+    all-checks-passed (a smoke audit passes its checks but is no certificate). Each of `children`
+    ({name, params, metrics, history, tags, result}) has its result saved as children/<name>.json
+    and becomes a nested MLflow run of this one."""
     plain = to_plain(cfg)
     out = output_dir(cfg)
     run_id = uuid.uuid4().hex
@@ -129,6 +136,10 @@ def publish(
         artifact_path = atomic_write_json(out / artifact_file, result["artifact"])
         result["artifact_path"] = str(artifact_path)
         artifacts.append((artifact_path, None))
+    child_records = []
+    for child in children:
+        child_path = atomic_write_json(out / "children" / f"{_slug(child['name'])}.json", child["result"])
+        child_records.append({**child, "artifacts": [(child_path, None)]})
     result_path = atomic_write_json(out / RESULT_FILE, result)
     artifacts.insert(0, (result_path, None))
     if cfg.tracking.enabled:
@@ -145,6 +156,7 @@ def publish(
             artifacts=artifacts,
             base_dir=out,
             cache_dir=str(cfg.paths.cache_dir),
+            children=child_records,
         )
         result["mlflow_run_id"] = tracking.record_run(cfg.tracking, record, out, result_path)
     result["result_path"] = str(result_path)

@@ -27,6 +27,24 @@ AUDIT_SMALL = [
     "audit.permutations=500",
 ]
 GAUNTLET_SMALL = ["strata=small", "gauntlet.plot=false"]
+# The importance-sampling ablation in seconds, on AUDIT_SMALL's policy: 3 proposals x 2 seeds x 20
+# steps, the gradient moments at steps 0, 10, 20 on 2 judge draws and 4 minibatches.
+ABLATION_SMALL = [
+    *AUDIT_SMALL,
+    "job=ablation",
+    "ablation.proposals=[uniform,residual,residual_flow_time]",
+    "ablation.seeds=[0,1]",
+    "ablation.steps=20",
+    "ablation.measure_every=10",
+    "ablation.judge_draws=2",
+    "ablation.build_draws=4",
+    "ablation.minibatches=4",
+    "ablation.batch_size=32",
+    "ablation.heldout_every=10",
+    "ablation.heldout_episodes_per_task=1",
+    "evaluate.episodes_per_task=1",
+    "estimator.samples_per_estimator=8",
+]
 
 
 def compose_config(

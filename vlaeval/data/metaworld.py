@@ -6,8 +6,9 @@ while the clean expert action is recorded as the label (so the data covers state
 expert's own path). Training episodes use the first half of the 50 variants, held-out
 evaluation episodes the second half. `train_families` adds the first half of other variant
 families (`MT1(task, seed=family)`: 50 other goal and object placements each) to the training
-scenes; a scene is then stored as its index 50 * family + variant. Arrays plus a manifest whose sha256 covers their content are
-cached under <cache>/demonstrations/<config hash>/.
+scenes; a scene is then stored as its index 50 * family + variant. `scenes=held_out` records the
+same plan on the held-out variants instead (the ablation's held-out loss). Arrays plus a manifest
+whose sha256 covers their content are cached under <cache>/demonstrations/<config hash>/.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ DATASET_SCHEMA_VERSION = 1
 VARIANTS_PER_TASK = 50
 TRAIN_VARIANTS = range(0, 25)
 HELD_OUT_VARIANTS = range(25, 50)
+SCENE_SPLITS = {"train": TRAIN_VARIANTS, "held_out": HELD_OUT_VARIANTS}  # data.scenes
 OBS_DIM = 39
 ACTION_DIM = 4
 # Easy tasks mixed with ones whose scripted experts themselves fail now and then, so that
@@ -177,6 +179,8 @@ def validate_data_config(data: Any) -> None:
         len(families) > 0 and all(int(f) >= 0 for f in families) and len(set(families)) == len(families),
         f"data.train_families={families} must list distinct variant families (MT1 benchmark seeds) >= 0, e.g. [0, 2, 3]",
     )
+    scenes = str(getattr(data, "scenes", "train"))
+    require(scenes in SCENE_SPLITS, f"data.scenes={scenes!r} must be one of {', '.join(SCENE_SPLITS)}")
 
 
 def _distance(a: str, b: str) -> int:
@@ -277,7 +281,13 @@ def record_episode(
 def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str], None]] = None) -> Demonstrations:
     tasks = list(data.tasks)
     families = [int(f) for f in getattr(data, "train_families", (0,))]
-    plan = episode_plan(tasks, int(data.episodes_per_task), int(data.seed), TRAIN_VARIANTS, families)
+    plan = episode_plan(
+        tasks,
+        int(data.episodes_per_task),
+        int(data.seed),
+        SCENE_SPLITS[str(getattr(data, "scenes", "train"))],
+        families,
+    )
     runner = EpisodeRunner()
     episodes = []
     try:
@@ -330,6 +340,8 @@ def _data_fields(data: Any) -> Dict[str, Any]:
     out = {k: v for k, v in plain.items() if k not in ("horizon",)}
     if list(out.get("train_families", [0])) == [0]:
         out.pop("train_families", None)
+    if out.get("scenes", "train") == "train":  # likewise the default split
+        out.pop("scenes", None)
     return out
 
 
@@ -360,6 +372,7 @@ class MetaWorldDemonstrations:
         horizon: int = 4,
         name: str = "metaworld",
         train_families: Sequence[int] = (0,),
+        scenes: str = "train",
     ) -> None:
         self.name = str(name)
         self.tasks = [str(t) for t in tasks]
@@ -369,6 +382,7 @@ class MetaWorldDemonstrations:
         self.seed = int(seed)
         self.horizon = int(horizon)
         self.train_families = [int(f) for f in train_families]
+        self.scenes = str(scenes)  # train: the training variants; held_out: the evaluation ones
 
     def validate(self) -> None:
         validate_data_config(self)

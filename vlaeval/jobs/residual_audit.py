@@ -34,7 +34,7 @@ from vlaeval.residual.artifact import (
     per_seed_values,
     recover_anchors,
 )
-from vlaeval.residual.estimators import DESCRIPTIONS, UNBIASED, score_anchors
+from vlaeval.residual.estimators import DESCRIPTIONS, UNBIASED, score_anchors, validate_estimator_config
 from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "residual_audit"
@@ -43,17 +43,8 @@ RESULT_SCHEMA_VERSION = 2  # 2: fair training-loss baseline (cross-fitted), atta
 
 
 def validate_audit(cfg: DictConfig) -> None:
-    e, a, g = cfg.estimator, cfg.audit, cfg.gate
-    m = int(e.samples_per_estimator)
-    require(m >= 2 and m % 2 == 0, f"estimator.samples_per_estimator={m} must be an even number >= 2")
-    seeds = [int(s) for s in e.seeds]
-    require(
-        len(seeds) >= 4 and len(seeds) % 2 == 0,
-        f"estimator.seeds has {len(seeds)} seeds; give an even number >= 4 (split-half repeatability)",
-    )
-    duplicated = sorted({s for s in seeds if seeds.count(s) > 1})
-    require(not duplicated, f"estimator.seeds repeats {duplicated}; estimator seeds must be unique")
-    require(e.anchor_batch_size >= 1, f"estimator.anchor_batch_size={e.anchor_batch_size} must be >= 1")
+    a, g = cfg.audit, cfg.gate
+    validate_estimator_config(cfg.estimator)
     require(0.0 <= a.alpha <= 1.0, f"audit.alpha={a.alpha} must be in [0, 1]")
     require(0.0 <= a.percentile_epsilon < 0.5, f"audit.percentile_epsilon={a.percentile_epsilon} must be in [0, 0.5)")
     require(a.proposal_power > 0, f"audit.proposal_power={a.proposal_power} must be > 0")

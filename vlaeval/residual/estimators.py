@@ -44,14 +44,30 @@ DESCRIPTIONS = {
 }
 
 
+DRAW_BLOCK = 1024  # anchor rows per independent draw stream: a shard regenerates only its own blocks
+
+
 def draw_pairs(
-    kind: str, seed: int, anchors: int, m: int, chunk_shape: tuple, flow: Any
+    kind: str, seed: int, anchors: int, m: int, chunk_shape: tuple, flow: Any, first_row: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(t of shape (anchors, m), noise of shape (anchors, m, *chunk_shape)) for one estimator seed;
-    anchor i of the audited list always gets row i, whatever the batching."""
-    rng = np.random.default_rng(stable_seed("residual", kind, int(seed)))
-    d = int(np.prod(chunk_shape))
-    k = int(anchors)
+    """(t of shape (anchors, m), noise of shape (anchors, m, *chunk_shape)) for one estimator seed,
+    rows first_row .. first_row + anchors - 1 of the seed's draws: row i always gets the same
+    draws, whatever the batching or the shard (rows come in blocks of DRAW_BLOCK, each block from
+    its own stream, so a shard of a million anchors never draws the rows before it)."""
+    first, k = int(first_row), int(anchors)
+    blocks = range(first // DRAW_BLOCK, (first + k - 1) // DRAW_BLOCK + 1) if k > 0 else range(0)
+    parts = [_block_draws(kind, int(seed), b, m, int(np.prod(chunk_shape))) for b in blocks]
+    offset = first - (blocks[0] * DRAW_BLOCK if k > 0 else 0)
+    u = np.concatenate([p[0] for p in parts])[offset : offset + k] if parts else np.empty((0, m))
+    noise = np.concatenate([p[1] for p in parts])[offset : offset + k] if parts else np.empty((0, m, 1))
+    return FlowConvention.of(flow).time_quantile(np.asarray(u)), noise.reshape(k, m, *chunk_shape)
+
+
+def _block_draws(kind: str, seed: int, block: int, m: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Quantile levels u (DRAW_BLOCK, m) and noise (DRAW_BLOCK, m, d) of one block of rows."""
+    key = ("residual", kind, seed) if block == 0 else ("residual", kind, seed, block)
+    rng = np.random.default_rng(stable_seed(*key))
+    k = DRAW_BLOCK
     if kind == "iid":
         u = rng.random((k, m))
         noise = rng.standard_normal((k, m, d))
@@ -64,9 +80,9 @@ def draw_pairs(
         u = (np.arange(m)[None, :] + rng.random((k, m))) / m
         noise = rng.standard_normal((k, m, d))
     elif kind == "sobol":
-        # One scrambled Sobol' sequence per seed; anchor i takes the aligned block of m points
+        # One scrambled Sobol' sequence per block; row i takes the aligned block of m points
         # i*m .. (i+1)*m - 1, itself a scrambled net when m is a power of two. Every point is
-        # uniform, so the estimate is unbiased, while each block stays balanced. bits=64: points at
+        # uniform, so the estimate is unbiased, while each row stays balanced. bits=64: points at
         # full double precision (scipy's default of 30 bits leaves them on a 2^-30 lattice).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # balance warnings when m is not a power of two
@@ -75,7 +91,7 @@ def draw_pairs(
         noise = norm.ppf(np.clip(points[..., 1:], 1e-12, 1 - 1e-12))
     else:
         raise ValueError(f"unknown estimator kind {kind!r}; use one of {sorted(UNBIASED)}")
-    return FlowConvention.of(flow).time_quantile(np.asarray(u)), noise.reshape(k, m, *chunk_shape)
+    return np.asarray(u), noise
 
 
 @dataclass
@@ -93,6 +109,22 @@ def _per_draw(x: torch.Tensor, seeds: int, samples: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def validate_estimator_config(e: Any) -> None:
+    """The estimator section, checked before any work (the audit and the ablation score alike)."""
+    from vlaeval.errors import require
+
+    m = int(e.samples_per_estimator)
+    require(m >= 2 and m % 2 == 0, f"estimator.samples_per_estimator={m} must be an even number >= 2")
+    seeds = [int(s) for s in e.seeds]
+    require(
+        len(seeds) >= 4 and len(seeds) % 2 == 0,
+        f"estimator.seeds has {len(seeds)} seeds; give an even number >= 4 (split-half repeatability)",
+    )
+    duplicated = sorted({s for s in seeds if seeds.count(s) > 1})
+    require(not duplicated, f"estimator.seeds repeats {duplicated}; estimator seeds must be unique")
+    require(e.anchor_batch_size >= 1, f"estimator.anchor_batch_size={e.anchor_batch_size} must be >= 1")
+
+
 def score_anchors(
     model: Any,
     anchors: AnchorSet,
@@ -106,26 +138,30 @@ def score_anchors(
     flow: Any,
     device: str = "cpu",
     progress: Optional[Callable[[int, int], None]] = None,
+    first_row: int = 0,
 ) -> ResidualScores:
+    """Residuals of `anchor_index` under each estimator seed; the k-th anchor listed takes draw row
+    first_row + k (job=score's shards pass their first anchor, so shards equal one whole run)."""
     model = model.to(device).eval()
     convention = FlowConvention.of(flow)
     s, m, k = len(seeds), int(samples_per_estimator), anchor_index.size
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
-    draws = [draw_pairs(kind, seed, k, m, chunk, flow) for seed in seeds]
+    draws = [draw_pairs(kind, seed, k, m, chunk, flow, first_row) for seed in seeds]
     t_all = torch.from_numpy(np.stack([d[0] for d in draws]).astype(np.float32))  # (s, k, m)
     noise_all = torch.from_numpy(np.stack([d[1] for d in draws]).astype(np.float32))  # (s, k, m, H, A)
     losses = np.empty((s, k, m))
-    for start in range(0, k, int(anchor_batch_size)):
-        stop = min(start + int(anchor_batch_size), k)
-        b = stop - start
-        batch = anchor_batch(anchors, anchor_index[start:stop], instruction_table, device)
-        conditioning = model.encode(batch)  # once per anchor, shared by all seeds and samples
-        actions, mask = _per_draw(batch["target_actions"], s, m), _per_draw(batch["target_mask"], s, m)
-        t = t_all[:, start:stop].reshape(-1).to(device)
-        noise = noise_all[:, start:stop].reshape(-1, *chunk).to(device)
-        velocity = model.velocity(_per_draw(conditioning, s, m), convention.noisy(actions, noise, t), t)
-        loss = convention.per_sample_loss(velocity, actions, noise, mask)
-        losses[:, start:stop] = loss.reshape(s, b, m).double().cpu().numpy()
-        if progress is not None:
-            progress(stop, k)
+    with torch.no_grad():  # scoring only: no graph is kept, whatever the parameters' requires_grad
+        for start in range(0, k, int(anchor_batch_size)):
+            stop = min(start + int(anchor_batch_size), k)
+            b = stop - start
+            batch = anchor_batch(anchors, anchor_index[start:stop], instruction_table, device)
+            conditioning = model.encode(batch)  # once per anchor, shared by all seeds and samples
+            actions, mask = _per_draw(batch["target_actions"], s, m), _per_draw(batch["target_mask"], s, m)
+            t = t_all[:, start:stop].reshape(-1).to(device)
+            noise = noise_all[:, start:stop].reshape(-1, *chunk).to(device)
+            velocity = model.velocity(_per_draw(conditioning, s, m), convention.noisy(actions, noise, t), t)
+            loss = convention.per_sample_loss(velocity, actions, noise, mask)
+            losses[:, start:stop] = loss.reshape(s, b, m).double().cpu().numpy()
+            if progress is not None:
+                progress(stop, k)
     return ResidualScores(losses.mean(axis=2), losses, t_all.double().numpy(), head_evaluations=s * k * m)

@@ -254,11 +254,14 @@ def build_record(
     artifacts: Sequence[Tuple[Path, Optional[str]]],
     base_dir: Path,
     cache_dir: str | Path,
+    children: Sequence[Mapping[str, Any]] = (),
 ) -> Dict[str, Any]:
     """Everything one MLflow run holds, as JSON: what is uploaded now, or spooled and synced later.
 
     `record_id` is tagged on the run, so an upload that is retried never makes a second run.
-    Artifacts are stored relative to the run folder (which may be moved) or the cache.
+    Artifacts are stored relative to the run folder (which may be moved) or the cache. `children`
+    ({name, params, metrics, history, tags, artifacts}) become nested runs of this one (one per
+    proposal and seed of an ablation), uploaded before the parent is marked FINISHED.
     """
     parent = read_parent_run(hydra_runtime().get("sweep_dir"))
     all_tags = {"mlflow.runName": clip_run_name(run_name), "vlaeval.job": job_name, **tags}
@@ -280,6 +283,26 @@ def build_record(
         if tracking_cfg.log_artifacts
         else [],
         "partial_run_id": None,
+        "children": [
+            {
+                "record_id": uuid.uuid4().hex,
+                "start_time_ms": int(start_time_ms),
+                "params": mask_secrets({**flatten(plain_cfg), **flatten(dict(child.get("params", {})))}),
+                "metrics": dict(child.get("metrics", {})),
+                "history": {
+                    k: [[int(s), v] for s, v in points] for k, points in dict(child.get("history", {})).items()
+                },
+                "tags": {
+                    "mlflow.runName": clip_run_name(str(child["name"])),
+                    "vlaeval.job": job_name,
+                    **{k: redact_uri(str(v)) for k, v in dict(child.get("tags", {})).items() if v is not None},
+                },
+                "artifacts": [stored_artifact(path, artifact_path, roots) for path, artifact_path in child["artifacts"]]
+                if tracking_cfg.log_artifacts
+                else [],
+            }
+            for child in children
+        ],
     }
 
 
@@ -353,6 +376,8 @@ def upload_record(
                 logger.set_tags(gate_tags(record["checks"]))
         for path, artifact_path in sources:
             logger.log_artifact(path, artifact_path)
+        for child in record.get("children", []):
+            upload_child(client, experiment_id, child, run_id, roots)
         client.set_terminated(run_id, status="FINISHED")
     except BaseException as error:
         with contextlib.suppress(Exception):
@@ -360,6 +385,36 @@ def upload_record(
             client.set_terminated(run_id, status="FAILED")
         raise
     return run_id
+
+
+def upload_child(
+    client: Any, experiment_id: str, child: Mapping[str, Any], parent_run_id: str, roots: Mapping[str, Path]
+) -> str:
+    """One nested run under `parent_run_id`. A child an earlier attempt finished is kept and moved
+    under this parent (the earlier parent was a partial run, deleted); a partial one is replaced."""
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`vlaeval.record_id` = '{child['record_id']}'", max_results=10
+    )
+    for run in runs:
+        if run.info.status == "FINISHED":
+            client.set_tag(run.info.run_id, "mlflow.parentRunId", parent_run_id)
+            return run.info.run_id
+        with contextlib.suppress(Exception):
+            client.delete_run(run.info.run_id)
+    sources = [(artifact_source(entry, roots), entry["artifact_path"]) for entry in child["artifacts"]]
+    tags = {**child["tags"], "vlaeval.record_id": child["record_id"], "mlflow.parentRunId": parent_run_id}
+    run = client.create_run(
+        experiment_id, start_time=child["start_time_ms"], tags={k: _clip(v, MAX_TAG_CHARS) for k, v in tags.items()}
+    )
+    logger = RunLogger(client, run.info.run_id)
+    logger.log_params(child["params"])
+    logger.log_metrics(child["metrics"])
+    if child["history"]:
+        logger.log_history({k: [(s, v) for s, v in points] for k, points in child["history"].items()})
+    for path, artifact_path in sources:
+        logger.log_artifact(path, artifact_path)
+    client.set_terminated(run.info.run_id, status="FINISHED")
+    return run.info.run_id
 
 
 def record_run(tracking_cfg: Any, record: Dict[str, Any], base_dir: Path, result_path: Path) -> str:

@@ -1,0 +1,137 @@
+"""The importance-sampling ablation, measured: does the audit's predicted second-moment ratio show
+up in the training run it is about? And, over several settings, the calibration of the gate.
+
+    python benchmarks/ablation.py                      # the default ablation (job=ablation)
+    python benchmarks/ablation.py --calibration        # audit + ablation over several settings
+
+Every run goes through the CLI in its own process (tracking off) on one cache folder. The default
+ablation: the built-in checkpoint, every proposal, 5 seeds x 500 steps, closed-loop success.
+Calibration: for each setting (estimator, proposal power, a checkpoint from early, middle or late
+training, a task mix) job=residual_audit, then job=ablation on its result with the uniform and
+residual proposals (3 seeds, no closed loop): predicted vs realized ratio, gate pass vs realized
+gain. Results in benchmarks/results/ablation.json and ablation_calibration.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+from benchlib import REPO
+from vlaeval.artifacts import atomic_write_json
+
+CALIBRATION = {
+    "default (sobol, gamma 1/2)": [],
+    "estimator iid": ["estimator=iid"],
+    "gamma 1/4": ["audit.proposal_power=0.25"],
+    "gamma 1": ["audit.proposal_power=1.0"],
+    "early checkpoint (500 steps)": ["train.steps=500"],
+    "middle checkpoint (1500 steps)": ["train.steps=1500"],
+    "three easy tasks": ["data.tasks=[reach-v3,push-v3,pick-place-v3]"],
+}
+CALIBRATION_ABLATION = ["ablation.proposals=[uniform,residual]", "ablation.seeds=[0,1,2]", "ablation.evaluate=false"]
+
+
+def main_py(job: str, overrides: List[str], out: Path, cache: Path) -> Dict[str, Any]:
+    env = {**os.environ, "VLAEVAL_CACHE_DIR": str(cache), "MPLBACKEND": "Agg"}
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "main.py"), f"job={job}", "tracking=disabled", *overrides, f"hydra.run.dir={out}"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode not in (0, 1):  # an audit whose gate fails exits 1 and is still a result
+        raise SystemExit(f"{job} {overrides} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    result = json.loads((out / "result.json").read_text())
+    result["benchmark_wall_seconds"] = time.perf_counter() - started
+    return result
+
+
+def table(result: Dict[str, Any]) -> Dict[str, Any]:
+    last = str(result["settings"]["measure_steps"][-1])
+    rows = {}
+    for name, row in result["summary"].items():
+        rows[name] = {
+            "ratio_step_0": row["realized_ratio"]["0"],
+            f"ratio_step_{last}": row["realized_ratio"][last],
+            "gain_is_real": row["gain_is_real"],
+            "minibatch_variance_ratio_final": row.get("minibatch_variance_ratio", {}).get(last),
+            "final_heldout_loss": row.get("final_heldout_loss"),
+            "heldout_loss_minus_uniform": row.get("heldout_loss_minus_uniform"),
+            "success_rate": row.get("success_rate"),
+            "seconds_per_run": row["wall_seconds"],
+        }
+    return {
+        "predicted_ratio": result["prediction"]["predicted_ratio"],
+        "prediction": result["prediction"],
+        "base_success": result.get("base_success", {}) and result["base_success"]["success_rate"],
+        "score": result["score"],
+        "proposals": {k: {kk: vv for kk, vv in v.items() if kk != "name"} for k, v in result["proposals"].items()},
+        "table": rows,
+        "wall_seconds": result["benchmark_wall_seconds"],
+    }
+
+
+def calibration(cache: Path, runs: Path, extra: List[str]) -> Dict[str, Any]:
+    rows = {}
+    for label, overrides in CALIBRATION.items():
+        slug = "".join(c if c.isalnum() else "-" for c in label)
+        audit = main_py("residual_audit", [*overrides, *extra, "audit.plot=false"], runs / f"audit-{slug}", cache)
+        ablation = main_py(
+            "ablation",
+            [
+                *overrides,
+                *extra,
+                *CALIBRATION_ABLATION,
+                f"ablation.audit_result={runs / f'audit-{slug}' / 'result.json'}",
+                "ablation.plot=false",
+            ],
+            runs / f"ablation-{slug}",
+            cache,
+        )
+        summary = ablation["summary"]["residual"]
+        last = str(ablation["settings"]["measure_steps"][-1])
+        rows[label] = {
+            "overrides": overrides,
+            "gate_status": audit["gate"]["status"],
+            "gate_pass": bool(audit["gate"]["eligible_for_500_step_ablation"]),
+            "failed_checks": sorted(k for k, ok in audit["gate"]["checks"].items() if not ok),
+            "predicted_ratio": summary["predicted_ratio"],
+            "realized_ratio_step_0": summary["realized_ratio"]["0"],
+            f"realized_ratio_step_{last}": summary["realized_ratio"][last],
+            "gain_is_real": summary["gain_is_real"],
+            "prediction_within_interval": summary["prediction_within_interval"],
+            "heldout_loss_minus_uniform": summary.get("heldout_loss_minus_uniform"),
+            "wall_seconds": audit["benchmark_wall_seconds"] + ablation["benchmark_wall_seconds"],
+        }
+        print(json.dumps({label: rows[label]}, indent=1), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache-dir", default=str(REPO / ".cache" / "vlaeval"))
+    parser.add_argument("--runs-dir", default="/tmp/vlaeval-ablation-bench")
+    parser.add_argument("--calibration", action="store_true")
+    parser.add_argument("--extra", nargs="*", default=[], help="overrides added to every run")
+    args = parser.parse_args()
+    cache, runs = Path(args.cache_dir), Path(args.runs_dir)
+    results = REPO / "benchmarks" / "results"
+    if args.calibration:
+        out = {"settings": calibration(cache, runs, args.extra), "ablation_overrides": CALIBRATION_ABLATION}
+        atomic_write_json(results / "ablation_calibration.json", out)
+    else:
+        out = table(main_py("ablation", args.extra, runs / "default", cache))
+        atomic_write_json(results / "ablation.json", out)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

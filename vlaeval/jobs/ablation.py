@@ -1,0 +1,652 @@
+"""job=ablation: does a gate pass predict a training gain? The 500-step importance-sampling ablation.
+
+Check the settings (and a given audit result) before work; load the data, its held-out scenes and
+the audited checkpoint; score every training anchor with the configured estimator; measure every
+anchor's per-sample gradients on build draws (what the training-loss, gradient-oracle and
+flow-time proposals are made from); build the proposals and the audit's prediction; for each
+training seed and proposal, fine-tune with importance weights 1/(N q), measuring along the way the
+gradient's second moment (every anchor on fresh judge draws, and real minibatches against uniform
+sampling at the same parameters) and the held-out flow-matching loss; run every fine-tuned policy
+closed-loop on the same episodes; summarise realized against predicted ratios with intervals
+across seeds; save, plot, log to MLflow (a child run per proposal and seed), print the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from vlaeval import console
+from vlaeval.audit.proposals import (
+    Proposal,
+    minibatch_moments,
+    per_sample_second_moment,
+    score_proposal,
+    seed_interval,
+    time_bin_probabilities,
+    uniform_proposal,
+    variance_ratio_interval,
+)
+from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
+from vlaeval.choices import AblationProposal, Optimizer
+from vlaeval.config import to_plain
+from vlaeval.errors import UserInputError, require
+from vlaeval.memory import PeakMemory
+from vlaeval.policy.flow import FlowConvention
+from vlaeval.provenance import code_version
+from vlaeval.residual.ablation import (
+    FineTuneSettings,
+    anchor_gradients,
+    fine_tune,
+    mean_loss,
+    minibatch_gradients,
+)
+from vlaeval.residual.estimators import score_anchors, validate_estimator_config
+from vlaeval.residual.scores import read_scores, scoring_settings
+from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
+
+JOB = "ablation"
+COMPONENTS = ("data", "model")
+RESULT_SCHEMA_VERSION = 1
+
+
+def validate_ablation(cfg: DictConfig) -> None:
+    a = cfg.ablation
+    proposals = [str(p) for p in a.proposals]
+    require(len(proposals) > 0, "ablation.proposals is empty; list some of: " + ", ".join(AblationProposal.values()))
+    repeated = sorted({p for p in proposals if proposals.count(p) > 1})
+    require(not repeated, f"ablation.proposals repeats {repeated}; list each proposal once")
+    seeds = [int(s) for s in a.seeds]
+    require(len(seeds) >= 2, f"ablation.seeds has {len(seeds)} seed(s); give >= 2 (intervals are across seeds)")
+    require(len(set(seeds)) == len(seeds), f"ablation.seeds repeats a seed: {seeds}")
+    require(a.steps >= 1, f"ablation.steps={a.steps} must be >= 1")
+    require(a.batch_size >= 1, f"ablation.batch_size={a.batch_size} must be >= 1")
+    require(a.learning_rate > 0, f"ablation.learning_rate={a.learning_rate} must be > 0")
+    require(1 <= a.measure_every <= a.steps, f"ablation.measure_every={a.measure_every} must be in [1, ablation.steps]")
+    require(a.judge_draws >= 2, f"ablation.judge_draws={a.judge_draws} must be >= 2")
+    require(a.build_draws >= 2, f"ablation.build_draws={a.build_draws} must be >= 2")
+    require(a.minibatches == 0 or a.minibatches >= 2, f"ablation.minibatches={a.minibatches} must be 0 (off) or >= 2")
+    require(a.time_bins >= 2, f"ablation.time_bins={a.time_bins} must be >= 2")
+    require(0.0 < a.time_alpha <= 1.0, f"ablation.time_alpha={a.time_alpha} must be in (0, 1]")
+    require(a.heldout_every >= 1, f"ablation.heldout_every={a.heldout_every} must be >= 1")
+    require(a.heldout_draws >= 1, f"ablation.heldout_draws={a.heldout_draws} must be >= 1")
+    require(
+        a.heldout_episodes_per_task >= 0,
+        f"ablation.heldout_episodes_per_task={a.heldout_episodes_per_task} must be >= 0 (0: no held-out loss)",
+    )
+    if a.heldout_episodes_per_task > 0:
+        require(
+            "scenes" in cfg.data,
+            f"the data component {cfg.data.get('_target_')} has no held-out scenes (a `scenes` argument); "
+            "set ablation.heldout_episodes_per_task=0 to fine-tune without a held-out loss",
+        )
+    au = cfg.audit
+    require(0.0 <= au.alpha <= 1.0, f"audit.alpha={au.alpha} must be in [0, 1]")
+    require(0.0 <= au.percentile_epsilon < 0.5, f"audit.percentile_epsilon={au.percentile_epsilon} must be in [0, 0.5)")
+    require(au.proposal_power > 0, f"audit.proposal_power={au.proposal_power} must be > 0")
+    validate_estimator_config(cfg.estimator)
+    FlowConvention.of(cfg.flow).validate()
+    if a.audit_result is not None:
+        read_audit_result(str(a.audit_result))
+
+
+def read_audit_result(path: str) -> Dict[str, Any]:
+    file = Path(path)
+    require(file.is_file(), f"ablation.audit_result={path} is not a file; give a job=residual_audit result.json")
+    try:
+        result = json.loads(file.read_text())
+    except ValueError as error:
+        raise UserInputError(f"ablation.audit_result={path} is not JSON ({error}); give a result.json") from None
+    require(
+        isinstance(result, dict) and result.get("job") == "residual_audit",
+        f"ablation.audit_result={path} is not a job=residual_audit result; give the audit's result.json",
+    )
+    return result
+
+
+def measure_steps(a: DictConfig) -> List[int]:
+    return sorted(set(range(0, int(a.steps) + 1, int(a.measure_every))) | {int(a.steps)})
+
+
+def heldout_steps(a: DictConfig) -> List[int]:
+    return sorted(set(range(0, int(a.steps) + 1, int(a.heldout_every))) | {int(a.steps)})
+
+
+def build_proposals(
+    names: List[str], residual: np.ndarray, build: Any, a: DictConfig, audit: DictConfig
+) -> Dict[str, Proposal]:
+    """Each named proposal; the score ones transformed exactly as the audit transforms its score."""
+    n = residual.size
+    transform = dict(
+        alpha=float(audit.alpha),
+        percentile_epsilon=float(audit.percentile_epsilon),
+        proposal_power=float(audit.proposal_power),
+    )
+    residual_q = score_proposal("residual", residual, **transform)
+    made: Dict[str, Proposal] = {}
+    for name in names:
+        if name == AblationProposal.uniform:
+            made[name] = uniform_proposal(n)
+        elif name == AblationProposal.residual:
+            made[name] = residual_q
+        elif name == AblationProposal.training_loss:
+            made[name] = score_proposal(name, build.losses.mean(axis=0), **transform)
+        elif name == AblationProposal.gradient_oracle:
+            # The mean squared gradient norm is on the scale of a loss (squared), so the audit's
+            # transform gives q proportional to gradient RMS at gamma = 1/2. Untransformed (q
+            # proportional to the RMS of 16 draws) it measured 1.05 on independent draws: the
+            # anchors whose few draws came out small get weights their true norms punish.
+            made[name] = score_proposal(name, build.sq_norms.mean(axis=0), **transform)
+        else:
+            anchors = uniform_proposal(n) if name == AblationProposal.flow_time else residual_q
+            p = time_bin_probabilities(
+                build.sq_norms,
+                build.u,
+                anchors.anchor_probabilities,
+                bins=int(a.time_bins),
+                alpha=float(a.time_alpha),
+            )
+            made[name] = Proposal(name, anchors.anchor_probabilities, p)
+    return made
+
+
+def ratio_to_uniform(judge: Any, proposal: Proposal) -> float:
+    uniform = uniform_proposal(proposal.size)
+    return per_sample_second_moment(judge.sq_norms, judge.u, proposal) / per_sample_second_moment(
+        judge.sq_norms, judge.u, uniform
+    )
+
+
+def audit_prediction(cfg: DictConfig, data: Any, handle: Any, residual: np.ndarray) -> Dict[str, Any]:
+    """The audit's predicted second-moment ratio for the residual proposal: from the given audit
+    result, or computed the audit's way (its gradient artifact's anchors, RMS over its gradient
+    seeds, the same transform of the residual) on the cached artifact for this checkpoint."""
+    if cfg.ablation.audit_result is not None:
+        result = read_audit_result(str(cfg.ablation.audit_result))
+        require(
+            result.get("checkpoint_sha256") == handle.sha256,
+            f"ablation.audit_result audited checkpoint {str(result.get('checkpoint_sha256'))[:12]}..., not this "
+            f"one ({handle.sha256[:12]}...); audit this checkpoint or give its checkpoint",
+        )
+        return {
+            "source": str(cfg.ablation.audit_result),
+            "predicted_ratio": float(result["alignment"]["proposal"]["information_to_baseline_ratio"]),
+            "anchors": int(result["sample_count"]),
+            "gate_status": result["gate"]["status"],
+            "eligible_for_500_step_ablation": bool(result["gate"]["eligible_for_500_step_ablation"]),
+        }
+    from vlaeval.residual.artifact import cached_gradient_artifact, recover_anchors
+
+    metadata, artifact_anchors = cached_gradient_artifact(
+        cfg.gradients, cfg.flow, str(cfg.device), str(cfg.paths.cache_dir), data, handle
+    )
+    index = recover_anchors(
+        data.demonstrations, data.anchors, artifact_anchors, metadata["dataset_sha256"], metadata["path"]
+    )
+    rms = np.array([x["gradient_rms"] for x in artifact_anchors])
+    q = proposal_distribution(
+        residual[index],
+        alpha=float(cfg.audit.alpha),
+        percentile_epsilon=float(cfg.audit.percentile_epsilon),
+        proposal_power=float(cfg.audit.proposal_power),
+    )
+    return {
+        "source": "computed the audit's way on its gradient artifact " + str(metadata["path"]),
+        "predicted_ratio": float(information_to_baseline_ratio(rms, q)),
+        "anchors": int(index.size),
+        "gradient_seeds": len(metadata["gradient_seeds"]),
+        "gate_status": None,
+        "eligible_for_500_step_ablation": None,
+    }
+
+
+def residual_scores(cfg: DictConfig, data: Any, handle: Any) -> tuple:
+    """The residual of every training anchor: job=score's merged scores (checked against this
+    checkpoint, data and estimator) or scored here, batched as the audit scores."""
+    n = len(data.anchors)
+    if cfg.ablation.scores is not None:
+        metadata, arrays = read_scores(Path(str(cfg.ablation.scores)))
+        wanted = scoring_settings(
+            handle.sha256, data.demonstrations.manifest_sha256, n, to_plain(cfg.estimator), to_plain(cfg.flow)
+        )
+        differ = sorted(k for k in wanted if wanted[k] != metadata["settings"].get(k))
+        require(
+            not differ,
+            f"ablation.scores={cfg.ablation.scores} were scored with other {', '.join(differ)} than this run; "
+            "score with this checkpoint, data and estimator (job=score) or set ablation.scores=null",
+        )
+        return arrays["mean_residual"], {"source": str(cfg.ablation.scores), "shards": len(metadata["shards"])}
+    started = time.perf_counter()
+    with (
+        PeakMemory(str(cfg.device)) as peak,
+        console.unit_progress(f"scoring every anchor ({cfg.estimator.kind})", n) as update,
+    ):
+        scores = score_anchors(
+            handle.model,
+            data.anchors,
+            np.arange(n),
+            data.instruction_table,
+            kind=str(cfg.estimator.kind),
+            seeds=[int(s) for s in cfg.estimator.seeds],
+            samples_per_estimator=int(cfg.estimator.samples_per_estimator),
+            anchor_batch_size=int(cfg.estimator.anchor_batch_size),
+            flow=cfg.flow,
+            device=str(cfg.device),
+            progress=lambda done, total: update(completed=done),
+        )
+    seconds = time.perf_counter() - started
+    runtime = {
+        "source": "scored here",
+        "estimator": str(cfg.estimator.kind),
+        "seconds": seconds,
+        "anchors_per_second": n / seconds,
+        **peak.report(),
+    }
+    return scores.estimator_residuals.mean(axis=0), runtime
+
+
+def heldout_data(cfg: DictConfig) -> Optional[Any]:
+    from vlaeval.policy.builtin import prepare_data
+
+    if int(cfg.ablation.heldout_episodes_per_task) == 0:
+        return None
+    held = OmegaConf.create(OmegaConf.to_container(cfg.data, resolve=True))
+    with open_dict(held):
+        held.scenes = "held_out"
+        held.episodes_per_task = int(cfg.ablation.heldout_episodes_per_task)
+    with console.unit_progress("held-out demonstrations", 1) as update:
+        return prepare_data(
+            held,
+            str(cfg.paths.cache_dir),
+            lambda done, total, task: update(completed=done, total=total, description=f"recording {task}"),
+        )
+
+
+def run(cfg: DictConfig) -> Dict[str, Any]:
+    started_ms = now_ms()
+    validate_ablation(cfg)
+    a = cfg.ablation
+    names = [str(p) for p in a.proposals]
+    seeds = [int(s) for s in a.seeds]
+    data = load_data(cfg)
+    heldout = heldout_data(cfg)
+    handle = load_policy(cfg, data)
+    n = len(data.anchors)
+    table, flow, device = data.instruction_table, cfg.flow, str(cfg.device)
+    trainable = str(cfg.gradients.trainable)
+
+    residual, score_runtime = residual_scores(cfg, data, handle)
+
+    def gradients_on(model: Any, keys: List[tuple]) -> Any:
+        return anchor_gradients(
+            model,
+            data.anchors,
+            table,
+            flow,
+            trainable=trainable,
+            draw_keys=keys,
+            batch_size=int(cfg.gradients.batch_size),
+            device=device,
+            method=str(cfg.gradients.method),
+        )
+
+    console.show(f"per-sample gradients of {n} anchors x {a.build_draws} build draws")
+    build = gradients_on(handle.model, [("build", k) for k in range(int(a.build_draws))])
+    proposals = build_proposals(names, residual, build, a, cfg.audit)
+    prediction = audit_prediction(cfg, data, handle, residual)
+    uniform = uniform_proposal(n)
+    built_from = {
+        name: per_sample_second_moment(build.sq_norms, build.u, p)
+        / per_sample_second_moment(build.sq_norms, build.u, uniform)
+        for name, p in proposals.items()
+    }
+
+    settings = FineTuneSettings(
+        steps=int(a.steps),
+        batch_size=int(a.batch_size),
+        learning_rate=float(a.learning_rate),
+        optimizer=str(Optimizer.parse(a.optimizer, "ablation.optimizer")),
+        trainable=trainable,
+        seed=0,  # replaced per run
+        log_every=int(a.heldout_every),
+    )
+    measured, held_at = measure_steps(a), heldout_steps(a) if heldout is not None else []
+    step0: Dict[int, Any] = {}  # the judge at step 0 is the same for every proposal of a seed
+    runs: List[Dict[str, Any]] = []
+    models: List[Any] = []
+    with console.unit_progress("fine-tuning", len(seeds) * len(names)) as update:
+        for seed in seeds:
+            for name in names:
+                proposal = proposals[name]
+                record: Dict[str, Any] = {"proposal": name, "seed": seed, "measurements": [], "heldout_loss": []}
+
+                def on_step(step: int, model: Any, proposal=proposal, record=record, seed=seed) -> None:
+                    if step in held_at and heldout is not None:
+                        record["heldout_loss"].append(
+                            (
+                                step,
+                                mean_loss(
+                                    model,
+                                    heldout.anchors,
+                                    heldout.instruction_table,
+                                    flow,
+                                    draws_per_anchor=int(a.heldout_draws),
+                                    key=("heldout",),
+                                    device=device,
+                                ),
+                            )
+                        )
+                    if step in measured:
+                        record["measurements"].append(measure(model, proposal, seed, step))
+
+                def measure(model: Any, proposal: Proposal, seed: int, step: int) -> Dict[str, Any]:
+                    keys = [("judge", seed, step, j) for j in range(int(a.judge_draws))]
+                    if step != 0:
+                        judge = gradients_on(model, keys)
+                    elif seed in step0:
+                        judge = step0[seed]
+                    else:
+                        judge = step0[seed] = gradients_on(model, keys)
+                    moments = {k: per_sample_second_moment(judge.sq_norms, judge.u, p) for k, p in proposals.items()}
+                    m_uniform = per_sample_second_moment(judge.sq_norms, judge.u, uniform)
+                    out: Dict[str, Any] = {
+                        "step": step,
+                        "second_moment": moments.get(proposal.name, m_uniform),
+                        "uniform_second_moment": m_uniform,
+                        "ratio": per_sample_second_moment(judge.sq_norms, judge.u, proposal) / m_uniform,
+                        "ratios_of_every_proposal": {k: v / m_uniform for k, v in moments.items()},
+                        "mean_loss": float(judge.losses.mean()),
+                    }
+                    if int(a.minibatches) > 0:
+                        mine = minibatch_gradients(
+                            model,
+                            data.anchors,
+                            table,
+                            flow,
+                            proposal,
+                            key=("mine", seed, step, proposal.name),
+                            trainable=trainable,
+                            count=int(a.minibatches),
+                            batch_size=int(a.batch_size),
+                            device=device,
+                        )
+                        base = minibatch_gradients(
+                            model,
+                            data.anchors,
+                            table,
+                            flow,
+                            uniform,
+                            key=("uniform", seed, step, proposal.name),
+                            trainable=trainable,
+                            count=int(a.minibatches),
+                            batch_size=int(a.batch_size),
+                            device=device,
+                        )
+                        mm, mb = minibatch_moments(mine), minibatch_moments(base)
+                        out["minibatch"] = {
+                            "proposal": mm,
+                            "uniform": mb,
+                            "second_moment_ratio": mm["second_moment"] / mb["second_moment"],
+                            "variance_ratio": variance_ratio_interval(
+                                np.sum((mine - mine.mean(axis=0)) ** 2, axis=1),
+                                np.sum((base - base.mean(axis=0)) ** 2, axis=1),
+                            ),
+                        }
+                    return out
+
+                run_started = time.perf_counter()
+                tuned = fine_tune(
+                    handle.model,
+                    data.anchors,
+                    table,
+                    flow,
+                    proposal,
+                    dataclasses.replace(settings, seed=seed),
+                    at_steps=sorted(set(measured) | set(held_at)),
+                    on_step=on_step,
+                    device=device,
+                )
+                record.update(
+                    train_loss_curve=tuned["train_loss_curve"],
+                    train_seconds=tuned["train_seconds"],
+                    wall_seconds=time.perf_counter() - run_started,
+                )
+                runs.append(record)
+                models.append(tuned["model"].cpu())
+                update(completed=len(runs), description=f"fine-tuned {name} seed {seed}")
+
+    success = closed_loop_success(cfg, data, handle, models) if a.evaluate else None
+    if success is not None:
+        for record, row in zip(runs, success["runs"]):
+            record["success"] = row
+    summary = summarise(runs, names, prediction, measured, success)
+    result: Dict[str, Any] = {
+        "schema_version": RESULT_SCHEMA_VERSION,
+        "checkpoint": str(handle.path),
+        "checkpoint_sha256": handle.sha256,
+        "dataset_manifest_sha256": data.demonstrations.manifest_sha256,
+        "anchors": n,
+        "heldout_anchors": len(heldout.anchors) if heldout is not None else 0,
+        "trainable": trainable,
+        "score": score_runtime,
+        "prediction": prediction,
+        "proposals": {
+            name: {**p.describe(), "ratio_on_build_draws": built_from[name]} for name, p in proposals.items()
+        },
+        "settings": {
+            **{k: v for k, v in dataclasses.asdict(settings).items() if k != "seed"},
+            "measure_steps": measured,
+            "judge_draws": int(a.judge_draws),
+        },
+        "base_success": None if success is None else success["base"],
+        "summary": summary,
+        "runs": runs,
+    }
+    plots = []
+    if a.plot:
+        from vlaeval.audit.plots import plot_ablation
+
+        plots.append(plot_ablation(result, output_dir(cfg) / "ablation.png"))
+    metrics, checks = headline(result)
+    result = publish(
+        cfg,
+        JOB,
+        result,
+        started_ms=started_ms,
+        run_name=f"ablation {handle.sha256[:8]} {len(names)}x{len(seeds)}",
+        metrics=metrics,
+        checks=checks,
+        tags={
+            "checkpoint.sha256": handle.sha256,
+            "data.manifest_sha256": data.demonstrations.manifest_sha256,
+            "ablation.proposals": ",".join(names),
+        },
+        plots=plots,
+        code=code_version(),
+        children=[child_run(record) for record in runs],
+    )
+    print_summary(result)
+    return result
+
+
+def closed_loop_success(cfg: DictConfig, data: Any, handle: Any, models: List[Any]) -> Dict[str, Any]:
+    """Every fine-tuned policy and the checkpoint on the same held-out episodes (paired)."""
+    from vlaeval.data.metaworld import HELD_OUT_VARIANTS, episode_plan
+    from vlaeval.policy.executors import LocalExecutor
+    from vlaeval.policy.rollout import Episode, RolloutJob, rollout_jobs
+
+    e = cfg.evaluate
+    plan = episode_plan(data.demonstrations.tasks, int(e.episodes_per_task), int(e.seed), HELD_OUT_VARIANTS)
+    episodes = [Episode(p["task"], p["task_index"], p["variant"], p["seed"]) for p in plan]
+    jobs = [RolloutJob(m, episodes, data.instruction_table, cfg.flow) for m in [handle.model.cpu(), *models]]
+    executor = LocalExecutor(int(e.workers))
+    try:
+        with console.unit_progress("closed-loop episodes", len(jobs) * len(episodes)) as update:
+            outs = rollout_jobs(
+                jobs,
+                executor,
+                execute_actions=int(e.execute_actions),
+                max_steps=int(e.max_steps),
+                group_size=int(e.lockstep_group),
+                progress=lambda done, total: update(completed=done),
+            )
+    finally:
+        executor.close()
+    rows = [{"success_rate": float(np.mean(o["success"])), "successes": [bool(x) for x in o["success"]]} for o in outs]
+    return {"base": rows[0], "runs": rows[1:], "episodes": len(episodes)}
+
+
+def summarise(
+    runs: List[Dict[str, Any]],
+    names: List[str],
+    prediction: Dict[str, Any],
+    measured: List[int],
+    success: Optional[Dict[str, Any]],
+) -> Dict[str, Any]:
+    """Per proposal, across seeds: the realized ratio at each measured step, the final held-out
+    loss (and its difference from uniform's, paired by seed), success, minibatch check, time."""
+    by = {(r["proposal"], r["seed"]): r for r in runs}
+    seeds = sorted({r["seed"] for r in runs})
+    out: Dict[str, Any] = {}
+    for name in names:
+        mine = [by[(name, s)] for s in seeds]
+        row: Dict[str, Any] = {
+            "realized_ratio": {
+                str(step): seed_interval(
+                    [m["ratio"] for r in mine for m in r["measurements"] if m["step"] == step]
+                ).as_dict()
+                for step in measured
+            },
+            "wall_seconds": float(np.mean([r["wall_seconds"] for r in mine])),
+            "train_seconds": float(np.mean([r["train_seconds"] for r in mine])),
+        }
+        final = row["realized_ratio"][str(measured[-1])]
+        row["gain_is_real"] = bool(final["high"] < 1.0)
+        if all("minibatch" in m for r in mine for m in r["measurements"]):
+            row["minibatch_variance_ratio"] = {
+                str(step): seed_interval(
+                    [
+                        m["minibatch"]["variance_ratio"]["ratio"]
+                        for r in mine
+                        for m in r["measurements"]
+                        if m["step"] == step
+                    ]
+                ).as_dict()
+                for step in measured
+            }
+        if all(r["heldout_loss"] for r in mine):
+            row["final_heldout_loss"] = seed_interval([r["heldout_loss"][-1][1] for r in mine]).as_dict()
+            if AblationProposal.uniform in names and name != AblationProposal.uniform:
+                base = [by[(AblationProposal.uniform.value, s)]["heldout_loss"][-1][1] for s in seeds]
+                row["heldout_loss_minus_uniform"] = seed_interval(
+                    [r["heldout_loss"][-1][1] - b for r, b in zip(mine, base)]
+                ).as_dict()
+        if success is not None:
+            row["success_rate"] = seed_interval([r["success"]["success_rate"] for r in mine]).as_dict()
+        if name == AblationProposal.residual:
+            predicted = prediction["predicted_ratio"]
+            row["predicted_ratio"] = predicted
+            row["prediction_within_interval"] = bool(final["low"] <= predicted <= final["high"])
+        out[name] = row
+    return out
+
+
+def child_run(record: Dict[str, Any]) -> Dict[str, Any]:
+    name, seed = record["proposal"], record["seed"]
+    history: Dict[str, Any] = {
+        "ratio.realized": [(m["step"], m["ratio"]) for m in record["measurements"]],
+        "gradient.second_moment": [(m["step"], m["second_moment"]) for m in record["measurements"]],
+        "gradient.uniform_second_moment": [(m["step"], m["uniform_second_moment"]) for m in record["measurements"]],
+        "loss.heldout": record["heldout_loss"],
+        "loss.train_weighted": record["train_loss_curve"],
+    }
+    if record["measurements"] and "minibatch" in record["measurements"][0]:
+        history["minibatch.variance_ratio"] = [
+            (m["step"], m["minibatch"]["variance_ratio"]["ratio"]) for m in record["measurements"]
+        ]
+    metrics = {"ratio.final": record["measurements"][-1]["ratio"], "timing.wall_seconds": record["wall_seconds"]}
+    if record["heldout_loss"]:
+        metrics["loss.heldout_final"] = record["heldout_loss"][-1][1]
+    if "success" in record:
+        metrics["success_rate"] = record["success"]["success_rate"]
+    return {
+        "name": f"{name} seed {seed}",
+        "params": {"ablation.proposal": name, "ablation.seed": seed},
+        "metrics": metrics,
+        "history": history,
+        "tags": {"ablation.proposal": name, "ablation.seed": seed},
+        "result": record,
+    }
+
+
+def headline(result: Dict[str, Any]) -> tuple:
+    summary = result["summary"]
+    last = str(result["settings"]["measure_steps"][-1])
+    metrics: Dict[str, Optional[float]] = {
+        "prediction.residual_ratio": result["prediction"]["predicted_ratio"],
+        "score.anchors_per_second": result["score"].get("anchors_per_second"),
+    }
+    for name, row in summary.items():
+        metrics[f"realized_ratio.{name}"] = row["realized_ratio"][last]["mean"]
+        metrics[f"realized_ratio_high.{name}"] = row["realized_ratio"][last]["high"]
+        if "final_heldout_loss" in row:
+            metrics[f"heldout_loss.{name}"] = row["final_heldout_loss"]["mean"]
+        if "success_rate" in row:
+            metrics[f"success_rate.{name}"] = row["success_rate"]["mean"]
+    checks: Dict[str, bool] = {}
+    if AblationProposal.residual in summary:
+        checks["residual_gain_is_real"] = summary["residual"]["gain_is_real"]
+        checks["prediction_within_interval"] = summary["residual"]["prediction_within_interval"]
+    return metrics, checks
+
+
+def print_summary(result: Dict[str, Any]) -> None:
+    last = str(result["settings"]["measure_steps"][-1])
+    first = str(result["settings"]["measure_steps"][0])
+    p = result["prediction"]
+    console.show(
+        f"audit's predicted ratio (residual, {p['anchors']} anchors): {p['predicted_ratio']:.3f}"
+        + (f"  gate {p['gate_status']}" if p.get("gate_status") else "")
+    )
+    rows = []
+    for name, row in result["summary"].items():
+        r0, r1 = row["realized_ratio"][first], row["realized_ratio"][last]
+        cells = [
+            name,
+            f"{r0['mean']:.3f} [{r0['low']:.3f}, {r0['high']:.3f}]",
+            f"{r1['mean']:.3f} [{r1['low']:.3f}, {r1['high']:.3f}]",
+            "yes" if row["gain_is_real"] else "no",
+        ]
+        h = row.get("final_heldout_loss")
+        cells.append(f"{h['mean']:.4f} ± {(h['high'] - h['mean']):.4f}" if h else "-")
+        s = row.get("success_rate")
+        cells.append(f"{s['mean']:.3f}" if s else "-")
+        cells.append(f"{row['wall_seconds']:.1f}")
+        rows.append(cells)
+    console.show(
+        console.table(
+            f"Importance-sampling ablation ({result['anchors']} anchors, {result['settings']['steps']} steps, "
+            f"{len(next(iter(result['summary'].values()))['realized_ratio'][last]['values'])} seeds; 95% intervals across seeds)",
+            [
+                "proposal",
+                f"ratio at step {first}",
+                f"ratio at step {last}",
+                "gain real",
+                "held-out loss",
+                "success",
+                "s/run",
+            ],
+            rows,
+        )
+    )
+    if result.get("result_path"):
+        console.show(
+            f"result: {result['result_path']}"
+            + (f"   mlflow run: {result['mlflow_run_id']}" if result.get("mlflow_run_id") else "")
+        )

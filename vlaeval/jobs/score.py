@@ -1,0 +1,139 @@
+"""job=score: the residual score of every training anchor, as a shardable artifact.
+
+Check the settings; load the data and the checkpoint; score this shard's contiguous range of
+anchors (score.shard_index of score.shard_count; the draws of an anchor do not depend on the
+shard, so the shards of a multirun equal one whole run) with the configured estimator; write the
+shard (arrays, then the sidecar that names checkpoint, dataset and estimator). With score.merge,
+instead: find the shards under that folder, check that they cover every anchor exactly once with
+the same checkpoint, dataset and estimator settings, and write them joined as one scores file
+(what `ablation.scores` reads).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Dict
+
+import numpy as np
+from omegaconf import DictConfig
+
+from vlaeval import console
+from vlaeval.config import to_plain
+from vlaeval.errors import require
+from vlaeval.memory import PeakMemory
+from vlaeval.provenance import code_version
+from vlaeval.residual.estimators import score_anchors, validate_estimator_config
+from vlaeval.residual.scores import find_shards, merge_shards, scoring_settings, shard_range, write_shard
+from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
+
+JOB = "score"
+COMPONENTS = ("data", "model")
+
+
+def run(cfg: DictConfig) -> Dict[str, Any]:
+    started_ms = now_ms()
+    s = cfg.score
+    if s.merge is not None:
+        return merge(cfg, started_ms)
+    validate_estimator_config(cfg.estimator)
+    require(s.shard_count >= 1, f"score.shard_count={s.shard_count} must be >= 1")
+    require(
+        0 <= s.shard_index < s.shard_count,
+        f"score.shard_index={s.shard_index} must be in [0, score.shard_count={s.shard_count})",
+    )
+    data = load_data(cfg)
+    handle = load_policy(cfg, data)
+    total = len(data.anchors)
+    start, stop = shard_range(total, int(s.shard_index), int(s.shard_count))
+    positions = np.arange(start, stop)
+    started = time.perf_counter()
+    with PeakMemory(str(cfg.device)) as peak, console.unit_progress("scoring", positions.size) as update:
+        scores = score_anchors(
+            handle.model,
+            data.anchors,
+            positions,
+            data.instruction_table,
+            kind=str(cfg.estimator.kind),
+            seeds=[int(x) for x in cfg.estimator.seeds],
+            samples_per_estimator=int(cfg.estimator.samples_per_estimator),
+            anchor_batch_size=int(cfg.estimator.anchor_batch_size),
+            flow=cfg.flow,
+            device=str(cfg.device),
+            progress=lambda done, _: update(completed=done),
+            first_row=start,
+        )
+    elapsed = time.perf_counter() - started
+    settings = scoring_settings(
+        handle.sha256,
+        data.demonstrations.manifest_sha256,
+        total,
+        to_plain(cfg.estimator),
+        to_plain(cfg.flow),
+    )
+    runtime = {
+        "seconds": elapsed,
+        "anchors_per_second": positions.size / elapsed if elapsed > 0 else None,
+        "device": str(cfg.device),
+        **peak.report(),
+    }
+    sidecar = write_shard(
+        output_dir(cfg),
+        settings,
+        int(s.shard_index),
+        int(s.shard_count),
+        positions,
+        scores.estimator_residuals,
+        {"runtime": runtime},
+    )
+    result = {
+        "scores": str(sidecar),
+        "settings": settings,
+        "shard": {"index": int(s.shard_index), "count": int(s.shard_count), "start": start, "stop": stop},
+        "runtime": runtime,
+    }
+    result = publish(
+        cfg,
+        JOB,
+        result,
+        started_ms=started_ms,
+        run_name=f"score {s.shard_index}/{s.shard_count} {handle.sha256[:8]}",
+        metrics={"score.anchors": float(positions.size), "timing.anchors_per_second": runtime["anchors_per_second"]},
+        checks={},
+        tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+        code=code_version(),
+        extra_artifacts=[(sidecar, "scores"), (sidecar.with_suffix(".npz"), "scores")],
+    )
+    console.show(f"scored anchors {start}..{stop - 1} of {total} ({positions.size / elapsed:.0f} anchors/s): {sidecar}")
+    return result
+
+
+def merge(cfg: DictConfig, started_ms: int) -> Dict[str, Any]:
+    folder = Path(str(cfg.score.merge))
+    require(folder.is_dir(), f"score.merge={folder} is not a folder; give the folder holding the shards (the sweep's)")
+    metadata, arrays = merge_shards(find_shards(folder))
+    total = int(metadata["settings"]["total_anchors"])
+    sidecar = write_shard(
+        output_dir(cfg),
+        metadata["settings"],
+        0,
+        1,
+        arrays["anchor_positions"],
+        arrays["estimator_residuals"],
+        {"merged_from": metadata["shards"]},
+    )
+    result = {"scores": str(sidecar), "settings": metadata["settings"], "merged_from": metadata["shards"]}
+    result = publish(
+        cfg,
+        JOB,
+        result,
+        started_ms=started_ms,
+        run_name=f"score merge {len(metadata['shards'])} shards",
+        metrics={"score.anchors": float(total), "score.shards": float(len(metadata["shards"]))},
+        checks={"every_anchor_scored_once": True},
+        tags={"checkpoint.sha256": metadata["settings"]["checkpoint_sha256"]},
+        code=code_version(),
+        extra_artifacts=[(sidecar, "scores"), (sidecar.with_suffix(".npz"), "scores")],
+    )
+    console.show(f"merged {len(metadata['shards'])} shards: every one of {total} anchors scored once: {sidecar}")
+    return result

@@ -1,0 +1,235 @@
+"""The importance-sampling ablation's torch side: per-sample gradient norms over every anchor,
+minibatch gradients drawn from a proposal, and fine-tuning with importance weights.
+
+Flow time is drawn through its quantile level u (t = FlowConvention.time_quantile(u)), so a
+proposal over flow-time bins and the training distribution share one parametrisation; every draw
+comes from a generator seeded by a stable digest of what it is for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from vlaeval.artifacts import stable_seed
+from vlaeval.audit.proposals import Proposal
+from vlaeval.data.anchors import AnchorSet
+from vlaeval.policy.flow import FlowConvention
+from vlaeval.policy.training import anchor_batch, flow_matching_losses
+from vlaeval.residual.gradients import PerSampleGradNorms
+
+
+@contextlib.contextmanager
+def only_trainable(model: Any, subset: str) -> Iterator[List[torch.nn.Parameter]]:
+    """Gradients for `subset` (the policy's `trainable_parameters`) only; restored on exit."""
+    parameters = list(model.trainable_parameters(subset))
+    wanted = {id(p) for p in parameters}
+    before = {id(p): p.requires_grad for p in model.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in wanted)
+    try:
+        yield parameters
+    finally:
+        for p in model.parameters():
+            p.requires_grad_(before[id(p)])
+
+
+def quantile_draws(key: Sequence[Any], count: int, chunk: Tuple[int, int]) -> Tuple[np.ndarray, np.ndarray]:
+    """Quantile levels u (count,) and noise (count, H, A) from the generator of `key`."""
+    rng = np.random.default_rng(stable_seed("ablation-draws", *key))
+    u = rng.random(count)
+    noise = rng.standard_normal((count, *chunk)).astype(np.float32)
+    return u, noise
+
+
+@dataclass(frozen=True)
+class AnchorGradients:
+    """Per (draw, anchor): squared per-sample gradient norm, loss and quantile level u; (draws, N)."""
+
+    sq_norms: np.ndarray
+    losses: np.ndarray
+    u: np.ndarray
+
+
+def anchor_gradients(
+    model: torch.nn.Module,
+    anchors: AnchorSet,
+    instruction_table: torch.Tensor,
+    flow: Any,
+    *,
+    trainable: str,
+    draw_keys: Sequence[Sequence[Any]],
+    batch_size: int,
+    device: str = "cpu",
+    method: str = "auto",
+) -> AnchorGradients:
+    """Every anchor under each draw key (one flow draw per anchor per key), exact per-sample norms
+    over the `trainable` subset (vlaeval.residual.gradients), in eval mode."""
+    convention = FlowConvention.of(flow)
+    n = len(anchors)
+    chunk = (anchors.horizon, anchors.target_actions.shape[-1])
+    model = model.to(device).eval()
+    sq = np.empty((len(draw_keys), n))
+    losses = np.empty((len(draw_keys), n))
+    us = np.empty((len(draw_keys), n))
+    with only_trainable(model, trainable) as parameters:
+        norms = PerSampleGradNorms(model, parameters, flow, method)
+        for row, key in enumerate(draw_keys):
+            u, noise = quantile_draws(key, n, chunk)
+            us[row] = u
+            t = torch.from_numpy(convention.time_quantile(u).astype(np.float32))
+            for start in range(0, n, int(batch_size)):
+                stop = min(start + int(batch_size), n)
+                batch = anchor_batch(anchors, np.arange(start, stop), instruction_table, device)
+                s, loss = norms(batch, t[start:stop].to(device), torch.from_numpy(noise[start:stop]).to(device))
+                sq[row, start:stop] = s.double().cpu().numpy()
+                losses[row, start:stop] = loss.double().cpu().numpy()
+    return AnchorGradients(sq, losses, us)
+
+
+def weighted_loss(
+    model: torch.nn.Module,
+    anchors: AnchorSet,
+    instruction_table: torch.Tensor,
+    flow: Any,
+    draws: Dict[str, np.ndarray],
+    noise: np.ndarray,
+    device: str = "cpu",
+) -> torch.Tensor:
+    """(1 / B) sum_b w_b l(i_b, t(u_b), noise_b): unbiased for the uniform training loss."""
+    convention = FlowConvention.of(flow)
+    batch = anchor_batch(anchors, draws["anchors"], instruction_table, device)
+    t = torch.from_numpy(convention.time_quantile(draws["u"]).astype(np.float32)).to(device)
+    losses = flow_matching_losses(model, batch, t, torch.from_numpy(noise).to(device), flow)
+    weights = torch.from_numpy(draws["weights"].astype(np.float32)).to(device)
+    return (weights * losses).mean()
+
+
+def minibatch_gradients(
+    model: torch.nn.Module,
+    anchors: AnchorSet,
+    instruction_table: torch.Tensor,
+    flow: Any,
+    proposal: Proposal,
+    *,
+    trainable: str,
+    count: int,
+    batch_size: int,
+    key: Sequence[Any],
+    device: str = "cpu",
+) -> np.ndarray:
+    """`count` importance-weighted minibatch gradients (count, P) at the model's current
+    parameters, each from `batch_size` fresh draws of `proposal` (eval mode)."""
+    rng = np.random.default_rng(stable_seed("ablation-minibatches", *key))
+    chunk = (anchors.horizon, anchors.target_actions.shape[-1])
+    model = model.to(device).eval()
+    rows = []
+    with only_trainable(model, trainable) as parameters:
+        for _ in range(int(count)):
+            draws = proposal.sample(rng, int(batch_size))
+            noise = rng.standard_normal((int(batch_size), *chunk)).astype(np.float32)
+            loss = weighted_loss(model, anchors, instruction_table, flow, draws, noise, device)
+            grads = torch.autograd.grad(loss, parameters)
+            rows.append(torch.cat([g.reshape(-1) for g in grads]).double().cpu().numpy())
+    return np.stack(rows)
+
+
+@dataclass(frozen=True)
+class FineTuneSettings:
+    steps: int
+    batch_size: int
+    learning_rate: float
+    optimizer: str  # adamw or sgd
+    trainable: str
+    seed: int
+    log_every: int
+
+
+def fine_tune(
+    model: torch.nn.Module,
+    anchors: AnchorSet,
+    instruction_table: torch.Tensor,
+    flow: Any,
+    proposal: Proposal,
+    settings: FineTuneSettings,
+    *,
+    at_steps: Sequence[int] = (),
+    on_step: Optional[Callable[[int, torch.nn.Module], None]] = None,
+    device: str = "cpu",
+) -> Dict[str, Any]:
+    """Fine-tune a copy of `model` for `settings.steps` steps on importance-weighted minibatches of
+    `proposal`. The draws come from one generator per training seed, the same for every proposal
+    (common random numbers). `on_step(step, model)` runs at each step in `at_steps` (0 = before
+    the first update), in eval mode, and must leave the parameters unchanged."""
+    torch.use_deterministic_algorithms(True)
+    model = copy.deepcopy(model).to(device)
+    rng = np.random.default_rng(stable_seed("ablation-train", settings.seed))
+    torch.manual_seed(stable_seed("ablation-torch", settings.seed))
+    chunk = (anchors.horizon, anchors.target_actions.shape[-1])
+    wanted = set(int(s) for s in at_steps)
+    curve: List[Tuple[int, float]] = []
+    window: List[float] = []
+    train_seconds = 0.0
+    with only_trainable(model, settings.trainable) as parameters:
+        if settings.optimizer == "sgd":
+            optimizer: torch.optim.Optimizer = torch.optim.SGD(parameters, lr=settings.learning_rate)
+        else:
+            optimizer = torch.optim.AdamW(parameters, lr=settings.learning_rate, weight_decay=0.0)
+        for step in range(0, settings.steps + 1):
+            if step in wanted and on_step is not None:
+                on_step(step, model.eval())
+            if step == settings.steps:
+                break
+            started = time.perf_counter()
+            model.train()
+            draws = proposal.sample(rng, settings.batch_size)
+            noise = rng.standard_normal((settings.batch_size, *chunk)).astype(np.float32)
+            loss = weighted_loss(model, anchors, instruction_table, flow, draws, noise, device)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            train_seconds += time.perf_counter() - started
+            window.append(loss.item())
+            if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
+                curve.append((step + 1, float(np.mean(window))))
+                window.clear()
+    return {"model": model.eval(), "train_loss_curve": curve, "train_seconds": train_seconds}
+
+
+def mean_loss(
+    model: torch.nn.Module,
+    anchors: AnchorSet,
+    instruction_table: torch.Tensor,
+    flow: Any,
+    *,
+    draws_per_anchor: int,
+    key: Sequence[Any],
+    batch_size: int = 4096,
+    device: str = "cpu",
+) -> float:
+    """The flow-matching loss over every anchor of `anchors`, `draws_per_anchor` fixed draws each
+    (the same draws for every model evaluated with the same key)."""
+    convention = FlowConvention.of(flow)
+    n = len(anchors)
+    chunk = (anchors.horizon, anchors.target_actions.shape[-1])
+    total, count = 0.0, 0
+    model = model.to(device).eval()
+    with torch.no_grad():
+        for draw in range(int(draws_per_anchor)):
+            u, noise = quantile_draws((*key, draw), n, chunk)
+            t = torch.from_numpy(convention.time_quantile(u).astype(np.float32))
+            for start in range(0, n, int(batch_size)):
+                stop = min(start + int(batch_size), n)
+                batch = anchor_batch(anchors, np.arange(start, stop), instruction_table, device)
+                loss = flow_matching_losses(
+                    model, batch, t[start:stop].to(device), torch.from_numpy(noise[start:stop]).to(device), flow
+                )
+                total += float(loss.double().sum())
+                count += stop - start
+    return total / count
