@@ -47,6 +47,15 @@ SUMMARY_COLUMNS = {
         ("p(ratio)", "metric", "permutation.p_second_moment"),
         ("loss ratio", "metric", "baseline.training_loss_ratio"),
     ),
+    "ablation": (
+        ("gate.pass", "tag", "gate.pass"),
+        ("failed checks", "tag", "gate.failed"),
+        ("predicted", "metric", "prediction.residual_ratio"),
+        ("realized", "metric", "realized_ratio.residual"),
+        ("realized high", "metric", "realized_ratio_high.residual"),
+        ("x flow time", "metric", "realized_ratio.residual_flow_time"),
+        ("held-out loss", "metric", "heldout_loss.residual"),
+    ),
 }
 DEFAULT_COLUMNS = (("gate.pass", "tag", "gate.pass"), ("failed checks", "tag", "gate.failed"))
 
