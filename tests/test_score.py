@@ -10,6 +10,7 @@ import pytest
 
 from helpers.configs import AUDIT_SMALL, builtin_policy, compose_config
 from helpers.processes import run_main
+from helpers.reliability import record_outcome
 from vlaeval.errors import UserInputError
 from vlaeval.residual.estimators import score_anchors
 from vlaeval.residual.scores import find_shards, merge_shards, read_scores, shard_range, write_shard
@@ -155,3 +156,7 @@ def test_score_multirun_shards_merge_to_the_single_process_scores(small, tmp_pat
     bad = run_main([*common, f"score.merge={sweep}", f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
     assert bad.returncode == 2 and "have no score" in bad.stderr and "score.shard_index=1" in bad.stderr
     assert not (tmp_path / "bad" / "result.json").exists()
+    [line] = [x for x in bad.stderr.splitlines() if x.strip()]
+    record_outcome(
+        "configs", "score merge with a shard missing", f"exit 2, nothing written: `{line}`", kind="bad input"
+    )

@@ -47,7 +47,7 @@ from vlaeval.residual.ablation import (
     mean_loss,
     minibatch_gradients,
 )
-from vlaeval.residual.estimators import score_anchors, validate_estimator_config
+from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import read_scores, scoring_settings
 from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
 
@@ -232,10 +232,7 @@ def residual_scores(cfg: DictConfig, data: Any, handle: Any) -> tuple:
             data.anchors,
             np.arange(n),
             data.instruction_table,
-            kind=str(cfg.estimator.kind),
-            seeds=[int(s) for s in cfg.estimator.seeds],
-            samples_per_estimator=int(cfg.estimator.samples_per_estimator),
-            anchor_batch_size=int(cfg.estimator.anchor_batch_size),
+            **estimator_arguments(cfg.estimator),
             flow=cfg.flow,
             device=str(cfg.device),
             progress=lambda done, total: update(completed=done),
@@ -364,29 +361,20 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                         "mean_loss": float(judge.losses.mean()),
                     }
                     if int(a.minibatches) > 0:
-                        mine = minibatch_gradients(
-                            model,
-                            data.anchors,
-                            table,
-                            flow,
-                            proposal,
-                            key=("mine", seed, step, proposal.name),
-                            trainable=trainable,
-                            count=int(a.minibatches),
-                            batch_size=int(a.batch_size),
-                            device=device,
-                        )
-                        base = minibatch_gradients(
-                            model,
-                            data.anchors,
-                            table,
-                            flow,
-                            uniform,
-                            key=("uniform", seed, step, proposal.name),
-                            trainable=trainable,
-                            count=int(a.minibatches),
-                            batch_size=int(a.batch_size),
-                            device=device,
+                        mine, base = (
+                            minibatch_gradients(
+                                model,
+                                data.anchors,
+                                table,
+                                flow,
+                                sampler,
+                                key=(label, seed, step, proposal.name),
+                                trainable=trainable,
+                                count=int(a.minibatches),
+                                batch_size=int(a.batch_size),
+                                device=device,
+                            )
+                            for label, sampler in (("mine", proposal), ("uniform", uniform))
                         )
                         mm, mb = minibatch_moments(mine), minibatch_moments(base)
                         out["minibatch"] = {

@@ -34,7 +34,13 @@ from vlaeval.residual.artifact import (
     per_seed_values,
     recover_anchors,
 )
-from vlaeval.residual.estimators import DESCRIPTIONS, UNBIASED, score_anchors, validate_estimator_config
+from vlaeval.residual.estimators import (
+    DESCRIPTIONS,
+    UNBIASED,
+    estimator_arguments,
+    score_anchors,
+    validate_estimator_config,
+)
 from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "residual_audit"
@@ -116,10 +122,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             data.anchors,
             anchor_index,
             data.instruction_table,
-            kind=str(cfg.estimator.kind),
-            seeds=estimator_seeds,
-            samples_per_estimator=int(cfg.estimator.samples_per_estimator),
-            anchor_batch_size=int(cfg.estimator.anchor_batch_size),
+            **estimator_arguments(cfg.estimator),
             flow=cfg.flow,
             device=str(cfg.device),
             progress=lambda done, total: update(completed=done),

@@ -23,7 +23,7 @@ from vlaeval.config import to_plain
 from vlaeval.errors import require
 from vlaeval.memory import PeakMemory
 from vlaeval.provenance import code_version
-from vlaeval.residual.estimators import score_anchors, validate_estimator_config
+from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import find_shards, merge_shards, scoring_settings, shard_range, write_shard
 from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
 
@@ -54,10 +54,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             data.anchors,
             positions,
             data.instruction_table,
-            kind=str(cfg.estimator.kind),
-            seeds=[int(x) for x in cfg.estimator.seeds],
-            samples_per_estimator=int(cfg.estimator.samples_per_estimator),
-            anchor_batch_size=int(cfg.estimator.anchor_batch_size),
+            **estimator_arguments(cfg.estimator),
             flow=cfg.flow,
             device=str(cfg.device),
             progress=lambda done, _: update(completed=done),

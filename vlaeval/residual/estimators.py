@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -123,6 +123,16 @@ def validate_estimator_config(e: Any) -> None:
     duplicated = sorted({s for s in seeds if seeds.count(s) > 1})
     require(not duplicated, f"estimator.seeds repeats {duplicated}; estimator seeds must be unique")
     require(e.anchor_batch_size >= 1, f"estimator.anchor_batch_size={e.anchor_batch_size} must be >= 1")
+
+
+def estimator_arguments(e: Any) -> Dict[str, Any]:
+    """score_anchors' keyword arguments from the estimator section (`cfg.estimator`)."""
+    return {
+        "kind": str(e.kind),
+        "seeds": [int(s) for s in e.seeds],
+        "samples_per_estimator": int(e.samples_per_estimator),
+        "anchor_batch_size": int(e.anchor_batch_size),
+    }
 
 
 def score_anchors(
