@@ -60,6 +60,8 @@ bench: $(STAMP)  ## the benchmarks (figures in benchmarks/results/ and docs/)
 	$(PY) benchmarks/per_sample_gradients.py
 	$(PY) benchmarks/builtin_policy.py
 	$(PY) benchmarks/seqtest_efficiency.py
+	$(PY) benchmarks/score_shards.py
+	$(PY) benchmarks/ablation.py
 
 clean:  ## caches and run outputs
 	rm -rf .cache outputs/2* multirun_sweeps/2*
