@@ -81,11 +81,18 @@ def test_merge_joins_the_shards_in_anchor_order(tmp_path):
     assert np.array_equal(again["mean_residual"], arrays["mean_residual"])
 
 
-def test_merge_names_the_missing_anchors_and_the_shard_to_run(tmp_path):
-    _shards(tmp_path)
-    (tmp_path / "scores-00002-of-00004.json").unlink()
-    with pytest.raises(UserInputError, match=r"anchors 50-74 have no score \(of 100\).*score.shard_index=2"):
+@pytest.mark.parametrize(
+    "total,count,gone,first,last", [(100, 4, 2, 50, 74), (101, 3, 1, 33, 66), (332, 3, 1, 110, 220)]
+)
+def test_merge_names_the_missing_anchors_and_the_shard_to_run(tmp_path, total, count, gone, first, last):
+    """Uneven shards too (the last case is the CLI test's): the hint names exactly the shard missing."""
+    _shards(tmp_path, count=count, settings={**SETTINGS, "total_anchors": total}, total=total)
+    (tmp_path / f"scores-{gone:05d}-of-{count:05d}.json").unlink()
+    with pytest.raises(UserInputError) as error:
         merge_shards(find_shards(tmp_path))
+    message = str(error.value)
+    assert f"anchors {first}-{last} have no score (of {total})" in message
+    assert message.endswith(f"score.shard_count={count}: score.shard_index={gone}"), message
 
 
 def test_merge_refuses_anchors_scored_twice(tmp_path):
@@ -154,7 +161,7 @@ def test_score_multirun_shards_merge_to_the_single_process_scores(small, tmp_pat
     # Merging a folder with a shard missing fails in one line, writing nothing.
     (sweep / "1" / "scores-00001-of-00003.json").unlink()
     bad = run_main([*common, f"score.merge={sweep}", f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path)
-    assert bad.returncode == 2 and "have no score" in bad.stderr and "score.shard_index=1" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.strip().endswith("score.shard_count=3: score.shard_index=1"), bad.stderr
     assert not (tmp_path / "bad" / "result.json").exists()
     [line] = [x for x in bad.stderr.splitlines() if x.strip()]
     record_outcome(

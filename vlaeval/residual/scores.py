@@ -156,7 +156,8 @@ def merge_shards(sidecars: Sequence[Path]) -> Tuple[Dict[str, Any], Dict[str, np
     missing = np.flatnonzero(owner < 0)
     if missing.size:
         count = int(first["shard"]["count"])
-        wanted = sorted({int(m) * count // total for m in missing})  # shard_range's inverse
+        starts = np.array([shard_range(total, i, count)[0] for i in range(count)])
+        wanted = sorted({int(i) for i in np.searchsorted(starts, missing, side="right") - 1})  # the shard holding each
         hint = ", ".join(f"score.shard_index={i}" for i in wanted[:5]) + (" ..." if len(wanted) > 5 else "")
         raise UserInputError(
             f"anchors {_ranges(missing.tolist())} have no score (of {total}); run the missing shard(s) "
