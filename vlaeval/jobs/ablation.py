@@ -157,6 +157,7 @@ def build_proposals(
 
 
 def ratio_to_uniform(judge: Any, proposal: Proposal) -> float:
+    """M_q / M_uniform on the draws of `judge` (AnchorGradients)."""
     uniform = uniform_proposal(proposal.size)
     return per_sample_second_moment(judge.sq_norms, judge.u, proposal) / per_sample_second_moment(
         judge.sq_norms, judge.u, uniform
@@ -298,11 +299,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     proposals = build_proposals(names, residual, build, a, cfg.audit)
     prediction = audit_prediction(cfg, data, handle, residual)
     uniform = uniform_proposal(n)
-    built_from = {
-        name: per_sample_second_moment(build.sq_norms, build.u, p)
-        / per_sample_second_moment(build.sq_norms, build.u, uniform)
-        for name, p in proposals.items()
-    }
+    built_from = {name: ratio_to_uniform(build, p) for name, p in proposals.items()}
 
     settings = FineTuneSettings(
         steps=int(a.steps),
@@ -354,9 +351,9 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                     m_uniform = per_sample_second_moment(judge.sq_norms, judge.u, uniform)
                     out: Dict[str, Any] = {
                         "step": step,
-                        "second_moment": moments.get(proposal.name, m_uniform),
+                        "second_moment": moments[proposal.name],
                         "uniform_second_moment": m_uniform,
-                        "ratio": per_sample_second_moment(judge.sq_norms, judge.u, proposal) / m_uniform,
+                        "ratio": moments[proposal.name] / m_uniform,
                         "ratios_of_every_proposal": {k: v / m_uniform for k, v in moments.items()},
                         "mean_loss": float(judge.losses.mean()),
                     }
