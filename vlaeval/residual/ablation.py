@@ -8,11 +8,10 @@ comes from a generator seeded by a stable digest of what it is for.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -22,22 +21,7 @@ from vlaeval.audit.proposals import Proposal
 from vlaeval.data.anchors import AnchorSet
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.training import anchor_batch, flow_matching_losses
-from vlaeval.residual.gradients import PerSampleGradNorms
-
-
-@contextlib.contextmanager
-def only_trainable(model: Any, subset: str) -> Iterator[List[torch.nn.Parameter]]:
-    """Gradients for `subset` (the policy's `trainable_parameters`) only; restored on exit."""
-    parameters = list(model.trainable_parameters(subset))
-    wanted = {id(p) for p in parameters}
-    before = {id(p): p.requires_grad for p in model.parameters()}
-    for p in model.parameters():
-        p.requires_grad_(id(p) in wanted)
-    try:
-        yield parameters
-    finally:
-        for p in model.parameters():
-            p.requires_grad_(before[id(p)])
+from vlaeval.residual.gradients import PerSampleGradNorms, only_trainable
 
 
 def quantile_draws(key: Sequence[Any], count: int, chunk: Tuple[int, int]) -> Tuple[np.ndarray, np.ndarray]:

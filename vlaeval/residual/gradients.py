@@ -269,6 +269,21 @@ class PerSampleGradNorms:
         return torch.stack(sq).detach(), torch.stack(losses)
 
 
+@contextlib.contextmanager
+def only_trainable(model: Any, subset: str) -> Iterator[List[torch.nn.Parameter]]:
+    """Gradients for `subset` (the policy's `trainable_parameters`) only; restored on exit."""
+    parameters = list(model.trainable_parameters(subset))
+    wanted = {id(p) for p in parameters}
+    before = {id(p): p.requires_grad for p in model.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in wanted)
+    try:
+        yield parameters
+    finally:
+        for p in model.parameters():
+            p.requires_grad_(before[id(p)])
+
+
 def gradient_draws(
     seed: int, count: int, horizon: int, action_dim: int, flow: Any
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -336,11 +351,6 @@ def gradient_measurements(
     are checked against the per-sample loop before anything is returned."""
     torch.use_deterministic_algorithms(True)
     model = model.to(device).eval()
-    parameters = list(model.trainable_parameters(trainable))
-    trainable_ids = {id(p) for p in parameters}
-    for p in model.parameters():
-        p.requires_grad_(id(p) in trainable_ids)
-    norms = PerSampleGradNorms(model, parameters, flow, method)
     k = anchor_index.size
     draws = [gradient_draws(s, k, anchors.horizon, anchors.target_actions.shape[-1], flow) for s in seeds]
     t_all = torch.cat([d[0] for d in draws]).to(device)  # seed-major: pair p = (seed p // k, anchor p % k)
@@ -348,7 +358,8 @@ def gradient_measurements(
     pair_anchor = np.tile(anchor_index, len(seeds))
     sq_out, loss_out = [], []
     verification: Dict[str, Any] = {}
-    try:
+    with only_trainable(model, trainable) as parameters:
+        norms = PerSampleGradNorms(model, parameters, flow, method)
         for start in range(0, pair_anchor.size, int(batch_size)):
             stop = min(start + int(batch_size), pair_anchor.size)
             batch = anchor_batch(anchors, pair_anchor[start:stop], instruction_table, device)
@@ -359,9 +370,6 @@ def gradient_measurements(
                 )
             sq_out.append(sq.cpu())
             loss_out.append(loss.cpu())
-    finally:
-        for p in model.parameters():
-            p.requires_grad_(True)
     shape = (len(seeds), k)
     return GradientMeasurements(
         sq_norms=torch.cat(sq_out).double().numpy().reshape(shape),
