@@ -95,6 +95,33 @@ BAD_INPUTS = {
         lambda w: _outcome_file(w, lambda t: t.assign(stratum="moon_base")) + ["outcomes.strata=config"],
         "unknown stratum 'moon_base'",
     ),
+    "unit estimand on a file without a declared largest cluster": (
+        lambda w: _outcome_file(w, lambda t: t) + ["gauntlet.estimand=unit"],
+        "needs strata.safety_critical.max_cluster_size: the largest cluster its scenario distribution can produce",
+    ),
+    "a cluster larger than the declared largest": (
+        lambda w: (
+            _outcome_file(w, lambda t: t[t["stratum"] == "nominal"])
+            + ["gauntlet.estimand=unit", "strata.nominal.max_cluster_size=3"]
+        ),
+        "stratum nominal has a cluster of 40 units, more than its declared strata.nominal.max_cluster_size=3",
+    ),
+    "a stratum name one edit from a configured one": (
+        lambda w: _outcome_file(
+            w, lambda t: t.assign(stratum=t["stratum"].replace("distribution_shift", "distribution_shfit"))
+        ),
+        "holds stratum 'distribution_shfit': did you mean 'distribution_shift'?",
+    ),
+    "one row of a misspelt stratum": (
+        lambda w: _outcome_file(w, lambda t: t.assign(stratum=t["stratum"].where(t.index != 7, "nomnal"))),
+        "holds stratum 'nomnal': did you mean 'nominal'?",
+    ),
+    "two data labels in one stratum": (
+        lambda w: _outcome_file(
+            w, lambda t: t.assign(data_label=["REPLAYED", "SIMULATED"] * (len(t) // 2) + ["REPLAYED"] * (len(t) % 2))
+        ),
+        "has data_label REPLAYED, SIMULATED; give each stratum one of",
+    ),
     "confidence grid step not dividing a margin": (
         lambda w: ["gauntlet.cs_grid_step=0.003"],
         "gauntlet.margin_delta=0.02 is not a multiple of gauntlet.cs_grid_step=0.003",

@@ -10,7 +10,6 @@ from helpers.reliability import record_outcome
 from vlaeval.config import UserInputError
 from vlaeval.gauntlet import (
     DO_NOT_LAUNCH,
-    LAUNCH,
     NEEDS_REVIEW,
     ArrayCache,
     SyntheticOutcomes,
@@ -44,17 +43,37 @@ def test_no_effect_every_stratum_passes_within_budget():
     assert result["processed_order"] == result["priority_order"]
     assert all(s["decision"] == DECISION_PASS for s in result["strata"])
     assert result["scale"]["units_evaluated"] <= result["scale"]["budget_units"]
-    assert result["recommendation"]["recommendation"] == LAUNCH
+    # Every stratum passes, but the outcomes were made up: a demonstration, never an automatic LAUNCH.
+    rec = result["recommendation"]
+    assert rec["recommendation"] == NEEDS_REVIEW and rec["demonstration"] and not rec["blockers"]
+    assert rec["data_labels"] == ["GENERATED"] and all(s["data_label"] == "GENERATED" for s in result["strata"])
+    assert len(rec["review_reasons"]) == 1 and rec["review_reasons"][0].startswith("demonstration: ")
     assert all(s["units_saved_by_early_stop"] > 0 for s in result["strata"])
 
 
 def test_catastrophic_safety_regression_halts():
+    """The prototype's rule (the default): the halting stratum stops at its certified REGRESSION and
+    halts the candidate because its estimate lies beyond -catastrophic_delta; the event says that the
+    estimate is not certified. halt_rule=certified_catastrophic waits for its own confidence sequence."""
     result, _ = gauntlet(["effects=catastrophic_safety"])
     assert result["halted"] and result["status"] == "halted"
     assert result["processed_order"] == ["safety_critical"]
     assert [e["event"] for e in result["events"]] == ["CATASTROPHIC_HALT"]
     s = result["strata"][0]
+    event = result["events"][0]
+    assert s["decision"] == DECISION_REGRESSION and s["delta_estimate"] < -0.05
+    assert 0 <= s["units_evaluated"] - s["decided_at_unit"] < 2000  # stopped in the batch of its decision
+    assert event["halt_rule"] == "regression_beyond_margin"
+    assert "REGRESSION (Delta < -0.02) certified at level 0.00714" in event["detail"]
+    assert "beyond the catastrophic margin -0.05" in event["detail"]
+    assert event["certified_catastrophic"] == ("certified catastrophic" in event["detail"])
+    if not event["certified_catastrophic"]:
+        assert "(an estimate, not certified)" in event["detail"]
+    certified, _ = gauntlet(["effects=catastrophic_safety", "gauntlet.halt_rule=certified_catastrophic"])
+    assert certified["halted"] and certified["events"][0]["certified_catastrophic"]
+    s = certified["strata"][0]
     assert s["catastrophic"] == "CATASTROPHIC" and s["e_value_catastrophic"] >= 20
+    assert "certified catastrophic: Delta < -0.05 certified at level" in certified["events"][0]["detail"]
     assert s["confidence_sequence"]["upper"] < 0
     assert result["recommendation"]["recommendation"] == DO_NOT_LAUNCH
     assert not result["valid_for_launch"]

@@ -11,7 +11,6 @@ import numpy as np
 from helpers.configs import compose_config, typed_gauntlet
 from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.outcomes import cluster_permutation, synthetic_paired_outcomes
-from vlaeval.gauntlet.scheduler import order_seed
 
 LINEAGE = {"valid": True, "problems": []}
 
@@ -53,7 +52,8 @@ class LoadOnly:
         return self.inner.load(request, cache)
 
 
-def run(source, overrides=("strata=small", "effects=safety_regression_mild")):
+# One order seed for both sources: an on-demand source would otherwise draw a fresh one per run.
+def run(source, overrides=("strata=small", "effects=safety_regression_mild", "gauntlet.order_seed=11")):
     settings, strata, effects = typed_gauntlet(compose_config(list(overrides)))
     validate_gauntlet(settings, strata, effects)
     cache = ArrayCache("/nonexistent", enabled=False, namespace="gauntlet-units")
@@ -75,7 +75,8 @@ def test_clusters_are_requested_batch_by_batch_and_never_past_the_decision():
         name = stratum["stratum"]
         asked: List[np.ndarray] = source.requests.get(name, [])
         requested = np.concatenate(asked) if asked else np.zeros(0, np.int64)
-        order = cluster_permutation(stratum["clusters_available"], order_seed(settings), name)
+        assert stratum["cluster_order"]["order_seed"] == settings.order_seed == 11
+        order = cluster_permutation(stratum["clusters_available"], 11, name)
         # Exactly the evaluation order's prefix the test used, one request per batch, nothing twice.
         assert requested.tolist() == order[: stratum["clusters_evaluated"]].tolist()
         assert len(asked) == stratum["batches"]

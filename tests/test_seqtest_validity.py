@@ -20,6 +20,7 @@ from scipy.stats import beta as beta_dist
 
 from helpers.configs import compose_config, typed_gauntlet
 from helpers.processes import run_main
+from vlaeval.artifacts import sha256_file, stable_seed
 from vlaeval.gauntlet import NEEDS_REVIEW, ArrayCache, FileOutcomes, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.outcomes import cluster_permutation, synthetic_paired_outcomes
 from vlaeval.gauntlet.planning import plan_gauntlet
@@ -351,8 +352,9 @@ def test_the_gauntlet_shuffles_clusters_and_records_the_order(tmp_path):
         s = result["strata"][0]
         assert result["halted"] is halted, (order, s["decision"], s["delta_estimate"])
         assert s["cluster_order"]["mode"] == order
-        if order == "shuffled":
-            assert s["cluster_order"]["order_seed"] == settings.seed
+        if order == "shuffled":  # a file's order seed is a digest of its content (constants.run_order_seed)
+            assert s["cluster_order"]["order_seed"] == stable_seed("cluster-order-of-content", sha256_file(path))
+            assert s["cluster_order"]["basis"] == "content digest"
 
 
 # ----------------------------------------------------------------------------- catastrophic halt

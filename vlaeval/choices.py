@@ -156,3 +156,15 @@ class DataLabel(Choice):
     REPLAYED = "REPLAYED"
     SIMULATED = "SIMULATED"
     COUNTERFACTUAL = "COUNTERFACTUAL"
+    GENERATED = "GENERATED"  # made up by the synthetic generator: a demonstration, no evidence about a policy
+
+
+class HaltRule(Choice):
+    # When a halting stratum (strata.<name>.catastrophic_halt) stops the whole candidate.
+    # regression_beyond_margin (the prototype's rule): its REGRESSION is certified at the alarm level
+    #   and its estimate lies beyond -catastrophic_delta (that part is an estimate, not certified);
+    #   the stratum stops at its decision.
+    # certified_catastrophic: only once the halt's own one-sided upper confidence sequence lies at
+    #   or below -catastrophic_delta (the stratum runs on after its REGRESSION to find out).
+    regression_beyond_margin = "regression_beyond_margin"
+    certified_catastrophic = "certified_catastrophic"

@@ -29,6 +29,7 @@ from vlaeval.choices import (
     EstimatorKind,
     Executor,
     GradientMethod,
+    HaltRule,
     NoiseEnd,
     Optimizer,
     Preflight,
@@ -90,6 +91,12 @@ class StratumConfig:
     catastrophic_halt: bool = False  # a certified catastrophic regression here halts the gauntlet
     margin_delta: Optional[float] = None  # null: gauntlet.margin_delta
     required: bool = False  # absent from the outcome source: NEEDS_REVIEW (else only reported)
+    # The largest / smallest cluster this stratum's scenarios can produce, declared before the test.
+    # For an outcome file, estimand=unit needs max_cluster_size (the weights' normaliser may not be the
+    # file's own largest cluster); min_cluster_size fixes the bet cap (unset: a running minimum).
+    # Synthetic and rollout sources take both from their scenario plan unless declared.
+    max_cluster_size: Optional[int] = None
+    min_cluster_size: Optional[int] = None
 
 
 @dataclass
@@ -103,16 +110,23 @@ class GauntletConfig:
     # a halting stratum can tell a catastrophic regression from a plain one within its units; a gap
     # of one point would need about 1/0.01 * log(1/alpha_cat) ~ 500 clusters (job=plan shows it).
     catastrophic_delta: float = 0.05
+    # When a halting stratum stops the candidate (vlaeval.choices.HaltRule): the prototype's rule by
+    # default -- a certified REGRESSION whose estimate lies beyond -catastrophic_delta.
+    halt_rule: HaltRule = HaltRule.regression_beyond_margin
     batch_units: int = 2000
     budget_units: int = 80_000
     nominal_stratum: str = "nominal"
     nominal_base_allowance: int = 8000
     nominal_expand_factor: float = 2.0
     critical_stratum: str = "safety_critical"
-    # Clusters are evaluated in a seeded random order (order_seed, null: seed) unless the user
-    # declares the source's order random (as_given); both are recorded in the lineage.
+    # Clusters are evaluated in a random order unless the user declares the source's order random
+    # (as_given). order_seed null: a digest of an outcome file's content, a fresh draw for rollouts,
+    # `seed` for generated outcomes (vlaeval/gauntlet/constants.py); recorded per stratum.
     cluster_order: ClusterOrder = ClusterOrder.shuffled
     order_seed: Optional[int] = None
+    # Source strata accepted as new although their names are one or two edits from a configured
+    # stratum (otherwise refused as a likely typo: "did you mean ...").
+    accept_new_strata: List[str] = field(default_factory=list)
     # The sequential test (README "What the e-process guarantees"; defaults chosen by
     # benchmarks/seqtest_efficiency.py).
     test_mode: TestMode = TestMode.exact  # asymptotic and group_sequential are opt-in and labelled
@@ -296,6 +310,9 @@ class ExportConfig:
 class ReproduceConfig:
     run_id: Optional[str] = None  # an MLflow run id, or a local run directory
     job_overrides: List[str] = field(default_factory=list)  # applied on top of the saved config
+    # Set by job=reproduce on the re-run it dispatches, not by hand: the original rollout gauntlet's
+    # freshly drawn cluster-order seed, replayed (not part of the config digest).
+    replay_order_seed: Optional[int] = None
     # `_target_` prefixes besides vlaeval.'s own that a saved config may name (your own components).
     trusted_targets: List[str] = field(default_factory=list)
 

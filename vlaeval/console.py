@@ -180,5 +180,11 @@ def print_error(message: str) -> None:
     log.info("error: %s", message)  # to the run's log file only (the console handler shows warnings and up)
 
 
+def print_warning(message: str) -> None:
+    """A warning: the run goes on (print_error is for what stopped it)."""
+    error_console.print(f"[bold yellow]warning:[/bold yellow] {escape(message)}", markup=True, soft_wrap=True)
+    log.info("warning: %s", message)
+
+
 def print_checks(title: str, checks: Mapping[str, bool]) -> None:
     show(table(title, ["check", "result"], [(name, "PASS" if ok else "FAIL") for name, ok in checks.items()]))

@@ -29,3 +29,28 @@ def outcome_table(strata, seed=11, shuffle_clusters=False) -> pd.DataFrame:
     if shuffle_clusters:
         table = table.sample(frac=1.0, random_state=0).reset_index(drop=True)
     return table
+
+
+def rows_from_cluster_means(x, sizes, stratum="safety_critical", extra=None) -> pd.DataFrame:
+    """One file's paired rows whose clusters have means x and sizes `sizes` (in file order): the net
+    candidate-minus-baseline successes of a cluster as candidate-only or baseline-only successes,
+    the other scenarios solved by both. `extra`: more columns, {name: function(cluster, row) -> value}."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    net = np.rint(np.asarray(x) * sizes).astype(np.int64)
+    cluster = np.repeat(np.arange(sizes.size), sizes)
+    position = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    k = net[cluster]
+    baseline = np.where((k < 0) | (position >= np.abs(k)), 1, 0)
+    candidate = np.where((k > 0) | (position >= np.abs(k)), 1, 0)
+    table = pd.DataFrame(
+        {
+            "stratum": stratum,
+            "scenario_id": [f"{stratum}-{i}" for i in range(cluster.size)],
+            "cluster_id": [f"scene-{c}" for c in cluster],
+            "baseline": baseline,
+            "candidate": candidate,
+        }
+    )
+    for name, value in (extra or {}).items():
+        table[name] = [value(c, p) for c, p in zip(cluster, position)]
+    return table

@@ -5,7 +5,7 @@ error, before any work."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, cast
+from typing import Any, Dict, List, Optional, cast
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import UserInputError, first_line, require
+from vlaeval.gauntlet.constants import OrderSeed, cluster_size_bounds, run_order_seed
 from vlaeval.gauntlet.planning import StratumPlan, plan_gauntlet, stratum_plans
 from vlaeval.gauntlet.scheduler import validate_gauntlet
 from vlaeval.gauntlet.strata import ResolvedStrata, resolve_strata
@@ -26,6 +27,7 @@ class GauntletInputs:
     source: Any
     resolved: ResolvedStrata
     plans: Dict[str, StratumPlan]
+    order: OrderSeed  # the run's cluster-order seed (drawn fresh for rollouts: recorded, replayed)
 
     @property
     def strata(self) -> Dict[str, StratumConfig]:
@@ -114,11 +116,18 @@ def planted_effects(effects: DictConfig) -> Dict[str, Any]:
 
 
 def gauntlet_inputs(
-    gauntlet: DictConfig, strata: DictConfig, effects: DictConfig, outcomes: DictConfig, context: Any = None
+    gauntlet: DictConfig,
+    strata: DictConfig,
+    effects: DictConfig,
+    outcomes: DictConfig,
+    context: Any = None,
+    replay_order_seed: Optional[int] = None,
 ) -> GauntletInputs:
     """Validate the gauntlet settings, strata, effects and outcome source, reconcile their strata,
-    read the plans (the config sections `gauntlet`, `strata`, `effects`, `outcomes`; `context`: the
-    run's config, for sources that run policies)."""
+    read the plans, check each stratum's clusters against its declared size bounds and fix the
+    cluster-order seed (the config sections `gauntlet`, `strata`, `effects`, `outcomes`; `context`:
+    the run's config, for sources that run policies; `replay_order_seed`: job=reproduce's replay of
+    an earlier run's fresh seed)."""
     settings = cast(GauntletConfig, OmegaConf.to_object(gauntlet))
     configured = {str(name): cast(StratumConfig, OmegaConf.to_object(node)) for name, node in strata.items()}
     planted = planted_effects(effects)
@@ -146,6 +155,14 @@ def gauntlet_inputs(
         strata_from="config" if getattr(source, "strata_from", None) == "config" else "source",
     )
     resolved.notices[:0] = source_notices
-    return GauntletInputs(
-        settings, configured, planted, source, resolved, stratum_plans(source, settings, resolved.strata, planted)
-    )
+    plans = stratum_plans(source, settings, resolved.strata, planted)
+    for name, plan in plans.items():  # a missing declaration or a cluster outside one: refused now
+        cluster_size_bounds(
+            name,
+            resolved.strata[name],
+            plan.cluster_sizes,
+            estimand=settings.estimand,
+            plan_fixed_in_advance=not getattr(source, "holds_outcomes", False),
+        )
+    order = run_order_seed(settings, source, replay=replay_order_seed)
+    return GauntletInputs(settings, configured, planted, source, resolved, plans, order)

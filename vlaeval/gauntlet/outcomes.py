@@ -12,19 +12,25 @@ plug in its own (a simulator farm, a replay service) through `_target_`. The pro
                                            something per unit (rollouts) runs only what the test needs
     load(request, cache)                   the whole stratum at once (sources that hold it anyway)
 
-Optional, for a source that runs policies (vlaeval.gauntlet.rollouts): `context` in the constructor
-(the run's config sections), `prepare()` -> (baseline, candidate) versions before the first
-cluster, `close()`, `notices()`, `batch_units` (replaces gauntlet.batch_units), `data_label` (the
-label of every unit, whatever the stratum says), `paired_outcomes_table()` and `failures()` (the
-job writes the paired-outcome file and feeds the failure registry).
+Optional: `holds_outcomes` (its outcomes exist before the test: the cluster sizes are part of the
+sample, the order seed is a digest of `describe()['sha256']`), `produces_on_demand` (rollouts: the
+order seed is drawn fresh per run), `data_label` (the label of every unit, whatever the stratum
+says: GENERATED, SIMULATED), `stratum_data_labels()` (labels the source declares per stratum, e.g.
+an outcome file's `data_label` column). For a source that runs policies
+(vlaeval.gauntlet.rollouts): `context` in the constructor (the run's config sections), `prepare()`
+-> (baseline, candidate) versions before the first cluster, `close()`, `notices()`, `batch_units`
+(replaces gauntlet.batch_units), `paired_outcomes_table()` and `failures()` (the job writes the
+paired-outcome file and feeds the failure registry).
 
 The scheduler never asks for a cluster the sequential test does not need; it takes clusters in a
-seeded random order (`cluster_permutation`) unless the user declares the source's order random.
+random order (`cluster_permutation`, seeded per vlaeval.gauntlet.constants) unless the user
+declares the source's order random.
 A source with `load` but no `produce` is served by slicing what `load` returns (`producer`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -32,7 +38,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from vlaeval.artifacts import sha256_file, stable_seed
-from vlaeval.choices import StrataFrom
+from vlaeval.choices import DataLabel, StrataFrom
 from vlaeval.config import StratumConfig
 from vlaeval.errors import UserInputError, require
 from vlaeval.gauntlet.cache import ArrayCache
@@ -42,6 +48,10 @@ from vlaeval.seqtest.units import cluster_offsets
 # Bump when the synthetic generator changes what it produces: old cache entries become misses.
 SYNTHETIC_GENERATOR_VERSION = 1
 OUTCOME_COLUMNS = ("stratum", "scenario_id", "cluster_id", "baseline", "candidate")
+LABEL_COLUMN = "data_label"  # optional: where a stratum's evidence came from (REPLAYED, SIMULATED, ...)
+# A repeated cluster is flagged when chance (rows independent, at the stratum's own frequencies of
+# the four outcome pairs) would repeat it this rarely.
+DUPLICATE_CHANCE = 1e-6
 
 
 @dataclass
@@ -105,6 +115,16 @@ def success_rate_effect(planted: Any) -> float:
     """A planted effect as a success-rate difference: a number as it is; a rollout degradation (a
     mapping) has no size known in advance: 0."""
     return float(planted) if isinstance(planted, (int, float)) else 0.0
+
+
+def stratum_data_label(source: Any, name: str, spec: StratumConfig) -> str:
+    """Where a stratum's evidence came from: what the source declares for the stratum (an outcome
+    file's data_label column), else the label of every unit it makes (generated, simulated), else
+    the stratum's configured label."""
+    declared: Mapping[str, str] = getattr(source, "stratum_data_labels", lambda: {})()
+    if name in declared:
+        return str(declared[name])
+    return str(getattr(source, "data_label", None) or spec.data_label)
 
 
 def cluster_permutation(n_clusters: int, order_seed: int, stratum: str) -> np.ndarray:
@@ -176,6 +196,8 @@ class SyntheticOutcomes(WholeStratumSource):
     """The prototype's synthetic paired generator with planted per-stratum effects, cached."""
 
     holds_outcomes = False  # produced on request: the planner simulates instead
+    # Made up, whatever the strata's configured labels say: the recommendation calls it a demonstration.
+    data_label = DataLabel.GENERATED.value
 
     def available_strata(self) -> Optional[List[str]]:
         return None  # it generates any configured stratum
@@ -228,7 +250,8 @@ class SyntheticOutcomes(WholeStratumSource):
 
 class FileOutcomes(WholeStratumSource):
     """Paired outcomes from a CSV or Parquet file with columns
-    stratum, scenario_id, cluster_id, baseline, candidate (outcomes 0/1).
+    stratum, scenario_id, cluster_id, baseline, candidate (outcomes 0/1), and optionally data_label
+    (one of REPLAYED, SIMULATED, COUNTERFACTUAL, GENERATED; one value per stratum).
 
     Rows of one cluster are kept together (clusters in the order they first appear), so a batch
     never splits a cluster; the scheduler then evaluates the clusters in a seeded random order.
@@ -251,6 +274,8 @@ class FileOutcomes(WholeStratumSource):
         self.path = Path(str(path))
         self.strata_from = StrataFrom(str(strata))
         self._by_stratum: Dict[str, StratumOutcomes] | None = None
+        self._labels: Dict[str, str] = {}
+        self._notices: List[str] = []
         self._sha256: str | None = None
 
     def describe(self) -> Dict[str, Any]:
@@ -321,7 +346,9 @@ class FileOutcomes(WholeStratumSource):
                 f"outcome file {self.path}: unknown stratum {unknown[0]!r}; known strata: "
                 f"{', '.join(strata)} (add it to the strata config, fix the file, or use outcomes.strata=file)"
             )
+        self._labels = self._declared_labels(table)
         self._by_stratum = {}
+        self._notices = []
         for name, rows in table.groupby("stratum", sort=False):
             # Stable regrouping: clusters in order of first appearance, rows in file order.
             order = rows["cluster_id"].map({c: i for i, c in enumerate(rows["cluster_id"].unique())})
@@ -330,7 +357,38 @@ class FileOutcomes(WholeStratumSource):
             self._by_stratum[str(name)] = StratumOutcomes(
                 rows["baseline"].to_numpy(dtype=bool), rows["candidate"].to_numpy(dtype=bool), sizes
             )
+            repeated = repeated_clusters(rows.drop(columns=["scenario_id", "_cluster_rank"]))
+            if repeated:
+                a, b = repeated[0]
+                self._notices.append(
+                    f"outcome file {self.path}, stratum {name}: {len(repeated)} cluster(s) repeat another one row for "
+                    f"row under different ids (e.g. {b!r} = {a!r}), which chance would do with probability below "
+                    f"{DUPLICATE_CHANCE:g}: a duplicated export counts one scene twice and breaks the i.i.d. "
+                    "assumption (a duplicated export raised false PASS from 0.017 to 0.095); remove the copies "
+                    "or confirm they are distinct scenes"
+                )
         self._sha256 = sha256_file(self.path)
+
+    def _declared_labels(self, table) -> Dict[str, str]:
+        """The optional data_label column: one valid label per stratum (a one-line error otherwise)."""
+        if LABEL_COLUMN not in table.columns:
+            return {}
+        labels: Dict[str, str] = {}
+        for name, values in table.groupby("stratum", sort=False)[LABEL_COLUMN]:
+            found = sorted({str(v).strip() for v in values.dropna()})
+            require(
+                len(found) == 1 and found[0] in DataLabel.values(),
+                f"outcome file {self.path}: stratum {name} has data_label {', '.join(found) or 'empty'}; give each "
+                f"stratum one of {', '.join(DataLabel.values())}",
+            )
+            labels[str(name)] = found[0]
+        return labels
+
+    def stratum_data_labels(self) -> Dict[str, str]:
+        return dict(self._labels)
+
+    def notices(self) -> List[str]:
+        return list(self._notices)
 
     def _stratum(self, name: str) -> StratumOutcomes:
         if self._by_stratum is None:
@@ -349,3 +407,52 @@ class FileOutcomes(WholeStratumSource):
 
     def load(self, request: OutcomeRequest, cache: ArrayCache) -> tuple[StratumOutcomes, str]:
         return self._stratum(request.stratum), "file"
+
+
+def repeated_clusters(rows: Any) -> List[Tuple[str, str]]:
+    """(first, copy) cluster ids of clusters that repeat an earlier one row for row -- every column
+    but the ids, rows in file order -- more often than chance explains. A cluster's chance is the
+    product over its rows and columns of each value's frequency in the stratum (columns and rows
+    taken as independent; baseline and candidate as one paired column), times the number of
+    clusters of its size; a repeat is flagged below DUPLICATE_CHANCE. Clusters that succeed
+    everywhere repeat by chance all the time; a duplicated export with per-episode columns (seed,
+    steps) or many mixed rows does not.
+
+    rows: one stratum's rows with a cluster_id column and no scenario_id (a pandas DataFrame)."""
+    import pandas as pd
+
+    values = rows.drop(columns=["cluster_id"]).astype(str)
+    values = values.assign(baseline=values["baseline"] + "/" + values["candidate"]).drop(columns=["candidate"])
+    log_chance_of_row = np.zeros(len(rows))
+    for column in values.columns:
+        frequency = values[column].map(values[column].value_counts(normalize=True))
+        log_chance_of_row += np.log(frequency.to_numpy(dtype=np.float64))
+    frame = pd.DataFrame(
+        {
+            "cluster": rows["cluster_id"].to_numpy(),
+            "row": row_text(values).to_numpy(),
+            "log_chance": log_chance_of_row,
+        }
+    )
+    grouped = frame.groupby("cluster", sort=False)
+    fingerprints = grouped["row"].agg("\x1e".join)
+    log_chance = grouped["log_chance"].sum()
+    sizes = grouped.size()
+    same_size = sizes.map(sizes.value_counts())
+    first_seen: Dict[str, str] = {}
+    out: List[Tuple[str, str]] = []
+    for cluster, fingerprint in fingerprints.items():
+        if fingerprint not in first_seen:
+            first_seen[fingerprint] = str(cluster)
+        elif log_chance[cluster] + math.log(same_size[cluster]) < math.log(DUPLICATE_CHANCE):
+            out.append((first_seen[fingerprint], str(cluster)))
+    return out
+
+
+def row_text(values: Any) -> Any:
+    """Each row of a frame of strings as one string (column-wise, so no Python call per row)."""
+    columns = [values[c] for c in values.columns]
+    text = columns[0]
+    for column in columns[1:]:
+        text = text + "\x1f" + column
+    return text

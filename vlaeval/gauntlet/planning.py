@@ -164,7 +164,9 @@ def plan_stratum(
     limit_clusters = batches[-1][1] if batches else 0
     looks = np.array([end for _, end in batches] or [1], dtype=np.int64)
     horizon = int(min(max(limit_clusters, 3 * floor if math.isfinite(floor) else 0, 50), HORIZON_CAP_CLUSTERS))
-    cap = float(size_adaptive_cap(int(sizes.min()))) if settings.bet_cap is None else settings.bet_cap
+    smallest = spec.min_cluster_size or int(sizes.min())  # undeclared for a file: the running minimum's limit
+    largest = spec.max_cluster_size or int(sizes.max())  # the unit estimand's normaliser
+    cap = float(size_adaptive_cap(smallest)) if settings.bet_cap is None else settings.bet_cap
     firsts, passes, within = [], [], []
     chunk = max(1, SIMULATED_UNITS_PER_CHUNK // int(horizon * sizes.max()))  # bounded memory for big strata
     for start in range(0, replications, chunk):
@@ -172,7 +174,7 @@ def plan_stratum(
         drawn = draw_sizes(reps, horizon)
         x = realistic_cluster_means(rng, reps, horizon, drawn, effect, base_rate=plan.base_rate)
         full = np.broadcast_to(np.asarray(drawn), x.shape)
-        weights = full / sizes.max() if settings.estimand == "unit" else None
+        weights = full / largest if settings.estimand == "unit" else None
         first, passed = decision_time(
             _decision_times(settings, x, full, delta, alarm, cap, weights, looks, limit_clusters)
         )
@@ -199,13 +201,15 @@ def plan_stratum(
         "median_units": median * mean_size,
         "p90_units": p90 * mean_size,
         "decision_probability_within_limit": float(np.mean(np.concatenate(within))),
+        # What a run most likely ends in: the expected decision only if most runs reach it in time.
+        "likely_outcome": expected if float(np.mean(np.concatenate(within))) >= 0.5 else "INSUFFICIENT",
         "pass_share": float(np.mean(passed & (first < NEVER))),
         "floor_clusters": floor,
         "fixed_n_z_clusters": fixed_n_clusters(reference, delta, side_alpha),
         "replications": replications,
     }
     if plan.observed_cluster_means is not None and plan.observed_cluster_means.size:
-        row.update(observed_needs(settings, plan, delta, alarm, cap, replications, rng, looks))
+        row.update(observed_needs(settings, plan, delta, alarm, cap, largest, replications, rng, looks))
     return row
 
 
@@ -215,6 +219,7 @@ def observed_needs(
     delta: float,
     alarm: float,
     cap: float,
+    largest: int,
     replications: int,
     rng: np.random.Generator,
     looks: np.ndarray,
@@ -228,7 +233,7 @@ def observed_needs(
     horizon = int(min(max(3 * floor if math.isfinite(floor) else 0, 4 * sizes.size, 50), HORIZON_CAP_CLUSTERS))
     reps = min(replications, max(20, SIMULATED_UNITS_PER_CHUNK // horizon))
     pick = rng.integers(0, observed.size, size=(reps, horizon))
-    weights = sizes[pick] / sizes.max() if settings.estimand == "unit" else None
+    weights = sizes[pick] / largest if settings.estimand == "unit" else None
     step = int(looks[0])  # group-sequential: the plan's batches continued, a look every `step` clusters
     extended = np.arange(step, horizon + 1, step)
     first, _ = decision_time(
@@ -269,12 +274,18 @@ def plan_gauntlet(
                 f"at effect {assumed_effect:+g})"
             )
             if "clusters_needed_at_observed_effect" in row:
+                # The outcomes exist: advice drawn from them must not touch the margin (choosing delta
+                # after seeing the data voids the guarantee), and more data is a new test.
                 needed = row["clusters_needed_at_observed_effect"]
                 line += (
                     f"; at its observed effect {row['observed_effect']:+.3f} it would need about "
                     f"{'more clusters than can be simulated' if not math.isfinite(needed) else f'{needed:,.0f} clusters'}"
+                    "; the margin is fixed in advance (choosing it after seeing these outcomes voids the guarantee), "
+                    "and re-running on an extended file is a new test, not a continuation of this one"
                 )
-            warnings.append(line + f"; add clusters (strata.{name}) or widen its margin")
+                warnings.append(line)
+            else:
+                warnings.append(line + f"; add clusters (strata.{name}), or choose a wider margin before any outcome")
     expected_units = sum(min(r["median_units"], r["unit_limit"]) for r in rows)
     if expected_units > settings.budget_units:
         warnings.append(

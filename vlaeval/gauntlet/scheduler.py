@@ -5,9 +5,13 @@ taken in a seeded random order, each stopped by its own sequential test -- the l
 stopping rule than the test (plus the unit limits). Between strata the scheduler reacts to what it
 learned:
 
-* CATASTROPHIC_HALT: a halting stratum (safety_critical) certifies Delta < -catastrophic_delta
-  (its one-sided upper confidence sequence at the halt's level falls to or below that line): the
-  candidate is halted and the remaining strata are not evaluated;
+* CATASTROPHIC_HALT: a halting stratum (safety_critical) halts the candidate and the remaining
+  strata are not evaluated. With gauntlet.halt_rule=regression_beyond_margin (the prototype's rule,
+  the default) when its REGRESSION is certified at the alarm level and its estimate lies beyond
+  -catastrophic_delta -- the stratum stops at its decision, and the event says which part is
+  certified and which is an estimate; with halt_rule=certified_catastrophic only when its one-sided
+  upper confidence sequence at the halt's level falls to or below -catastrophic_delta. An
+  approximate test mode never halts (its signal is recorded as APPROXIMATE_HALT_SIGNAL);
 * REGRESSION_PRIORITIZE_RELATED: any other certified regression moves the stratum's related
   strata to the front of the remaining queue;
 * CRITICAL_PASS_EXPAND: the critical stratum PASSes: the nominal stratum's unit allowance is
@@ -28,15 +32,17 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from vlaeval.choices import AlarmFwer, ClusterOrder
+from vlaeval.choices import AlarmFwer, ClusterOrder, HaltRule
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import require
 from vlaeval.gauntlet.cache import ArrayCache
+from vlaeval.gauntlet.constants import OrderSeed, cluster_size_bounds, run_order_seed
 from vlaeval.gauntlet.outcomes import (
     OutcomeRequest,
     StratumOutcomes,
     cluster_permutation,
     producer,
+    stratum_data_label,
     success_rate_effect,
 )
 from vlaeval.gauntlet.recommendation import launch_recommendation
@@ -51,6 +57,7 @@ from vlaeval.seqtest import (
     catastrophic_message,
     cluster_means,
     cluster_offsets,
+    drift_diagnostic,
     make_sequential_test,
     on_grid,
     plan_batches,
@@ -58,7 +65,7 @@ from vlaeval.seqtest import (
 )
 from vlaeval.seqtest.units import success_rate_interval
 
-__all__ = ["BatchProgress", "priority_order", "run_gauntlet", "validate_gauntlet", "order_seed"]
+__all__ = ["BatchProgress", "priority_order", "run_gauntlet", "validate_gauntlet"]
 
 
 @dataclass
@@ -72,10 +79,6 @@ class BatchProgress:
     clusters: int = 0  # clusters of the stratum evaluated so far
     e_values: Optional[Dict[str, Optional[float]]] = None  # the test's current wealth (exact mode)
     final: bool = False  # the stratum's last batch
-
-
-def order_seed(settings: GauntletConfig) -> int:
-    return int(settings.seed if settings.order_seed is None else settings.order_seed)
 
 
 def validate_gauntlet(
@@ -152,29 +155,32 @@ def _evaluate_stratum(
     fetch: Callable[[int, int], StratumOutcomes],
     sizes: np.ndarray,
     batches: Sequence[tuple],
-    halting: bool,
+    await_certified_halt: bool,
     report: Callable[..., None],
 ) -> Dict[str, Any]:
     """Ask the source for each planned whole-cluster batch only when the test needs it, until the
-    test decides (and, in a halting stratum with a regression, until the catastrophic question is
-    decided too) or the plan ends. `sizes`: the plan's cluster sizes in evaluation order."""
+    test decides (with `await_certified_halt`, a halting stratum's REGRESSION also waits until the
+    catastrophic question is decided) or the plan ends. `sizes`: the plan's cluster sizes in
+    evaluation order."""
     offsets = cluster_offsets(sizes)
     used_clusters, batch_count = 0, 0
     wins: Dict[str, List[np.ndarray]] = {"baseline": [], "candidate": []}
+    evaluated_means: List[np.ndarray] = []
     for first, end in batches:
         batch = fetch(first, end)
         end_unit = int(offsets[end])
         differences = batch.candidate.astype(np.int8) - batch.baseline.astype(np.int8)
-        test.update_clusters(cluster_means(differences, sizes[first:end]), sizes[first:end])
+        evaluated_means.append(cluster_means(differences, sizes[first:end]))
+        test.update_clusters(evaluated_means[-1], sizes[first:end])
         baseline_wins, candidate_wins = batch.cluster_successes()
         wins["baseline"].append(baseline_wins)
         wins["candidate"].append(candidate_wins)
         used_clusters, batch_count = end, batch_count + 1
         decision = test.evaluate()
         catastrophic = test.catastrophic_status()
-        stop = (halting and catastrophic == CATASTROPHIC) or (
+        stop = (await_certified_halt and catastrophic == CATASTROPHIC) or (
             decision != DECISION_INSUFFICIENT
-            and (not halting or decision == DECISION_PASS or catastrophic != CATASTROPHIC_UNDECIDED)
+            and (not await_certified_halt or decision == DECISION_PASS or catastrophic != CATASTROPHIC_UNDECIDED)
         )
         report(batch_count, end_unit, decision, end, test.e_values(), stop or end == batches[-1][1])
         if stop:
@@ -184,6 +190,7 @@ def _evaluate_stratum(
         who: success_rate_interval(np.concatenate(parts) if parts else np.zeros(0, np.int64), seen)
         for who, parts in wins.items()
     }
+    means = np.concatenate(evaluated_means) if evaluated_means else np.zeros(0)
     return {
         "units_evaluated": int(offsets[used_clusters]),
         "clusters_evaluated": used_clusters,
@@ -191,7 +198,121 @@ def _evaluate_stratum(
         "baseline_success_rate": rates["baseline"]["rate"],
         "candidate_success_rate": rates["candidate"]["rate"],
         "success_rates": rates,
+        # Stationarity check: the paired difference early vs late in the evaluation order.
+        "drift": drift_diagnostic(means, seen, test.estimand),
     }
+
+
+def halt_decision(settings: GauntletConfig, snapshot: Mapping[str, Any]) -> Dict[str, Any]:
+    """Whether a halting stratum's result halts the candidate under `gauntlet.halt_rule`, and the
+    words for it: what is certified (at which level) and what is only an estimate. An approximate
+    test mode never halts; its would-be halt is a signal to confirm with test_mode=exact."""
+    estimate = snapshot["delta_estimate"]
+    certified_catastrophic = snapshot.get("catastrophic") == CATASTROPHIC
+    regression = snapshot["decision"] == DECISION_REGRESSION
+    beyond = estimate is not None and estimate < -settings.catastrophic_delta
+    if settings.halt_rule == HaltRule.certified_catastrophic:
+        fires = certified_catastrophic
+    else:
+        fires = (regression and beyond) or certified_catastrophic
+    if not fires:
+        return {"halt": False, "signal": False}
+    parts = []
+    if regression:
+        parts.append(
+            f"REGRESSION (Delta < -{snapshot['margin_delta']:g}) certified at level {snapshot['alarm_alpha']:.3g} "
+            f"after {snapshot['decided_at_cluster']} clusters ({snapshot['decided_at_unit']} units)"
+        )
+    if beyond:
+        parts.append(
+            f"estimate {estimate:+.4f} beyond the catastrophic margin -{settings.catastrophic_delta:g}"
+            + ("" if certified_catastrophic else " (an estimate, not certified)")
+        )
+    if certified_catastrophic:
+        parts.append("certified catastrophic: " + catastrophic_message(snapshot))
+    exact = snapshot["test_mode"] == MODE_EXACT
+    if not exact:
+        parts = [f"approximate ({snapshot['test_mode']}) " + parts[0], *parts[1:]]
+    return {
+        "halt": exact,
+        "signal": not exact,
+        "certified_catastrophic": certified_catastrophic,
+        "estimate_beyond_catastrophic_margin": bool(beyond),
+        "detail": "; ".join(parts),
+    }
+
+
+@dataclass
+class Reaction:
+    """What the scheduler does after a stratum: its events, whether the candidate is halted, and
+    the nominal allowance from now on (the related strata are moved up the queue in place)."""
+
+    events: List[Dict[str, Any]]
+    halted: bool
+    nominal_allowance: int
+
+
+def react(
+    settings: GauntletConfig,
+    name: str,
+    spec: StratumConfig,
+    snapshot: Mapping[str, Any],
+    queue: List[str],
+    nominal_allowance: int,
+) -> Reaction:
+    """The events a finished stratum triggers: a halt (or, in an approximate mode, only its signal),
+    related strata promoted after a REGRESSION, the nominal allowance expanded after the critical
+    stratum's PASS."""
+    s, estimate = settings, snapshot["delta_estimate"]
+    exact = snapshot["test_mode"] == MODE_EXACT
+    events: List[Dict[str, Any]] = []
+    halt = halt_decision(s, snapshot) if spec.catastrophic_halt else {"halt": False, "signal": False}
+    if halt["halt"] or halt["signal"]:
+        events.append(
+            {
+                "event": "CATASTROPHIC_HALT" if halt["halt"] else "APPROXIMATE_HALT_SIGNAL",
+                "stratum": name,
+                "delta_estimate": estimate,
+                "halt_rule": str(s.halt_rule),
+                "certified_catastrophic": halt["certified_catastrophic"],
+                "catastrophic_upper_bound": snapshot["catastrophic_bound"]["upper"],
+                "catastrophic_alpha": snapshot["catastrophic_alpha"],
+                "detail": f"{name}: {halt['detail']}; "
+                + (
+                    "candidate halted, remaining strata not evaluated"
+                    if halt["halt"]
+                    else "not a halt: confirm with gauntlet.test_mode=exact"
+                ),
+            }
+        )
+        if halt["halt"]:
+            return Reaction(events, True, nominal_allowance)
+    if snapshot["decision"] == DECISION_REGRESSION:
+        promoted = [r for r in spec.related if r in queue]
+        for r in reversed(promoted):
+            queue.remove(r)
+            queue.insert(0, r)
+        kind = "certified" if exact else f"approximate ({snapshot['test_mode']}, not certified)"
+        events.append(
+            {
+                "event": "REGRESSION_PRIORITIZE_RELATED",
+                "stratum": name,
+                "delta_estimate": estimate,
+                "promoted": promoted,
+                "detail": f"{kind} regression in {name}; related strata promoted: {promoted or 'none pending'}",
+            }
+        )
+    elif snapshot["decision"] == DECISION_PASS and name == s.critical_stratum:
+        nominal_allowance = int(nominal_allowance * s.nominal_expand_factor)
+        events.append(
+            {
+                "event": "CRITICAL_PASS_EXPAND",
+                "stratum": name,
+                "nominal_allowance": nominal_allowance,
+                "detail": f"{name} passed; nominal allowance expanded to {nominal_allowance} units",
+            }
+        )
+    return Reaction(events, False, nominal_allowance)
 
 
 def run_gauntlet(
@@ -205,10 +326,14 @@ def run_gauntlet(
     absent: Sequence[str] = (),
     required_absent: Sequence[str] = (),
     on_batch: Optional[Callable[[BatchProgress], None]] = None,
+    order_seed: Optional[OrderSeed] = None,
 ) -> Dict[str, Any]:
     """Run the whole gauntlet on the (resolved) strata; pure apart from the outcome source and its
-    cache. `absent`: configured strata the source lacks (reported; `required_absent` need review)."""
+    cache. `absent`: configured strata the source lacks (reported; `required_absent` need review);
+    `order_seed`: the run's cluster-order seed (default: constants.run_order_seed, drawn now)."""
     s = settings
+    seed = run_order_seed(s, source) if order_seed is None else order_seed
+    plan_fixed_in_advance = not getattr(source, "holds_outcomes", False)
     started = time.perf_counter()
     cache_before = cache.stats.as_dict()
     order = priority_order(strata)
@@ -237,8 +362,11 @@ def run_gauntlet(
         # The plan is known before any outcome: the evaluation order, the batches, the test's
         # constants. Outcomes are then asked for batch by batch (`fetch`), never beyond a decision.
         plan = np.asarray(source.cluster_sizes(request(name)), dtype=np.int64)
-        evaluation_order = cluster_permutation(plan.size, order_seed(s), name) if shuffled else np.arange(plan.size)
+        evaluation_order = cluster_permutation(plan.size, seed.seed, name) if shuffled else np.arange(plan.size)
         sizes = plan[evaluation_order]
+        bounds = cluster_size_bounds(
+            name, spec, sizes, estimand=s.estimand, plan_fixed_in_advance=plan_fixed_in_advance
+        )
         units_available = int(sizes.sum())
         unit_limit = min(units_available, budget_left)
         if name == s.nominal_stratum:
@@ -273,10 +401,10 @@ def run_gauntlet(
             catastrophic_delta=s.catastrophic_delta if spec.catastrophic_halt else None,
             alarm_alpha=alarm,
             estimand=s.estimand,
-            # The plan's extremes, fixed before the first cluster: the unit estimand's weights and the
-            # one bet cap of the stratum (a cap from each arriving cluster's size is not predictable).
-            max_cluster_size=int(sizes.max()) if sizes.size else 1,
-            min_cluster_size=int(sizes.min()) if sizes.size else 1,
+            # Fixed before the first cluster, never read off the outcomes (constants.py): the unit
+            # estimand's normaliser and the bet cap's smallest size (None: a running minimum).
+            max_cluster_size=bounds.largest,
+            min_cluster_size=bounds.smallest,
             bet_rule=s.bet_rule,
             bet_cap=s.bet_cap,
             cs_grid_step=s.cs_grid_step,
@@ -301,7 +429,10 @@ def run_gauntlet(
                     BatchProgress(name, batch, used, unit_limit, before + used, decision, clusters, e_values, final)
                 )
 
-        run = _evaluate_stratum(test, fetch, sizes, batches, spec.catastrophic_halt, report)
+        await_certified_halt = (
+            spec.catastrophic_halt and s.halt_rule == HaltRule.certified_catastrophic and s.test_mode == MODE_EXACT
+        )
+        run = _evaluate_stratum(test, fetch, sizes, batches, await_certified_halt, report)
         used = run["units_evaluated"]
         on_demand = bool(getattr(source, "produces_on_demand", False))
         budget_left -= used
@@ -312,9 +443,7 @@ def run_gauntlet(
                 "stratum": name,
                 "priority": order.index(name) + 1,
                 # A source may say what its units are (rollouts: SIMULATED) whatever the stratum's label.
-                "data_label": str(
-                    getattr(source, "data_label", None) or getattr(spec.data_label, "value", spec.data_label)
-                ),
+                "data_label": stratum_data_label(source, name, spec),
                 "kind": spec.kind,
                 "planted_effect": effect,
                 "units_available": units_available,
@@ -325,53 +454,20 @@ def run_gauntlet(
                 # What the source made: on demand, only the units the test asked for.
                 "units_produced": used if on_demand else (units_available if cache_statuses else 0),
                 "cluster_order": (
-                    {"mode": "shuffled", "order_seed": order_seed(s), "stream": f"cluster-order/{name}"}
+                    {"mode": "shuffled", **seed.as_dict(), "stream": f"cluster-order/{name}"}
                     if shuffled
                     else {"mode": "as_given", "declared_random_by_user": True}
                 ),
+                "cluster_size_bounds": bounds.as_dict(),
                 "cache": cache_statuses[0] if cache_statuses else "not requested",
                 **snapshot,
                 "trajectory": test.trajectory(),
             }
         )
 
-        estimate = snapshot["delta_estimate"]
-        if spec.catastrophic_halt and test.catastrophic_status() == CATASTROPHIC:
-            halted = True
-            events.append(
-                {
-                    "event": "CATASTROPHIC_HALT",
-                    "stratum": name,
-                    "delta_estimate": estimate,
-                    "catastrophic_upper_bound": snapshot["catastrophic_bound"]["upper_bound_at_decision"],
-                    "catastrophic_alpha": snapshot["catastrophic_alpha"],
-                    "detail": f"{name}: {catastrophic_message(snapshot)}; candidate halted, remaining strata not evaluated",
-                }
-            )
-        elif snapshot["decision"] == DECISION_REGRESSION:
-            promoted = [r for r in spec.related if r in queue]
-            for r in reversed(promoted):
-                queue.remove(r)
-                queue.insert(0, r)
-            events.append(
-                {
-                    "event": "REGRESSION_PRIORITIZE_RELATED",
-                    "stratum": name,
-                    "delta_estimate": estimate,
-                    "promoted": promoted,
-                    "detail": f"certified regression in {name}; related strata promoted: {promoted or 'none pending'}",
-                }
-            )
-        elif snapshot["decision"] == DECISION_PASS and name == s.critical_stratum:
-            nominal_allowance = int(nominal_allowance * s.nominal_expand_factor)
-            events.append(
-                {
-                    "event": "CRITICAL_PASS_EXPAND",
-                    "stratum": name,
-                    "nominal_allowance": nominal_allowance,
-                    "detail": f"{name} passed; nominal allowance expanded to {nominal_allowance} units",
-                }
-            )
+        reaction = react(s, name, spec, snapshot, queue, nominal_allowance)
+        events.extend(reaction.events)
+        halted, nominal_allowance = reaction.halted, reaction.nominal_allowance
     not_evaluated = list(queue)
     if not_evaluated and not halted:
         events.append(
@@ -437,12 +533,21 @@ def run_gauntlet(
         },
         "statistical_validity": {
             "exact": "every stopping decision is an anytime-valid betting e-process on cluster means in random order "
-            "(Ville's inequality); decisions are sticky; the catastrophic halt is decided on a one-sided "
-            "upper confidence sequence at its own level",
-            "asymptotic": "ASYMPTOTIC mode (opt-in): decisions from asymptotic confidence sequences (Waudby-Smith et "
-            "al. 2024) after a burn-in; valid only as clusters grow, not at every sample size",
-            "group_sequential": "GROUP-SEQUENTIAL mode (opt-in): z-tests on cluster means at the planned batches, "
-            "O'Brien-Fleming-type alpha spending; valid under the normal approximation at the "
-            "planned looks only",
+            "(Ville's inequality); decisions are sticky; "
+            + (
+                "the catastrophic halt fires on a certified REGRESSION at the alarm level whose estimate lies "
+                "beyond -catastrophic_delta (that part is an estimate unless the halt's own confidence "
+                "sequence certifies it, which the event says)"
+                if s.halt_rule == HaltRule.regression_beyond_margin
+                else "the catastrophic halt is decided on a one-sided upper confidence sequence at its own level"
+            ),
+            "asymptotic": "ASYMPTOTIC mode (opt-in): evidence from asymptotic confidence sequences (Waudby-Smith et "
+            "al. 2024) after a burn-in, valid only as clusters grow; its PASS and REGRESSION are approximate "
+            "evidence for review, never a certificate: they never halt and never block by themselves",
+            "group_sequential": "GROUP-SEQUENTIAL mode (opt-in): evidence from z-tests on cluster means at the planned "
+            "batches, O'Brien-Fleming-type alpha spending, under the normal approximation; its PASS and "
+            "REGRESSION are approximate evidence for review, never a certificate: they never halt and "
+            "never block by themselves",
         }[s.test_mode],
+        "cluster_order": {"mode": "shuffled", **seed.as_dict()} if shuffled else {"mode": "as_given"},
     }

@@ -4,7 +4,9 @@ The configured strata (`strata` group) describe what a team expects; an outcome 
 other ones. `resolve_strata` reconciles the two before any work: strata the source lacks are
 *absent* (reported, not evaluated; they need review only if the config marks them `required`),
 strata only the source holds are evaluated with documented defaults (priority after every
-configured one, no related strata, no halt) and a notice.
+configured one, no related strata, no halt) and a notice -- unless the name is one or two edits
+from a configured stratum (`distribution_shfit`, `nomnal`): a typo would move evidence out of a
+safety stratum, so it is refused with "did you mean" unless `gauntlet.accept_new_strata` names it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,31 @@ class ResolvedStrata:
     absent: List[str] = field(default_factory=list)  # configured, not in the source
     added: List[str] = field(default_factory=list)  # in the source, not configured (defaults)
     notices: List[str] = field(default_factory=list)  # one line each, printed and saved
+
+
+TYPO_EDITS = 2  # a source stratum this close to a configured one is taken for a typo
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and transpositions of neighbours turning a into b
+    (optimal string alignment: `shfit` is one edit from `shift`)."""
+    previous2: List[int] = []
+    previous = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], previous2[j - 2] + 1)
+        previous2, previous = previous, row
+    return previous[len(b)]
+
+
+def likely_typo(name: str, configured: Sequence[str]) -> Optional[str]:
+    """The configured stratum `name` is one or two edits from (the nearest), or None."""
+    near = sorted((edit_distance(name, known), known) for known in configured if known != name)
+    return near[0][1] if near and near[0][0] <= TYPO_EDITS else None
 
 
 def priority_order(strata: Mapping[str, StratumConfig]) -> List[str]:
@@ -44,6 +71,13 @@ def resolve_strata(
     present = list(dict.fromkeys(str(name) for name in available))
     absent = [name for name in configured if name not in present]
     added = [name for name in present if name not in configured]
+    for name in added:
+        typo_of = likely_typo(name, list(configured))
+        if typo_of is not None and name not in settings.accept_new_strata:
+            raise UserInputError(
+                f"{source_name} holds stratum {name!r}: did you mean {typo_of!r}? Fix the name in the source, "
+                f"or accept it as a new stratum with gauntlet.accept_new_strata=[{name}]"
+            )
     if added and strata_from == "config":
         raise UserInputError(
             f"{source_name} holds stratum {added[0]!r}, which is not configured; known strata: "

@@ -26,7 +26,7 @@ from vlaeval.gauntlet.lineage import build_lineage
 from vlaeval.gauntlet.plots import plot_trajectories
 from vlaeval.gauntlet.recommendation import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW
 from vlaeval.gauntlet.report import print_summary
-from vlaeval.gauntlet.scheduler import BatchProgress, order_seed, run_gauntlet
+from vlaeval.gauntlet.scheduler import BatchProgress, run_gauntlet
 from vlaeval.provenance import code_version
 from vlaeval.runs import now_ms, output_dir, publish
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION
@@ -41,7 +41,9 @@ PAIRED_OUTCOMES_FILE = "paired_outcomes.csv"  # rollout gauntlets: outcomes=file
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
-    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes, run_context(cfg))
+    inputs = gauntlet_inputs(
+        cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes, run_context(cfg), cfg.reproduce.replay_order_seed
+    )
     settings = inputs.settings
     for line in inputs.resolved.notices:
         console.show(f"notice: {line}")
@@ -61,8 +63,8 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         candidate_version=settings.candidate_version,
         baseline_version=settings.baseline_version,
         data_source=inputs.source.describe(),
-        seeds={"gauntlet": settings.seed, "cluster_order": order_seed(settings) if shuffled else None},
-        cluster_order="shuffled: a seeded random permutation of each stratum's clusters"
+        seeds={"gauntlet": settings.seed, "cluster_order": inputs.order.seed if shuffled else None},
+        cluster_order=f"shuffled: a random permutation of each stratum's clusters, seed from {inputs.order.basis}"
         if shuffled
         else "as_given: the source's order, declared random by the user (gauntlet.cluster_order=as_given)",
         config_sha256=config_sha256(plain),
@@ -93,6 +95,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                 absent=inputs.resolved.absent,
                 required_absent=inputs.required_absent,
                 on_batch=on_batch,
+                order_seed=inputs.order,
             )
         finally:
             getattr(inputs.source, "close", lambda: None)()  # e.g. a Ray instance the rollouts started
@@ -187,7 +190,7 @@ def run_preflight(inputs: GauntletInputs) -> Dict[str, Any] | None:
     if plan["warnings"] and settings.preflight == "error":
         raise UserInputError(f"pre-flight: {plan['warnings'][0]} (or set gauntlet.preflight=warn)")
     for line in plan["warnings"]:
-        console.print_error(f"pre-flight warning: {line}")
+        console.print_warning(f"pre-flight: {line}")
     return plan
 
 
@@ -214,6 +217,9 @@ def tracking_view(result: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, b
         "gauntlet.test_mode": result["test_mode"],
         "gauntlet.alarm_alpha": f"{result['multiplicity']['alarm_alpha']:.6g}",
     }
+    if "order_seed" in result["cluster_order"]:  # job=reproduce replays a freshly drawn one
+        tags["gauntlet.order_seed"] = str(result["cluster_order"]["order_seed"])
+        tags["gauntlet.order_seed_basis"] = result["cluster_order"]["basis"]
     if "rollouts" in result:  # what the rollouts cost, and what early stopping saved
         r = result["rollouts"]
         for key in ("episodes_run", "episodes_from_cache", "rollouts_saved_by_early_stop", "env_steps_per_s"):
@@ -240,6 +246,8 @@ def tracking_view(result: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, b
         if s.get("catastrophic_bound") is not None:
             metrics[f"{key}.catastrophic_upper_bound"] = s["catastrophic_bound"]["upper"]
         tags[f"{key}.decision"] = s["decision"]
+        if s["drift"]["z"] is not None:
+            metrics[f"{key}.drift_z"] = s["drift"]["z"]
         # Metric history at each batch's end (step = batch); result.json keeps every cluster.
         trajectory = s["trajectory"]
         ends = [clusters - 1 for clusters in trajectory["looks"]]

@@ -62,7 +62,7 @@ def print_plan(plan: Dict[str, Any]) -> None:
             r["stratum"],
             f"{r['margin_delta']:g}",
             r["cluster_size"],
-            r["expected_decision"],
+            r["likely_outcome"],
             units(r["median_clusters"]),
             units(r["median_units"]),
             units(r["p90_units"]),
@@ -82,7 +82,7 @@ def print_plan(plan: Dict[str, Any]) -> None:
                 "stratum",
                 "margin",
                 "cluster",
-                "decision",
+                "likely outcome",
                 "clusters (median)",
                 "units (median)",
                 "units (p90)",
@@ -99,6 +99,6 @@ def print_plan(plan: Dict[str, Any]) -> None:
         f"expected units to decide every stratum: {units(plan['expected_units'])} of budget {plan['budget_units']:,}"
     )
     for line in plan["warnings"]:
-        console.show(f"  warning: {line}")
+        console.print_warning(line)
     if plan["ok"]:
         console.show("  every stratum can reach a decision within its units and the budget")

@@ -22,6 +22,7 @@ from vlaeval import console
 from vlaeval.artifacts import atomic_write_json, atomic_write_text, read_json
 from vlaeval.config import VlaevalConfig
 from vlaeval.errors import UserInputError, first_line, require
+from vlaeval.gauntlet.constants import ORDER_FROM_FRESH_DRAW
 from vlaeval.jobs import dispatch
 from vlaeval.provenance import code_version
 from vlaeval.runs import RESULT_FILE, VOLATILE_METRIC_PREFIXES, output_dir
@@ -50,7 +51,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     )
     saved, original = load_original(cfg, str(source))
     refuse_untrusted_targets(saved, list(cfg.reproduce.trusted_targets))
-    rerun_cfg = rerun_config(cfg, saved)
+    rerun_cfg = rerun_config(cfg, saved, original["tags"])
     job_name = str(rerun_cfg.job.name)
     require(
         job_name in REPRODUCIBLE_JOBS,
@@ -171,9 +172,10 @@ def refuse_untrusted_targets(saved: DictConfig, trusted: Sequence[str] = ()) -> 
             )
 
 
-def rerun_config(cfg: DictConfig, saved: DictConfig) -> DictConfig:
+def rerun_config(cfg: DictConfig, saved: DictConfig, original_tags: Mapping[str, Any] | None = None) -> DictConfig:
     """The saved config, validated by today's schema, writing into <output>/rerun and tracking
-    to where this run tracks."""
+    to where this run tracks; a rollout gauntlet's freshly drawn cluster-order seed (tag
+    gauntlet.order_seed) is replayed."""
     schema = OmegaConf.structured(VlaevalConfig)
     try:
         rerun = OmegaConf.merge(schema, saved)
@@ -189,6 +191,9 @@ def rerun_config(cfg: DictConfig, saved: DictConfig) -> DictConfig:
     rerun.paths.cache_dir = cfg.paths.cache_dir
     rerun.tracking = cfg.tracking
     rerun.reproduce = OmegaConf.structured(VlaevalConfig().reproduce)
+    tags = original_tags or {}
+    if tags.get("gauntlet.order_seed_basis") == ORDER_FROM_FRESH_DRAW:
+        rerun.reproduce.replay_order_seed = int(tags["gauntlet.order_seed"])
     return cast(DictConfig, rerun)
 
 

@@ -23,7 +23,7 @@ from vlaeval.seqtest.sequential import (
     on_grid,
     planned_looks_of,
 )
-from vlaeval.seqtest.units import cluster_means, cluster_offsets, plan_batches
+from vlaeval.seqtest.units import cluster_means, cluster_offsets, drift_diagnostic, plan_batches
 
 __all__ = [
     "AsymptoticSequentialTest",
@@ -46,6 +46,7 @@ __all__ = [
     "catastrophic_message",
     "cluster_means",
     "cluster_offsets",
+    "drift_diagnostic",
     "log_wealth_paths",
     "make_sequential_test",
     "obf_spending",

@@ -6,8 +6,14 @@ of bounded random variables by betting") on the payoffs y_i = s * w_i * (x_i - m
     upper side (s = +1), H0: mean <= m   K_t = prod_i (1 + lam_i * y_i)   bets that mean > m
     lower side (s = -1), H0: mean >= m   K_t = prod_i (1 + lam_i * y_i)   bets that mean < m
 
-w_i in (0, 1] is a weight fixed before x_i is seen (1 for the cluster-mean estimand; the cluster's
-size over the largest cluster size for the unit-weighted estimand). Each bet lam_i >= 0 is
+w_i in (0, 1] is the observation's weight: 1 for the cluster-mean estimand; for the unit-weighted
+estimand n_i / n_max, which arrives *with* cluster i (its size is part of the observation) and is
+normalised by a constant n_max fixed before the stratum -- the largest cluster the scenario
+distribution can produce, declared, never the largest cluster of the outcomes being tested. Then
+w_i (x_i - m) lies in the range the cap assumes, and its conditional mean is <= 0 under the
+unit-weighted H0 (E[n (x - m)] <= 0), which is all the supermartingale needs. A normaliser read off
+the data is not a constant: a file lacking the rare large clusters gets every weight 1 and tests
+the wrong mean. Each bet lam_i >= 0 is
 predictable (a function of the past only) and capped at c / (1 + m) (upper side) or c / (1 - m)
 (lower side), c in (0, 1], so every factor stays >= 1 - c for any x in [-1, 1]. Under H0 the
 process is a non-negative supermartingale, so by Ville's inequality P(sup_t K_t >= 1/alpha) <=
@@ -49,8 +55,9 @@ ONS_STEP = 2.0 / (2.0 - np.log(3.0))  # Cutkosky & Orabona's exp-concavity const
 # cluster mean reaches the worst case -1 only if all its pairs go the adverse way, which for a
 # single scenario is common and for forty is all but impossible; so strata of small clusters keep
 # a wide safety margin (c(1) = 0.8) and strata of large ones may bet nearly all (c(40) = 0.995).
-# The cap is ONE number per stratum, from the smallest cluster size of its scenario plan, fixed
-# before the first cluster: a cap computed from the size of the cluster being bet on is not
+# The cap comes from a smallest cluster size known before the bet: one number per stratum from a
+# size declared (or planned) before the first cluster, or the running minimum of the sizes already
+# seen. A cap computed from the size of the cluster being bet on is not
 # predictable (sizes arrive with the clusters), and when cluster means depend on cluster size it
 # made the wealth grow under the null (about 25-36% false REGRESSION at alpha = 0.05 on the
 # validity harness's size-dependent designs).
@@ -58,8 +65,8 @@ CAP_SLACK = 0.2
 
 
 def size_adaptive_cap(cluster_sizes: np.ndarray | float) -> np.ndarray:
-    """c(n) = 1 - 0.2 / n; give it the stratum's smallest planned cluster size, not the current
-    cluster's size (see above)."""
+    """c(n) = 1 - 0.2 / n; give it a smallest cluster size known before the bet (declared, or the
+    running minimum of earlier clusters), never the current cluster's size (see above)."""
     return 1.0 - CAP_SLACK / np.asarray(cluster_sizes, dtype=np.float64)
 
 

@@ -26,11 +26,16 @@ the two-sided CS.
 
 Estimands: `cluster` weights every cluster equally (the mean of cluster means); `unit` weights a
 cluster by its size, the payoff of cluster c being (n_c / n_max) (x_c - m) with n_max the largest
-cluster size of the stratum's scenario plan: the test is then about the scenario-weighted mean.
+cluster size the stratum's scenario distribution can produce (declared, or the plan of a source
+that fixes its clusters before producing outcomes): the test is about the scenario-weighted mean.
 
 Bets and caps depend only on earlier clusters and on constants fixed before the stratum starts
-(the bet cap comes from the smallest cluster size of the plan, `min_cluster_size`): a cluster's
-size arrives with the cluster, and a size-dependent cap broke the supermartingale property.
+(the bet cap comes from a smallest cluster size declared before the stratum, `min_cluster_size`,
+or from the smallest cluster seen before each bet; the unit estimand's normaliser is a declared
+largest size): a cluster's size arrives with the cluster, and a size-dependent cap broke the
+supermartingale property. Neither constant may be read off the outcomes being tested: a file's
+largest cluster is one of its outcomes (a file without the rare large clusters gave every cluster
+weight 1 and 59% false REGRESSION at alpha = 0.05 on the validity harness's rare-giant design).
 
 Three modes:
 * PairedSequentialTest ("exact", the default): betting e-processes, valid at every sample size
@@ -45,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -115,8 +120,11 @@ class _SequentialTest:
         Delta > |delta|); alpha: level of PASS and of the CS; alarm_alpha (<= alpha): level of the
         REGRESSION alarm; catastrophic_delta (>= delta): the halting question's margin, decided at
         catastrophic_alpha = min(alpha / 2, alarm_alpha); max_cluster_size / min_cluster_size: the
-        largest / smallest cluster of the stratum's scenario plan (the unit estimand's weights and
-        the bet cap; None: unknown, taken as 1 for the cap)."""
+        largest / smallest cluster the stratum's scenario distribution can produce, fixed before
+        the first cluster and never read off the outcomes being tested (the unit estimand's
+        weights' normaliser; the bet cap). A larger / smaller cluster is refused. min_cluster_size
+        None: the cap follows a predictable running minimum (the smallest cluster seen *before*
+        each bet, 1 before the first)."""
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         alarm_alpha = alpha if alarm_alpha is None else float(alarm_alpha)
@@ -141,7 +149,8 @@ class _SequentialTest:
         self.catastrophic_delta = None if catastrophic_delta is None else float(catastrophic_delta)
         self.estimand = estimand
         self.max_cluster_size = None if max_cluster_size is None else int(max_cluster_size)
-        self.min_cluster_size = 1 if min_cluster_size is None else int(min_cluster_size)
+        self.min_cluster_size = None if min_cluster_size is None else int(min_cluster_size)
+        self._smallest_seen = math.inf  # the running minimum's state (min_cluster_size None)
         self.cs_grid_step = float(cs_grid_step)
         self._clusters = 0
         self._units = 0
@@ -168,7 +177,7 @@ class _SequentialTest:
         sizes = np.ones_like(x) if cluster_sizes is None else np.asarray(cluster_sizes, dtype=np.float64).ravel()
         if sizes.shape != x.shape or np.any(sizes < 1):
             raise ValueError("cluster_sizes must match cluster_means and be >= 1")
-        if np.any(sizes < self.min_cluster_size):
+        if self.min_cluster_size is not None and np.any(sizes < self.min_cluster_size):
             raise ValueError(
                 f"a cluster of {int(sizes.min())} units is smaller than min_cluster_size="
                 f"{self.min_cluster_size}, the smallest size the bet cap was fixed for"
@@ -219,6 +228,7 @@ class _SequentialTest:
             self._series[key].append(np.asarray(values))
         self._clusters += x.size
         self._units = int(units_after[-1])
+        self._smallest_seen = min(self._smallest_seen, float(sizes.min()))
         self._unit_weighted_sum = float(weighted[-1])
         self._cluster_mean_sum = float(plain[-1])
         self._looks.append(self._clusters)
@@ -327,6 +337,15 @@ class _SequentialTest:
     def _settings(self) -> Dict[str, Any]:
         return {}
 
+    def smallest_sizes_before(self, sizes: np.ndarray) -> np.ndarray:
+        """Per cluster of the batch `sizes`, the smallest cluster size the test knew *before* it:
+        the declared min_cluster_size, or the running minimum of the clusters already seen (1
+        before the first) -- predictable, so a cap computed from it keeps the supermartingale."""
+        if self.min_cluster_size is not None:
+            return np.full(sizes.shape, float(self.min_cluster_size))
+        before = np.minimum.accumulate(np.concatenate(([self._smallest_seen], sizes)))[:-1]
+        return np.where(np.isfinite(before), before, 1.0)
+
 
 def _first_decision(*candidates: Tuple[str, int]) -> Tuple[Optional[str], int]:
     """The earliest rejection in this batch (the alarm, listed first, wins a tie): (name, index)."""
@@ -366,7 +385,8 @@ class PairedSequentialTest(_SequentialTest):
         **common: Any,
     ) -> None:
         """bet_cap: the cap fraction c in (0, 1], or None for the size-adaptive cap
-        1 - 0.2 / min_cluster_size (one cap for the whole stratum; eprocess.size_adaptive_cap)."""
+        1 - 0.2 / n_min (eprocess.size_adaptive_cap) with n_min the declared min_cluster_size
+        (one cap for the whole stratum) or, undeclared, the running minimum before each bet."""
         super().__init__(delta, alpha, **common)
         if bet_rule not in BET_RULES:
             raise ValueError(f"unknown bet rule {bet_rule!r}; use one of {BET_RULES}")
@@ -381,7 +401,9 @@ class PairedSequentialTest(_SequentialTest):
                 )
         self.bet_rule = bet_rule
         self.bet_cap = None if bet_cap is None else float(bet_cap)
-        self.cap_fraction = float(size_adaptive_cap(self.min_cluster_size)) if bet_cap is None else float(bet_cap)
+        self.cap_fraction = (
+            float(size_adaptive_cap(self.min_cluster_size or 1)) if bet_cap is None else float(bet_cap)
+        )  # the cap of the first bet (with a running minimum it can only rise)
 
         steps = int(round(2.0 / self.cs_grid_step))
         self._grid = np.round(np.linspace(-1.0, 1.0, steps + 1)[1:-1], 12)
@@ -407,11 +429,21 @@ class PairedSequentialTest(_SequentialTest):
         self._moments = MomentState()
 
     def _settings(self) -> Dict[str, Any]:
-        return {
-            "bet_rule": self.bet_rule,
-            "bet_cap": self.cap_fraction,
-            "bet_cap_rule": "size-adaptive 1 - 0.2/min_cluster_size" if self.bet_cap is None else "fixed",
-        }
+        cap: Optional[float]
+        if self.bet_cap is not None:
+            rule, cap = "fixed", self.cap_fraction
+        elif self.min_cluster_size is not None:
+            rule, cap = "size-adaptive 1 - 0.2/min_cluster_size (declared before the stratum)", self.cap_fraction
+        else:
+            rule = "size-adaptive 1 - 0.2/(smallest cluster seen before the bet: a predictable running minimum)"
+            cap = float(size_adaptive_cap(self._smallest_seen)) if math.isfinite(self._smallest_seen) else None
+        return {"bet_rule": self.bet_rule, "bet_cap": cap, "bet_cap_rule": rule}
+
+    def _caps(self, sizes: np.ndarray) -> float | np.ndarray:
+        """The cap fraction of each cluster's bet (one number when it cannot change)."""
+        if self.bet_cap is not None or self.min_cluster_size is not None:
+            return self.cap_fraction
+        return size_adaptive_cap(self.smallest_sizes_before(sizes))
 
     def _advance(
         self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
@@ -421,6 +453,7 @@ class PairedSequentialTest(_SequentialTest):
         firsts = {"regression": -1, "pass": -1, "catastrophic": -1, "not_catastrophic": -1}
         kept: Dict[str, List[np.ndarray]] = defaultdict(list)
         state, start, chunk = self._moments, 0, CS_FIRST_CHUNK
+        caps = self._caps(sizes)
         # Growing sub-chunks with pruning in between: a rejected grid margin stays rejected, so
         # this gives exactly the unchunked result while most of the grid (far from the data) is
         # dropped after the first few clusters.
@@ -431,9 +464,8 @@ class PairedSequentialTest(_SequentialTest):
             part = x[start : start + chunk]
             w = None if weights is None else weights[start : start + chunk]
             moments = predictable_moments(part, state, w)
-            common: Dict[str, Any] = dict(
-                rule=self.bet_rule, cap_fraction=self.cap_fraction, alpha=self.alpha, weights=w
-            )
+            cap = caps[start : start + chunk] if isinstance(caps, np.ndarray) else caps
+            common: Dict[str, Any] = dict(rule=self.bet_rule, cap_fraction=cap, alpha=self.alpha, weights=w)
             up_first, up_paths = self._upper.update(
                 part,
                 moments,
@@ -596,7 +628,7 @@ class AsymptoticSequentialTest(_SequentialTest):
         return firsts, series
 
 
-def catastrophic_message(snapshot: Dict[str, Any]) -> str:
+def catastrophic_message(snapshot: Mapping[str, Any]) -> str:
     """What the halt certified, with the figures at the level that decided it."""
     bound = snapshot["catastrophic_bound"]
     level = snapshot["catastrophic_alpha"]

@@ -6,7 +6,11 @@ Outcome models, vectorised over replications:
   cluster moves the success rate, 4% of the candidate's scenarios draw a fresh uniform;
 * skewed_null_cluster_means: an adversarial null, most clusters a little below the margin and a
   rare cluster at +1, mean exactly the margin (where plug-in-variance tests fail);
-* unequal_cluster_means: clusters of unequal sizes whose paired differences depend on the size.
+* unequal_cluster_means: clusters of unequal sizes whose paired differences depend on the size;
+* rare_giant_cluster_means: the unit estimand's attack -- rare clusters ~40x the typical size carry
+  the scenario-weighted mean, so a file that lacks them looks like another stratum;
+* broken_scene_cluster_means: 2% (or any share of) scenes where the candidate fails every scenario
+  the baseline solves, the rest equal (where plug-in variances collapse when no broken scene shows).
 
 Stopping times, vectorised over replications: first crossings of the exact e-processes and of
 the asymptotic confidence sequence, and the information quantities the benchmark compares them
@@ -87,6 +91,47 @@ def unequal_cluster_means(
     plus = rng.binomial(n, np.asarray(p_plus)[kind])
     minus = rng.binomial(n - plus, np.asarray(p_minus)[kind] / (1.0 - np.asarray(p_plus)[kind]))
     return (plus - minus) / n, n
+
+
+def rare_giant_cluster_means(
+    rng: np.random.Generator,
+    reps: int,
+    clusters: int,
+    side: str,
+    *,
+    delta: float = 0.02,
+    small: int = 5,
+    giant: int = 200,
+    giant_share: float = 0.0015,
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Clusters of `small` units, and with probability `giant_share` of `giant` units, with the
+    scenario-weighted mean exactly -delta. side="regression": the giants are 30 points better and
+    the small clusters worse than the margin (a test that forgets the giants certifies REGRESSION);
+    side="pass": the giants are 50 points worse and the small clusters better (it certifies PASS).
+    Returns (cluster means, cluster sizes), each (reps, clusters)."""
+    if side not in ("regression", "pass"):
+        raise ValueError(f"side must be 'regression' or 'pass', got {side!r}")
+    q, mean_size = giant_share, (1.0 - giant_share) * small + giant_share * giant
+    giant_plus, giant_minus = (0.35, 0.05) if side == "regression" else (0.05, 0.55)
+    small_mean = (-delta * mean_size - q * giant * (giant_plus - giant_minus)) / ((1.0 - q) * small)
+    small_plus, small_minus = (0.021, 0.021 - small_mean) if side == "regression" else (0.04 + small_mean, 0.04)
+    is_giant = rng.random((reps, clusters)) < q
+    n = np.where(is_giant, giant, small)
+    p_plus = np.where(is_giant, giant_plus, small_plus)
+    p_minus = np.where(is_giant, giant_minus, small_minus)
+    plus = rng.binomial(n, p_plus)
+    minus = rng.binomial(n - plus, p_minus / (1.0 - p_plus))
+    return (plus - minus) / n, n
+
+
+def broken_scene_cluster_means(
+    rng: np.random.Generator, reps: int, scenes: int, size: int, broken_share: float, base_rate: float = 0.9
+) -> np.ndarray:
+    """(reps, scenes) cluster means: a share of broken scenes (the candidate fails every scenario,
+    the baseline solves every one: -1), the rest from the gauntlet's generator with no effect (mean 0):
+    Delta is exactly -broken_share. With 2% broken scenes and 48 scenes, 38% of strata hold none."""
+    x = realistic_cluster_means(rng, reps, scenes, size, 0.0, base_rate=base_rate)
+    return np.where(rng.random((reps, scenes)) < broken_share, -1.0, x)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,11 @@ SECRET_KEY = re.compile(r"(password|passwd|secret|token|credential|(^|_)key$|api
 MASK = "*****"
 URI_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]+:)[^@\s]+(@)", re.I)
 # Config sections that do not change a run's numbers: left out of the config digest.
-VOLATILE_SECTIONS = ("paths", "tracking")
+VOLATILE_SECTIONS = (
+    "paths",
+    "tracking",
+    "reproduce",
+)  # where a run writes and how it was asked for, not what it computes
 
 
 class TrackingError(RuntimeError):
