@@ -191,7 +191,8 @@ def test_identical_results_under_different_hash_seeds(workdir):
         assert proc.returncode == 0, proc.stderr[-3000:]
         results.append(json.loads((run_dir / "result.json").read_text()))
     assert _comparable(results[0]) == _comparable(results[1])
-    assert results[0]["recommendation"]["recommendation"] == "LAUNCH"
+    assert results[0]["recommendation"]["recommendation"] == "NEEDS_REVIEW"  # generated outcomes: a demonstration
+    assert results[0]["recommendation"]["demonstration"] and not results[0]["recommendation"]["blockers"]
 
 
 def test_tracking_failure_keeps_the_result_and_says_where(workdir):
@@ -205,7 +206,7 @@ def test_tracking_failure_keeps_the_result_and_says_where(workdir):
     assert "MLflow tracking at http://127.0.0.1:9 failed" in proc.stderr
     assert str(run_dir / "result.json") in proc.stderr.replace("\n", "")
     saved = json.loads((run_dir / "result.json").read_text())
-    assert saved["recommendation"]["recommendation"] == "LAUNCH"
+    assert saved["recommendation"]["recommendation"] == "NEEDS_REVIEW" and saved["recommendation"]["demonstration"]
     record_outcome(
         "tracking", "tracking URI with nothing listening", "exit 3; result.json saved and named in the error"
     )

@@ -37,9 +37,23 @@ def _gauntlet(tmp: Path, name: str, *extra: str) -> dict:
 @pytest.fixture(scope="module")
 def three_runs(tmp_path_factory):
     """The same rollout gauntlet three times on one cache and registry: the first finds the
-    registry empty and fills it, the second replays it, the third repeats the second."""
+    registry empty and fills it, the second replays it, the third repeats the second. The first
+    draws a fresh cluster-order seed; the others replay it as job=reproduce does."""
     tmp = tmp_path_factory.mktemp("rollout")
-    return tmp, [_gauntlet(tmp, f"run{k}") for k in (1, 2, 3)]
+    first = _gauntlet(tmp, "run1")
+    replay = f"reproduce.replay_order_seed={first['cluster_order']['order_seed']}"
+    return tmp, [first, *(_gauntlet(tmp, f"run{k}", replay) for k in (2, 3))]
+
+
+@pytest.mark.slow
+def test_the_order_seed_is_drawn_fresh_recorded_and_replayed(three_runs):
+    _, runs = three_runs
+    orders = [r["cluster_order"] for r in runs]
+    assert orders[0]["basis"] == "fresh random draw at run start" and orders[0] == orders[1] == orders[2]
+    assert all(s["cluster_order"]["order_seed"] == orders[0]["order_seed"] for r in runs for s in r["strata"])
+    assert runs[0]["lineage"]["seeds"]["cluster_order"] == orders[0]["order_seed"]
+    assert runs[0]["tags"]["gauntlet.order_seed"] == str(orders[0]["order_seed"])
+    assert all("drift" in s for s in runs[0]["strata"])
 
 
 def _pairs(result: dict) -> pd.DataFrame:
@@ -331,7 +345,12 @@ def test_a_rollout_gauntlet_on_ray_matches_the_local_one(three_runs, ray_head):
     tmp, (_, _, third) = three_runs
     address, _ = ray_head
     on_ray = _gauntlet(
-        tmp, "ray", "gauntlet.executor=ray", f"gauntlet.ray_address={address}", "outcomes.use_cache=false"
+        tmp,
+        "ray",
+        "gauntlet.executor=ray",
+        f"gauntlet.ray_address={address}",
+        "outcomes.use_cache=false",
+        f"reproduce.replay_order_seed={third['cluster_order']['order_seed']}",
     )
     assert on_ray["lineage"]["data_source"]["executor"]["executor"] == "ray"
     assert on_ray["rollouts"]["episodes_run"] == 2 * on_ray["rollouts"]["episode_pairs_evaluated"] > 0

@@ -520,3 +520,9 @@ def test_job_plan_and_preflight_error_from_the_command_line(workdir):
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: pre-flight:") and "strata." in lines[0]
     assert not list((workdir / "outputs").glob("*_gauntlet"))  # nothing written for the refused run
+    warned = run_main(
+        ["gauntlet.margin_delta=0.005", "strata=small", "tracking=disabled", "gauntlet.plot=false"], workdir
+    )
+    assert warned.returncode == 0, warned.stderr
+    assert "warning: pre-flight: safety_critical: only 0% of simulated runs decide" in warned.stderr
+    assert "error" not in warned.stderr  # a warning is not an error: the run went on

@@ -327,7 +327,8 @@ def test_compare_view_shows_every_metric_and_gate_outcome_of_the_sweep(ui_server
         values = " ".join(c.data.tags[tag] for c in children)
         assert f"{tag} {values}" in body, tag
     if experiment_name == "vlaeval-gauntlet":
-        assert sorted(c.data.tags["recommendation"] for c in children) == ["DO_NOT_LAUNCH", "LAUNCH"]
+        # Generated outcomes: the clean candidate is a demonstration (NEEDS_REVIEW), the halted one blocked.
+        assert sorted(c.data.tags["recommendation"] for c in children) == ["DO_NOT_LAUNCH", "NEEDS_REVIEW"]
     metrics_header = browser.find_element(
         By.XPATH, "//*[contains(@class,'collapse-header')][normalize-space(.)='Metrics']"
     )

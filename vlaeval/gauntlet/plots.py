@@ -17,7 +17,8 @@ def _log10(values: Any) -> np.ndarray:
 
 def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
     """Top: each stratum's two decision e-processes after every cluster (log10 wealth), with a star
-    where the deciding one crossed its threshold (and an X where a halt was certified). Bottom: the
+    where the deciding one crossed its threshold. Bottom (a triangle where the candidate was halted,
+    an X where the halt bound certified a catastrophic regression): the
     point estimate and the confidence sequence after every cluster; dots mark batch ends; a
     halting stratum also shows the one-sided upper bound the halt is decided on."""
     import matplotlib
@@ -76,6 +77,25 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
                 linewidth=1,
                 label=f"{s['stratum']} halt bound (level {1 - s['catastrophic_alpha']:.3g})",
             )
+            halt = next(
+                (
+                    e
+                    for e in result.get("events", [])
+                    if e["event"] == "CATASTROPHIC_HALT" and e["stratum"] == s["stratum"]
+                ),
+                None,
+            )
+            if halt is not None and s.get("decided_at_unit") is not None:  # where the candidate was halted
+                cs_axis.plot(
+                    [s["units_evaluated"]],
+                    [s["delta_estimate"]],
+                    marker="v",
+                    markersize=10,
+                    color="red",
+                    markeredgecolor="black",
+                    linestyle="none",
+                    label=f"{s['stratum']} halted ({halt.get('halt_rule', 'certified_catastrophic')})",
+                )
             bound = s.get("catastrophic_bound") or {}
             if s.get("catastrophic") == "CATASTROPHIC" and bound.get("decided_at_unit") is not None:
                 cs_axis.plot(
@@ -128,7 +148,7 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
                 color="red",
                 linewidth=1,
                 linestyle=":",
-                label="-catastrophic (halt when the halt bound reaches it; X = halt)",
+                label="-catastrophic (X: the halt bound certifies it)",
             )
     cs_axis.set_xlabel("units evaluated in stratum")
     cs_axis.set_ylabel("Delta (candidate - baseline)")
