@@ -60,6 +60,7 @@ bench: $(STAMP)  ## the benchmarks (figures in benchmarks/results/ and docs/)
 	$(PY) benchmarks/per_sample_gradients.py
 	$(PY) benchmarks/builtin_policy.py
 	$(PY) benchmarks/seqtest_efficiency.py
+	$(PY) benchmarks/certified_decisions.py
 	$(PY) benchmarks/score_shards.py
 	$(PY) benchmarks/ablation.py
 

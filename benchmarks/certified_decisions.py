@@ -33,7 +33,7 @@ import hashlib
 import math
 import time
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Tuple, cast
 
 import numpy as np
 from scipy.stats import beta as beta_dist
@@ -41,17 +41,17 @@ from scipy.stats import norm
 
 from benchlib import REPO, compose_default
 from vlaeval.artifacts import atomic_write_json, atomic_write_text, stable_seed
+from vlaeval.choices import DataLabel, TestMode
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.gauntlet import ArrayCache, StratumOutcomes, SyntheticOutcomes, run_gauntlet
 from vlaeval.gauntlet.outcomes import cluster_permutation
 from vlaeval.seqtest import size_adaptive_cap
 from vlaeval.seqtest.simulation import (
     NEVER,
-    asymptotic_decision_times,
     broken_scene_cluster_means,
     decision_time,
+    every_mode_decision_times,
     exact_decision_times,
-    group_sequential_decision_times,
     rare_giant_cluster_means,
     realistic_cluster_means,
     skewed_null_cluster_means,
@@ -169,7 +169,7 @@ def through_gauntlet(x: np.ndarray, mode: str, settings: GauntletConfig, spec: S
     """Run each row as the safety_critical stratum of a gauntlet: how often it halts, blocks
     (DO_NOT_LAUNCH) or launches."""
     counts = {"halted": 0, "certified_catastrophic": 0, "do_not_launch": 0, "launch": 0, "approximate_signal": 0}
-    s = replace(settings, test_mode=mode, batch_units=8 * max(x.shape[1] // 10, 1))
+    s = replace(settings, test_mode=TestMode(mode), batch_units=8 * max(x.shape[1] // 10, 1))
     for row in x:
         result = run_gauntlet(
             s, {"safety_critical": spec}, {}, ClusterMeanSource(row, 8), ArrayCache("/none", enabled=False), LINEAGE
@@ -189,8 +189,8 @@ def approximate_modes(reps: int, gauntlet_reps: int, seed: int) -> List[Dict[str
     cfg = compose_default()
     from omegaconf import OmegaConf
 
-    settings = OmegaConf.to_object(cfg.gauntlet)
-    spec = replace(OmegaConf.to_object(cfg.strata.safety_critical), data_label="REPLAYED")
+    settings = cast(GauntletConfig, OmegaConf.to_object(cfg.gauntlet))
+    spec = replace(cast(StratumConfig, OmegaConf.to_object(cfg.strata.safety_critical)), data_label=DataLabel.REPLAYED)
     nulls = {
         "broken scenes (2%, Delta = -0.02)": (
             "pass",
@@ -210,17 +210,14 @@ def approximate_modes(reps: int, gauntlet_reps: int, seed: int) -> List[Dict[str
         looks = np.arange(1, 11) * scenes // 10
         for null, (kind, margin, level, draw) in nulls.items():
             x = draw(np.random.default_rng([seed, 3, scenes, len(null)]), reps, scenes)
-            times = {
-                "exact": exact_decision_times(
-                    x, margin, ALPHA, rule="blend", cap=float(size_adaptive_cap(8)), alarm_alpha=level
-                ),
-                "asymptotic": asymptotic_decision_times(x, margin, ALPHA, burn_in_clusters=30, tuning_clusters=scenes),
-                "group_sequential": group_sequential_decision_times(
-                    x, margin, ALPHA, looks=looks, cluster_sizes=8, alarm_alpha=level, burn_in_clusters=30
-                ),
-            }
+            times = every_mode_decision_times(x, margin, ALPHA, cluster_size=8, looks=looks, alarm_alpha=level)
             for mode, t in times.items():
-                row = {"null": null, "scenes": scenes, "mode": mode, "false_decision": rate(decided(t, kind), reps)}
+                row: Dict[str, Any] = {
+                    "null": null,
+                    "scenes": scenes,
+                    "mode": mode,
+                    "false_decision": rate(decided(t, kind), reps),
+                }
                 if scenes == 48:
                     row["gauntlet"] = through_gauntlet(x[:gauntlet_reps], mode, settings, spec)
                     row["gauntlet_runs"] = min(gauntlet_reps, reps)
@@ -236,8 +233,8 @@ def halts() -> List[Dict[str, Any]]:
     for effects in (["+effects.safety_critical=-0.06"], ["effects=catastrophic_safety"]):
         for rule in ("certified_catastrophic", "regression_beyond_margin"):
             cfg = compose_default([*effects, f"gauntlet.halt_rule={rule}"])
-            settings = OmegaConf.to_object(cfg.gauntlet)
-            strata = {k: OmegaConf.to_object(v) for k, v in cfg.strata.items()}
+            settings = cast(GauntletConfig, OmegaConf.to_object(cfg.gauntlet))
+            strata = {str(k): cast(StratumConfig, OmegaConf.to_object(v)) for k, v in cfg.strata.items()}
             planted = {k: float(v) for k, v in cfg.effects.items()}
             result = run_gauntlet(
                 settings, strata, planted, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE

@@ -40,6 +40,9 @@ def gauntlet(cache: Path, name: str, overrides: List[str]) -> Dict[str, Any]:
             str(REPO / "main.py"),
             "outcomes=rollout",
             "tracking=disabled",
+            # One cluster order for every run, so the rerun asks for the very same episodes (a rollout
+            # gauntlet otherwise draws a fresh order seed per run).
+            "gauntlet.order_seed=11",
             *overrides,
             f"hydra.run.dir={out}",
         ],

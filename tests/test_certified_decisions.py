@@ -31,10 +31,9 @@ from vlaeval.gauntlet.planning import plan_gauntlet
 from vlaeval.seqtest import PairedSequentialTest, drift_diagnostic, size_adaptive_cap
 from vlaeval.seqtest.simulation import (
     NEVER,
-    asymptotic_decision_times,
     broken_scene_cluster_means,
+    every_mode_decision_times,
     exact_decision_times,
-    group_sequential_decision_times,
     rare_giant_cluster_means,
     skewed_null_cluster_means,
 )
@@ -341,15 +340,7 @@ def test_broken_scene_and_halting_nulls_for_every_mode(null, scenes):
     reps = 2000
     x = draw(np.random.default_rng(scenes + len(null)), reps, scenes)
     looks = np.arange(1, 11) * scenes // 10
-    times = {
-        "exact": exact_decision_times(
-            x, margin, ALPHA, rule="blend", cap=float(size_adaptive_cap(8)), alarm_alpha=level
-        ),
-        "asymptotic": asymptotic_decision_times(x, margin, ALPHA, burn_in_clusters=30, tuning_clusters=scenes),
-        "group_sequential": group_sequential_decision_times(
-            x, margin, ALPHA, looks=looks, cluster_sizes=8, alarm_alpha=level, burn_in_clusters=30
-        ),
-    }
+    times = every_mode_decision_times(x, margin, ALPHA, cluster_size=8, looks=looks, alarm_alpha=level)
     rates = {mode: decided(t, kind) for mode, t in times.items()}
     allowed = ALPHA if kind == "pass" else level
     assert cp_lower(rates["exact"], reps) <= allowed, rates

@@ -27,7 +27,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.stats import norm
 
-from vlaeval.seqtest.eprocess import LOWER, UPPER, log_wealth_paths
+from vlaeval.seqtest.eprocess import LOWER, UPPER, log_wealth_paths, size_adaptive_cap
 from vlaeval.seqtest.group_sequential import crossing_look, one_sided_boundaries, standard_error
 from vlaeval.seqtest.sequential import asymptotic_half_width, asymptotic_running
 
@@ -307,6 +307,38 @@ def group_sequential_decision_times(
         look = crossing_look(z, np.where(ready, one_sided_boundaries(fractions, level), np.inf))
         out[kind] = np.where(look > 0, looks[np.maximum(look - 1, 0)], NEVER)
     return out
+
+
+def every_mode_decision_times(
+    x: np.ndarray,
+    delta: float,
+    alpha: float,
+    *,
+    cluster_size: int,
+    looks: np.ndarray,
+    alarm_alpha: Optional[float] = None,
+    burn_in_clusters: int = 30,
+    rule: str = "blend",
+) -> Dict[str, Dict[str, np.ndarray]]:
+    """The decision times of each test mode on the same clusters of equal size: exact (the
+    size-adaptive cap), asymptotic (tuned to the clusters available) and group-sequential at `looks`."""
+    return {
+        "exact": exact_decision_times(
+            x, delta, alpha, rule=rule, cap=float(size_adaptive_cap(cluster_size)), alarm_alpha=alarm_alpha
+        ),
+        "asymptotic": asymptotic_decision_times(
+            x, delta, alpha, burn_in_clusters=burn_in_clusters, tuning_clusters=x.shape[-1]
+        ),
+        "group_sequential": group_sequential_decision_times(
+            x,
+            delta,
+            alpha,
+            looks=looks,
+            cluster_sizes=cluster_size,
+            alarm_alpha=alarm_alpha,
+            burn_in_clusters=burn_in_clusters,
+        ),
+    }
 
 
 def fixed_n_decision_times(
