@@ -328,3 +328,28 @@ def test_success_rate_interval_covers_with_correlated_scenes():
     assert robust / reps > 0.93, robust / reps
     assert plain / reps < 0.90, plain / reps
     del beta_dist
+
+
+def test_the_paired_outcome_writer_quotes_ids_that_hold_commas_and_quotes(tmp_path):
+    """A scene id with a comma (or a quote) used to split its row into extra columns."""
+    from vlaeval.policy.evaluation import write_paired_outcomes
+
+    rows = [
+        {
+            "stratum": "nominal",
+            "scenario_id": f'pick, "place"/{i}',
+            "cluster_id": f"scene, {i // 2}",
+            "baseline": True,
+            "candidate": i % 3 != 0,
+        }
+        for i in range(6)
+    ]
+    path = write_paired_outcomes(rows, tmp_path / "paired.csv", extra_columns=())
+    table = pd.read_csv(path)
+    assert list(table["cluster_id"]) == [r["cluster_id"] for r in rows]
+    assert list(table["scenario_id"]) == [r["scenario_id"] for r in rows]
+    source = FileOutcomes(str(path))
+    _, strata, _ = typed_gauntlet(compose_config(["strata=small"]))
+    source.validate(strata, {})
+    loaded, _ = source.load(OutcomeRequest("nominal", strata["nominal"], 0.0, 11, "b", "c"), None)
+    assert loaded.cluster_sizes.tolist() == [2, 2, 2] and loaded.candidate.tolist() == [r["candidate"] for r in rows]

@@ -67,10 +67,16 @@ PAIRED_OUTCOME_COLUMNS = ("stratum", "scenario_id", "cluster_id", "baseline", "c
 def write_paired_outcomes(rows: Sequence[Mapping[str, Any]], path: Path, extra_columns: Sequence[str] = ()) -> Path:
     """Rows in the outcome-file format outcomes=file reads (booleans as 0/1), plus `extra_columns`,
     written atomically: job=evaluate's episodes and every rollout gauntlet's."""
+    import csv
+    import io
+
     columns = [*PAIRED_OUTCOME_COLUMNS, *extra_columns]
-    lines = [",".join(columns)]
-    lines += [",".join(str(int(row[c]) if isinstance(row[c], bool) else row[c]) for c in columns) for row in rows]
-    return atomic_write_text(path, "\n".join(lines) + "\n")
+    text = io.StringIO()
+    # The csv module quotes a field that holds a comma, a quote or a newline (a scene id may).
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([int(row[c]) if isinstance(row[c], bool) else row[c] for c in columns] for row in rows)
+    return atomic_write_text(path, text.getvalue())
 
 
 def paired_outcomes_csv(evaluation: Dict[str, Any], path: Path) -> Path:
