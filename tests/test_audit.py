@@ -575,3 +575,31 @@ def test_a_given_artifact_and_checkpoint_that_disagree_are_refused_before_any_re
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "differs from the gradient artifact's" in lines[0], proc.stderr
     assert not fresh.exists()  # no demonstrations recorded, no policy trained
+
+
+def test_the_audit_gate_can_block_ci(audit_run):
+    """audit.exit_code_from_gate=true: 0 for a formal pass, 12 when a check fails, 13 for a smoke run
+    (every check passed on too few anchors for a certificate); the result is saved either way."""
+    from vlaeval.jobs.residual_audit import gate_exit_code
+
+    assert gate_exit_code({"eligible_for_500_step_ablation": True, "pass": True}) == 0
+    assert gate_exit_code({"eligible_for_500_step_ablation": False, "pass": False}) == 12
+    assert gate_exit_code({"eligible_for_500_step_ablation": False, "pass": True}) == 13
+    work, env, _, _ = audit_run
+    failing = run_main(
+        [
+            "job=residual_audit",
+            "tracking=disabled",
+            *AUDIT_SMALL,
+            f"audit.gradient_artifact={work / 'grad' / 'gradient_artifact.json'}",
+            "audit.exit_code_from_gate=true",
+            "gate.score_gradient_spearman=0.999",
+            f"hydra.run.dir={work / 'gate_fails'}",
+        ],
+        work,
+        env=env,
+    )
+    assert failing.returncode == 12, failing.stderr[-2000:]
+    saved = json.loads((work / "gate_fails" / "result.json").read_text())
+    failed = [name for name, ok in saved["checks"].items() if not ok]
+    assert not saved["gate"]["pass"] and any(name.startswith("score_gradient_spearman_at_least_") for name in failed)

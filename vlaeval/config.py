@@ -231,6 +231,9 @@ class AuditConfig:
     permutations: int = 10_000
     permutation_seed: int = 9100
     plot: bool = True
+    # A CI gate: exit 0 when the gate passes formally, 12 when a check fails, 13 for a smoke run (too
+    # few anchors for a certificate) -- README "Exit codes".
+    exit_code_from_gate: bool = False
 
 
 @dataclass

@@ -251,7 +251,20 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         gate_pass=gate["eligible_for_500_step_ablation"],
     )
     print_summary(result)
+    if a.exit_code_from_gate:
+        result["exit_code"] = gate_exit_code(gate)
     return result
+
+
+GATE_EXIT_CODES = {"pass": 0, "fail": 12, "smoke": 13}  # audit.exit_code_from_gate
+
+
+def gate_exit_code(gate: Dict[str, Any]) -> int:
+    """0: eligible (a formal pass); 12: a check failed; 13: every check passed on too few anchors for a
+    certificate (a smoke run)."""
+    if gate["eligible_for_500_step_ablation"]:
+        return GATE_EXIT_CODES["pass"]
+    return GATE_EXIT_CODES["fail"] if not gate["pass"] else GATE_EXIT_CODES["smoke"]
 
 
 def headline_metrics(result: Dict[str, Any]) -> Dict[str, float]:
