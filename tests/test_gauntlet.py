@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
+from rich.console import Console
 
 from helpers.configs import compose_config, typed_gauntlet
 from helpers.reliability import record_outcome
@@ -242,3 +245,24 @@ def test_bad_gauntlet_config_is_one_line(override, needle):
     assert needle in str(info.value)
     assert "\n" not in str(info.value)
     record_outcome("configs", override, f"one-line error before any work: `{info.value}`", kind="bad input")
+
+
+def test_the_report_keeps_not_evaluated_in_the_decision_column(capsys):
+    """With a planted-effect column the unevaluated strata's status used to land under 'planted'."""
+    from vlaeval import console
+    from vlaeval.gauntlet.report import print_summary
+
+    result, _ = gauntlet(["effects=catastrophic_safety"])
+    buffer = io.StringIO()
+    saved = console.console
+    console.console = Console(file=buffer, width=200, color_system=None, highlight=False)
+    try:
+        print_summary(result)
+    finally:
+        console.console = saved
+    lines = buffer.getvalue().splitlines()
+    header = next(line for line in lines if "decision" in line and "planted" in line)
+    column = header.index("decision")
+    for name in result["not_evaluated"]:
+        row = next(line for line in lines if f" {name} " in line)
+        assert row[column:].lstrip("│ ").startswith("not evaluated"), (header, row)

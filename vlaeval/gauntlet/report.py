@@ -37,14 +37,16 @@ def print_summary(result: Dict[str, Any]) -> None:
     cs_title += f" ({label})" if label else ""
     planted = any(s["planted_effect"] for s in result["strata"])
     rows = []
+    approximate = result["test_mode"] != "exact"
     for s in result["strata"]:
         cs = s["confidence_sequence"]
         rates = s.get("success_rates", {})
+        decided = s["decision"] in ("PASS", "REGRESSION")
         rows.append(
             (s["priority"], s["stratum"], s["data_label"])
             + ((planted_text(s["planted_effect"]),) if planted else ())
             + (
-                s["decision"],
+                f"approximate {s['decision']}" if approximate and decided else s["decision"],
                 f"{s['units_evaluated']}/{s['unit_limit']}",
                 rate(rates.get("baseline")),
                 rate(rates.get("candidate")),
@@ -55,10 +57,12 @@ def print_summary(result: Dict[str, Any]) -> None:
             )
         )
     width = len(rows[0]) if rows else 11
-    for name in result["not_evaluated"]:
-        rows.append(("", name, "", "not evaluated") + ("",) * (width - 4))
-    for name in result.get("absent_strata", []):
-        rows.append(("", name, "", "absent") + ("",) * (width - 4))
+    before_decision = ("",) * (1 + int(planted))  # the data label (and planted effect) columns
+    for name, status in [(n, "not evaluated") for n in result["not_evaluated"]] + [
+        (n, "absent") for n in result.get("absent_strata", [])
+    ]:
+        row = ("", name, *before_decision, status)
+        rows.append(row + ("",) * (width - len(row)))
     console.show(
         console.table(
             f"Launch gauntlet {result['candidate_version']} vs {result['baseline_version']}"
