@@ -85,7 +85,7 @@ BAD_INPUTS = {
     ),
     "non-0/1 outcome": (
         lambda w: _outcome_file(w, lambda t: t.assign(baseline=t["baseline"].where(t.index != 4, 3))),
-        "baseline=3 in row 4 is not a 0/1 outcome",
+        "baseline=3 on line 6 is not a 0/1 outcome",
     ),
     "duplicate scenario id": (
         lambda w: _outcome_file(w, lambda t: t.assign(scenario_id="same")),

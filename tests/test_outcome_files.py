@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -72,11 +73,11 @@ def _write(tmp_path, table, name="bad.csv"):
         (lambda t: t.drop(columns=["cluster_id"]), "lacks column(s) cluster_id"),
         (
             lambda t: t.assign(candidate=t["candidate"].where(t.index != 5, 2)),
-            "candidate=2 in row 5 is not a 0/1 outcome",
+            "candidate=2 on line 7 is not a 0/1 outcome",
         ),
         (
             lambda t: t.assign(baseline=t["baseline"].astype(object).where(t.index != 3, "yes")),
-            "baseline='yes' in row 3 is not a 0/1 outcome",
+            "baseline='yes' on line 5 is not a 0/1 outcome",
         ),
         (
             lambda t: t.assign(scenario_id=t["scenario_id"].where(t.index != 7, t["scenario_id"][0])),
@@ -93,6 +94,24 @@ def test_bad_outcome_files_are_one_line_errors(tmp_path, small, mutate, needle):
         FileOutcomes(path, strata="config").validate(strata, {})
     assert needle in str(info.value) and "\n" not in str(info.value)
     record_outcome("outcome files", needle, f"refused before any unit is read: `{info.value}`", kind="bad input")
+
+
+def test_an_error_names_the_line_an_editor_shows(tmp_path, small):
+    """A CSV's line numbers (the header is line 1); a Parquet table's rows, counted from 0."""
+    _, strata, _ = small
+    table = outcome_table(strata)
+    path = _write(tmp_path, table.assign(candidate=table["candidate"].astype(object).where(table.index != 41, "x")))
+    with pytest.raises(UserInputError, match=r"candidate='x' on line (\d+) ") as info:
+        FileOutcomes(path).validate(strata, {})
+    line = int(re.search(r"on line (\d+)", str(info.value)).group(1))
+    assert open(path).read().splitlines()[line - 1].endswith(",x")
+    empty = _write(tmp_path, table.assign(cluster_id=table["cluster_id"].where(table.index != 12, None)), "empty.csv")
+    with pytest.raises(UserInputError, match="column cluster_id is empty on line 14;"):
+        FileOutcomes(empty).validate(strata, {})
+    parquet = tmp_path / "bad.parquet"
+    table.assign(baseline=table["baseline"].where(table.index != 5, 7)).to_parquet(parquet, index=False)
+    with pytest.raises(UserInputError, match=r"baseline=7 in row 5 \(counting from 0\) is not a 0/1 outcome"):
+        FileOutcomes(str(parquet)).validate(strata, {})
 
 
 def test_file_source_refuses_planted_effects_and_missing_paths(tmp_path, small):

@@ -310,8 +310,8 @@ class FileOutcomes(WholeStratumSource):
             bad = table[column].isna()
             require(
                 not bad.any(),
-                f"outcome file {self.path}: column {column} is empty in data row "
-                f"{int(bad.to_numpy().argmax())}; fill it or drop the row",
+                f"outcome file {self.path}: column {column} is empty {self._position(int(bad.to_numpy().argmax()))}; "
+                "fill it or drop the row",
             )
         for column in ("baseline", "candidate"):
             values = table[column]
@@ -326,7 +326,7 @@ class FileOutcomes(WholeStratumSource):
                 raw = values.iloc[first]
                 raw = raw.item() if hasattr(raw, "item") else raw
                 raise UserInputError(
-                    f"outcome file {self.path}: {column}={raw!r} in row {first} "
+                    f"outcome file {self.path}: {column}={raw!r} {self._position(first)} "
                     "is not a 0/1 outcome; encode success as 1 and failure as 0"
                 )
             table[column] = numeric.astype(bool)
@@ -368,6 +368,11 @@ class FileOutcomes(WholeStratumSource):
                     "or confirm they are distinct scenes"
                 )
         self._sha256 = sha256_file(self.path)
+
+    def _position(self, index: int) -> str:
+        """Where data row `index` (0-based) is, in the words an editor uses: a CSV's line number (its
+        header is line 1), a Parquet table's row."""
+        return f"on line {index + 2}" if self.path.suffix.lower() == ".csv" else f"in row {index} (counting from 0)"
 
     def _declared_labels(self, table) -> Dict[str, str]:
         """The optional data_label column: one valid label per stratum (a one-line error otherwise)."""
