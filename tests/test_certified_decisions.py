@@ -48,6 +48,14 @@ def cp_lower(k: int, n: int) -> float:
     return 0.0 if k == 0 else float(beta_dist.ppf(0.05, k, n - k + 1))
 
 
+def test_the_clopper_pearson_bound_every_rate_is_judged_by_matches_scipy():
+    from scipy.stats import binomtest
+
+    for k, n in ((0, 60), (1, 60), (15, 60), (104, 2000), (1999, 2000)):
+        exact = binomtest(k, n).proportion_ci(confidence_level=0.90, method="exact").low  # one-sided 95%
+        assert cp_lower(k, n) == pytest.approx(exact, abs=1e-12), (k, n)
+
+
 def decided(times: dict, kind: str) -> int:
     return int((times[kind] < NEVER).sum())
 

@@ -63,7 +63,8 @@ def test_tampered_queued_artifact_paths_cannot_escape_their_folder(workdir, stor
         ({"root": "/", "path": "etc/passwd", "artifact_path": None}, "escapes its folder"),
     ):
         pending.write_text(json.dumps({**record, "artifacts": record["artifacts"] + [tampered]}))
-        proc = run_main(["job=sync", f"tracking.uri={store}"], workdir)
+        # The run was queued for a dead server: sync.to_configured_store sends it to this store instead.
+        proc = run_main(["job=sync", f"tracking.uri={store}", "sync.to_configured_store=true"], workdir)
         assert proc.returncode == 3 and "0 uploaded, 1 failed" in proc.stdout
         report = json.loads(sorted(workdir.glob("outputs/*_sync/sync.json"))[-1].read_text())
         assert needle in report["runs"][0]["status"]
@@ -78,8 +79,32 @@ def test_tampered_queued_artifact_paths_cannot_escape_their_folder(workdir, stor
             kind="bad input",
         )
     pending.write_text(json.dumps(record))  # the untampered record goes through
-    proc = run_main(["job=sync", f"tracking.uri={store}"], workdir)
+    proc = run_main(["job=sync", f"tracking.uri={store}", "sync.to_configured_store=true"], workdir)
     assert proc.returncode == 0 and "1 uploaded, 0 failed" in proc.stdout
+
+
+def test_a_queued_run_goes_to_the_store_it_was_queued_for(workdir, store):
+    """A run queued for a tracking server is not quietly uploaded to whatever store job=sync is
+    configured with (the local SQLite store by default): it goes to its own store, or to the
+    configured one when sync.to_configured_store=true says so."""
+    pending = _queued_run(workdir)
+    assert json.loads(pending.read_text())["tracking_uri"] == "http://127.0.0.1:9"
+    proc = run_main(["job=sync", f"tracking.uri={store}"], workdir, env=DEAD_SERVER)
+    assert proc.returncode == 3 and "0 uploaded, 1 failed" in proc.stdout
+    report = json.loads(sorted(workdir.glob("outputs/*_sync/sync.json"))[-1].read_text())
+    assert report["runs"][0]["tracking_uri"] == "http://127.0.0.1:9" and pending.exists()
+    assert MlflowClient(tracking_uri=store).get_experiment_by_name("vlaeval-plan") is None  # nothing here
+    moved = run_main(["job=sync", f"tracking.uri={store}", "sync.to_configured_store=true"], workdir)
+    assert moved.returncode == 0 and "1 uploaded, 0 failed" in moved.stdout and not pending.exists()
+    experiment = MlflowClient(tracking_uri=store).get_experiment_by_name("vlaeval-plan")
+    assert experiment is not None and len(MlflowClient(tracking_uri=store).search_runs([experiment.experiment_id])) == 1
+    record_outcome(
+        "tracking",
+        "job=sync with another store than the one a run was queued for",
+        "uploads to the run's own store (here unreachable: exit 3, still queued); "
+        "sync.to_configured_store=true moves it",
+        kind="fault",
+    )
 
 
 def test_outcome_ids_that_look_like_paths_never_become_file_names(workdir):

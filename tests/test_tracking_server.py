@@ -161,7 +161,12 @@ def test_server_killed_mid_run_then_sync_replaces_the_partial_run(tmp_path, work
         half = client.get_run(pending["partial_run_id"])
         # Created with its tags, killed at its first log-batch: no metrics, still RUNNING.
         assert half.info.status == "RUNNING" and not half.data.metrics and "vlaeval.run_id" in half.data.tags
-        synced = _sync(workdir, restarted.uri)
+        # The run was queued for the proxy's address, gone now; the same store answers at another.
+        synced = run_main(
+            ["job=sync", "tracking=server", "sync.to_configured_store=true"],
+            workdir,
+            env={"MLFLOW_TRACKING_URI": restarted.uri},
+        )
         assert synced.returncode == 0, synced.stderr[-3000:]
         active = experiment_runs(client, "vlaeval-gauntlet")
         assert len(active) == 1 and active[0].info.run_id != pending["partial_run_id"]

@@ -334,6 +334,8 @@ class HistoryConfig:
 class SyncConfig:
     # Folders searched (recursively) for runs spooled while the tracking store was unreachable.
     paths: List[str] = field(default_factory=lambda: ["outputs", "multirun_sweeps"])
+    # A queued run goes to the store it was queued for; true: to the configured store instead.
+    to_configured_store: bool = False
 
 
 @dataclass

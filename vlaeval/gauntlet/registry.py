@@ -11,10 +11,11 @@ gauntlets never lose an entry, and a crash never leaves half a line.
 
 from __future__ import annotations
 
-import fcntl
 import json
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+from filelock import FileLock
 
 from vlaeval.artifacts import atomic_write_text, sha256_json
 from vlaeval.errors import UserInputError
@@ -70,8 +71,7 @@ class FailureRegistry:
         if not new:
             return 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with FileLock(self.path.with_name(self.path.name + ".lock")):
             entries = self.entries()
             known = {e["id"] for e in entries}
             added = 0

@@ -1,7 +1,8 @@
 """job=sync: upload the runs that were saved locally while the tracking store was unreachable.
 
 Find every queued run (mlflow_pending.json beside a result) under sync.paths; upload each to the
-configured store -- once: a run already there under the same record id is not uploaded again, and
+store it was queued for (the configured one supplies credentials when it is that store;
+sync.to_configured_store=true sends every run to the configured store) -- once: a run already there under the same record id is not uploaded again, and
 a partial run a killed upload left behind is deleted first; replace the queue file by a receipt
 (mlflow_synced.json) naming the run; report what was uploaded and what still failed (exit 3).
 """
@@ -36,9 +37,11 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         record = read_json(pending)
         row = {"run_dir": str(pending.parent), "experiment": record["experiment"], "record_id": record["record_id"]}
         try:
-            row["run_id"] = tracking.upload_record(uri, record, pending.parent)
+            target = tracking.sync_target(record, uri, to_configured=bool(cfg.sync.to_configured_store))
+            row["tracking_uri"] = tracking.redact_uri(target)
+            row["run_id"] = tracking.upload_record(target, record, pending.parent)
             row["status"] = "uploaded"
-            atomic_write_json(pending.parent / SYNCED_FILE, {"tracking_uri": shown_uri, **row})
+            atomic_write_json(pending.parent / SYNCED_FILE, row)
             pending.unlink()
         except Exception as error:
             row["status"] = f"failed: {describe(error)}"
@@ -54,8 +57,11 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     console.show(
         console.table(
             f"Queued runs synced to {shown_uri}",
-            ["run dir", "experiment", "run id", "status"],
-            [(r["run_dir"], r["experiment"], r.get("run_id", "-"), r["status"]) for r in rows],
+            ["run dir", "experiment", "store", "run id", "status"],
+            [
+                (r["run_dir"], r["experiment"], r.get("tracking_uri", "-"), r.get("run_id", "-"), r["status"])
+                for r in rows
+            ],
         )
     )
     console.show(
@@ -63,8 +69,9 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         f"{', '.join(report['searched'])}"
     )
     if report["failed"]:
+        first = next(r for r in rows if r["status"] != "uploaded")
         raise tracking.TrackingError(
-            f"{report['failed']} queued run(s) could not be uploaded to {shown_uri}; they stay "
-            "queued: run job=sync again once the store is reachable"
+            f"{report['failed']} queued run(s) could not be uploaded ({first['run_dir']}: {first['status']}); "
+            "they stay queued: run job=sync again once the store is reachable"
         )
     return report

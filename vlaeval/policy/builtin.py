@@ -3,13 +3,13 @@ config hash, or loaded from a given checkpoint (`checkpoint=path checkpoint.path
 
 from __future__ import annotations
 
-import fcntl
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 import torch
+from filelock import FileLock
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -154,8 +154,7 @@ def obtain_policy(
     folder = Path(cache_dir) / "checkpoints" / checkpoint_key(spec, data)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "model.pt"
-    with open(folder / ".lock", "w") as lock:  # parallel jobs: one trains, the others wait and load
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(folder / ".lock"):  # parallel jobs: one trains, the others wait and load
         if path.is_file():
             try:
                 return load_policy(spec, data, path)

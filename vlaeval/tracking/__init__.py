@@ -8,7 +8,6 @@ without a lock, and parallel processes racing on that corrupt it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -16,6 +15,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
+
+from filelock import FileLock
 
 from vlaeval.artifacts import atomic_write_json, sha256_json
 from vlaeval.errors import describe, first_line
@@ -61,15 +62,11 @@ def ensure_store(uri: str) -> None:
         return
     db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            from mlflow.tracking import MlflowClient
+    with FileLock(db.with_name(db.name + ".lock")):
+        from mlflow.tracking import MlflowClient
 
-            # Any read initialises (migrates) the schema; holding the lock serialises creators.
-            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        # Any read initialises (migrates) the schema; holding the lock serialises creators.
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
 
 def config_sha256(plain_cfg: Mapping[str, Any]) -> str:
@@ -427,6 +424,8 @@ def record_run(tracking_cfg: Any, record: Dict[str, Any], base_dir: Path, result
     says how to upload it later (job=sync): nothing is lost."""
     uri = resolve_uri(tracking_cfg)
     configure_http(tracking_cfg)
+    # The store the run is meant for travels with the queued record: job=sync sends it there.
+    record = {**record, "tracking_uri": redact_uri(uri)}
     pending = atomic_write_json(base_dir / PENDING_FILE, record)
 
     def remember(run_id: str) -> None:  # sync deletes this partial run before re-uploading
@@ -442,6 +441,22 @@ def record_run(tracking_cfg: Any, record: Dict[str, Any], base_dir: Path, result
         ) from error
     pending.unlink(missing_ok=True)
     return run_id
+
+
+def sync_target(record: Mapping[str, Any], configured_uri: str, *, to_configured: bool) -> str:
+    """Where job=sync uploads a queued record: the store it was queued for (recorded without its
+    password), unless `to_configured`; the configured store when it is that store (it carries the
+    credentials) or the record predates the field. A UserInputError-free ValueError names the fix
+    when the record's store needs credentials this run was not given."""
+    meant = record.get("tracking_uri")
+    if to_configured or meant is None or meant == redact_uri(configured_uri):
+        return configured_uri
+    if MASK in meant:
+        raise ValueError(
+            f"queued for {meant}, whose password is not stored: run job=sync with tracking.uri=<that store>, "
+            "or sync.to_configured_store=true to upload it to the configured store instead"
+        )
+    return meant
 
 
 def artifact_root(uri: str) -> Optional[str]:
