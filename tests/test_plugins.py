@@ -109,6 +109,13 @@ def test_a_users_policy_with_its_own_arguments_trains(user):
             "horizon, *, width: int = 64, depth: int = 2); did you mean width?",
         ),
         ("model=wide", ["+model.vocab=[a]"], "model.vocab is supplied by vlaeval when it builds the model"),
+        (
+            "model=wide",
+            ["model.width=64x"],
+            "model.width='64x' is not of type int, as team_vla.policy.WidePolicy(vocab, obs_dim, action_dim, horizon, "
+            "*, width: int = 64, depth: int = 2) asks",
+        ),
+        ("model=wide", ["+model.depth=2.5"], "model.depth=2.5 is not of type int"),
         ("model=missing", [], "model._target_=team_vla.nowhere.Policy cannot be imported (ModuleNotFoundError"),
         (
             "model=half",

@@ -191,6 +191,60 @@ def signature_text(target: Any, path: str) -> str:
         return path
 
 
+def annotations_of(target: Any) -> Dict[str, Any]:
+    """The resolved annotations of a target's parameters ({} when they cannot be resolved: names
+    the module does not define at run time)."""
+    import typing
+
+    try:
+        return typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+    except Exception:
+        return {}
+
+
+def fits_annotation(value: Any, annotation: Any) -> bool:
+    """Whether a config value can be the argument `annotation` asks for. Only what a config can
+    carry is judged (numbers, strings, booleans, None, lists, mappings, Enums); any other
+    annotation (a class, a Protocol, Any) accepts everything, since Hydra cannot build it anyway."""
+    import enum
+    import typing
+
+    origin = typing.get_origin(annotation)
+    arguments = typing.get_args(annotation)
+    if annotation is typing.Any:
+        return True
+    if origin is typing.Union or (origin is not None and getattr(origin, "__name__", "") == "UnionType"):
+        return any(fits_annotation(value, member) for member in arguments)
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if inspect.isclass(annotation) and issubclass(annotation, enum.Enum):
+        return value in [member.value for member in annotation] or value in list(annotation)
+    import collections.abc
+
+    container = origin if origin is not None else annotation
+    if container in (list, set, frozenset, collections.abc.Sequence, collections.abc.Iterable):
+        item = arguments[0] if arguments else typing.Any
+        return isinstance(value, (list, tuple)) and all(fits_annotation(v, item) for v in value)
+    if container is tuple:
+        item = arguments[0] if len(arguments) == 2 and arguments[1] is Ellipsis else typing.Any
+        return isinstance(value, (list, tuple)) and all(fits_annotation(v, item) for v in value)
+    if container in (dict, collections.abc.Mapping):
+        return isinstance(value, dict)
+    return True
+
+
+def type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
 def check_component(node: Any, group: str) -> Dict[str, Any]:
     """Check a `_target_` config node against its target's signature; return every argument the
     config should carry (the node's values plus the signature defaults it leaves out). One-line
@@ -236,6 +290,14 @@ def check_component(node: Any, group: str) -> Dict[str, Any]:
             close = difflib.get_close_matches(key, named, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise UserInputError(f"{group}.{key} is not an argument of {signature_text(target, path)}{hint}")
+    # Values against the annotations, now, rather than as a TypeError deep inside the constructor.
+    hints = annotations_of(target)
+    for key, value in values.items():
+        if key in hints and key not in HYDRA_KEYS and not fits_annotation(value, hints[key]):
+            raise UserInputError(
+                f"{group}.{key}={value!r} is not of type {type_name(hints[key])}, as {signature_text(target, path)} "
+                f"asks; give {group}.{key} a value of that type"
+            )
     missing = [
         n
         for n in named
