@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from vlaeval.choices import AlarmFwer, ClusterOrder, HaltRule
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import require
 from vlaeval.gauntlet.cache import ArrayCache
-from vlaeval.gauntlet.constants import OrderSeed, cluster_size_bounds, run_order_seed
+from vlaeval.gauntlet.constants import ClusterSizeBounds, OrderSeed, cluster_size_bounds, run_order_seed
 from vlaeval.gauntlet.outcomes import (
     OutcomeRequest,
     StratumOutcomes,
@@ -315,6 +315,78 @@ def react(
     return Reaction(events, False, nominal_allowance)
 
 
+def stratum_test(
+    settings: GauntletConfig,
+    spec: StratumConfig,
+    alarm: float,
+    bounds: ClusterSizeBounds,
+    batches: Sequence[Tuple[int, int]],
+) -> Any:
+    """The stratum's sequential test, every constant fixed before its first cluster."""
+    s = settings
+    planned_clusters = batches[-1][1] if batches else 0
+    return make_sequential_test(
+        s.test_mode,
+        spec.margin_delta if spec.margin_delta is not None else s.margin_delta,
+        s.alpha,
+        catastrophic_delta=s.catastrophic_delta if spec.catastrophic_halt else None,
+        alarm_alpha=alarm,
+        estimand=s.estimand,
+        # Never read off the outcomes (constants.py): the unit estimand's normaliser and the bet
+        # cap's smallest size (None: a running minimum).
+        max_cluster_size=bounds.largest,
+        min_cluster_size=bounds.smallest,
+        bet_rule=s.bet_rule,
+        bet_cap=s.bet_cap,
+        cs_grid_step=s.cs_grid_step,
+        burn_in_clusters=s.burn_in_clusters,
+        tuning_clusters=max(planned_clusters, 1),
+        planned_looks=planned_looks_of(batches) or [1],  # no batch fits: the test sees nothing
+    )
+
+
+def multiplicity_statement(
+    settings: GauntletConfig, strata: Mapping[str, StratumConfig], alarm: float
+) -> Dict[str, Any]:
+    """How the launch rule and the alarms control their errors, in words and the alarm level."""
+    s = settings
+    halts = alarm_count(strata) - len(strata)
+    return {
+        "launch": "intersection-union: LAUNCH needs every stratum to PASS its own level-alpha test",
+        "alarms": (
+            f"Bonferroni over {len(strata)} REGRESSION alarms and {halts} catastrophic halt(s): each at "
+            f"alpha / {alarm_count(strata)} = {alarm:.4g}, so P(any false alarm) <= alpha"
+        )
+        if s.alarm_fwer == AlarmFwer.bonferroni
+        else f"none: each REGRESSION alarm at alpha and each halt at alpha / 2 (P(any false alarm) up to "
+        f"{alarm_count(strata)} x alpha)",
+        "alarm_alpha": alarm,
+    }
+
+
+def validity_statement(settings: GauntletConfig) -> str:
+    """What the test mode's decisions are worth, in words (result.json, the report)."""
+    s = settings
+    return {
+        "exact": "every stopping decision is an anytime-valid betting e-process on cluster means in random order "
+        "(Ville's inequality); decisions are sticky; "
+        + (
+            "the catastrophic halt fires on a certified REGRESSION at the alarm level whose estimate lies "
+            "beyond -catastrophic_delta (that part is an estimate unless the halt's own confidence "
+            "sequence certifies it, which the event says)"
+            if s.halt_rule == HaltRule.regression_beyond_margin
+            else "the catastrophic halt is decided on a one-sided upper confidence sequence at its own level"
+        ),
+        "asymptotic": "ASYMPTOTIC mode (opt-in): evidence from asymptotic confidence sequences (Waudby-Smith et "
+        "al. 2024) after a burn-in, valid only as clusters grow; its PASS and REGRESSION are approximate "
+        "evidence for review, never a certificate: they never halt and never block by themselves",
+        "group_sequential": "GROUP-SEQUENTIAL mode (opt-in): evidence from z-tests on cluster means at the planned "
+        "batches, O'Brien-Fleming-type alpha spending, under the normal approximation; its PASS and "
+        "REGRESSION are approximate evidence for review, never a certificate: they never halt and "
+        "never block by themselves",
+    }[s.test_mode]
+
+
 def run_gauntlet(
     settings: GauntletConfig,
     strata: Mapping[str, StratumConfig],
@@ -372,8 +444,6 @@ def run_gauntlet(
         if name == s.nominal_stratum:
             unit_limit = min(unit_limit, nominal_allowance)
         batches = plan_batches(sizes, s.batch_units, unit_limit)
-        planned_clusters = batches[-1][1] if batches else 0
-        margin = spec.margin_delta if spec.margin_delta is not None else s.margin_delta
         produce = producer(source, request(name), cache)
         cache_statuses: List[str] = []
 
@@ -394,24 +464,7 @@ def run_gauntlet(
             )
             return outcomes
 
-        test = make_sequential_test(
-            s.test_mode,
-            margin,
-            s.alpha,
-            catastrophic_delta=s.catastrophic_delta if spec.catastrophic_halt else None,
-            alarm_alpha=alarm,
-            estimand=s.estimand,
-            # Fixed before the first cluster, never read off the outcomes (constants.py): the unit
-            # estimand's normaliser and the bet cap's smallest size (None: a running minimum).
-            max_cluster_size=bounds.largest,
-            min_cluster_size=bounds.smallest,
-            bet_rule=s.bet_rule,
-            bet_cap=s.bet_cap,
-            cs_grid_step=s.cs_grid_step,
-            burn_in_clusters=s.burn_in_clusters,
-            tuning_clusters=max(planned_clusters, 1),
-            planned_looks=planned_looks_of(batches) or [1],  # no batch fits: the test sees nothing
-        )
+        test = stratum_test(s, spec, alarm, bounds, batches)
 
         def report(
             batch: int,
@@ -488,7 +541,6 @@ def run_gauntlet(
     recommendation = launch_recommendation(
         results, not_evaluated, halted=halted, lineage=lineage, test_mode=s.test_mode, required_absent=required_absent
     )
-    halts = alarm_count(strata) - len(strata)
     return {
         "candidate_version": s.candidate_version,
         "baseline_version": s.baseline_version,
@@ -520,34 +572,7 @@ def run_gauntlet(
         "valid_for_launch": bool(lineage.get("valid")) and not halted,
         "recommendation": recommendation,
         "test_mode": s.test_mode,
-        "multiplicity": {
-            "launch": "intersection-union: LAUNCH needs every stratum to PASS its own level-alpha test",
-            "alarms": (
-                f"Bonferroni over {len(strata)} REGRESSION alarms and {halts} catastrophic halt(s): each at "
-                f"alpha / {alarm_count(strata)} = {alarm:.4g}, so P(any false alarm) <= alpha"
-            )
-            if s.alarm_fwer == AlarmFwer.bonferroni
-            else f"none: each REGRESSION alarm at alpha and each halt at alpha / 2 (P(any false alarm) up to "
-            f"{alarm_count(strata)} x alpha)",
-            "alarm_alpha": alarm,
-        },
-        "statistical_validity": {
-            "exact": "every stopping decision is an anytime-valid betting e-process on cluster means in random order "
-            "(Ville's inequality); decisions are sticky; "
-            + (
-                "the catastrophic halt fires on a certified REGRESSION at the alarm level whose estimate lies "
-                "beyond -catastrophic_delta (that part is an estimate unless the halt's own confidence "
-                "sequence certifies it, which the event says)"
-                if s.halt_rule == HaltRule.regression_beyond_margin
-                else "the catastrophic halt is decided on a one-sided upper confidence sequence at its own level"
-            ),
-            "asymptotic": "ASYMPTOTIC mode (opt-in): evidence from asymptotic confidence sequences (Waudby-Smith et "
-            "al. 2024) after a burn-in, valid only as clusters grow; its PASS and REGRESSION are approximate "
-            "evidence for review, never a certificate: they never halt and never block by themselves",
-            "group_sequential": "GROUP-SEQUENTIAL mode (opt-in): evidence from z-tests on cluster means at the planned "
-            "batches, O'Brien-Fleming-type alpha spending, under the normal approximation; its PASS and "
-            "REGRESSION are approximate evidence for review, never a certificate: they never halt and "
-            "never block by themselves",
-        }[s.test_mode],
+        "multiplicity": multiplicity_statement(s, strata, alarm),
+        "statistical_validity": validity_statement(s),
         "cluster_order": {"mode": "shuffled", **seed.as_dict()} if shuffled else {"mode": "as_given"},
     }
