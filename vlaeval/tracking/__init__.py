@@ -446,8 +446,8 @@ def record_run(tracking_cfg: Any, record: Dict[str, Any], base_dir: Path, result
 def sync_target(record: Mapping[str, Any], configured_uri: str, *, to_configured: bool) -> str:
     """Where job=sync uploads a queued record: the store it was queued for (recorded without its
     password), unless `to_configured`; the configured store when it is that store (it carries the
-    credentials) or the record predates the field. A UserInputError-free ValueError names the fix
-    when the record's store needs credentials this run was not given."""
+    credentials) or the record predates the field. Raises ValueError, naming the fix, when the
+    record's store needs a password this run was not given (job=sync reports it as that run's failure)."""
     meant = record.get("tracking_uri")
     if to_configured or meant is None or meant == redact_uri(configured_uri):
         return configured_uri
