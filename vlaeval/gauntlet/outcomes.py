@@ -49,8 +49,8 @@ from vlaeval.seqtest.units import cluster_offsets
 SYNTHETIC_GENERATOR_VERSION = 1
 OUTCOME_COLUMNS = ("stratum", "scenario_id", "cluster_id", "baseline", "candidate")
 LABEL_COLUMN = "data_label"  # optional: where a stratum's evidence came from (REPLAYED, SIMULATED, ...)
-# A repeated cluster is flagged when chance (rows independent, at the stratum's own frequencies of
-# the four outcome pairs) would repeat it this rarely.
+# A repeated cluster is flagged when chance (rows and columns independent, each value at its
+# frequency in the stratum; see repeated_clusters) would repeat it this rarely.
 DUPLICATE_CHANCE = 1e-6
 
 

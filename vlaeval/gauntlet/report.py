@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from vlaeval import console
+from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION, MODE_EXACT
 
 
 def evalue(value: float | None) -> str:
@@ -37,11 +38,11 @@ def print_summary(result: Dict[str, Any]) -> None:
     cs_title += f" ({label})" if label else ""
     planted = any(s["planted_effect"] for s in result["strata"])
     rows = []
-    approximate = result["test_mode"] != "exact"
+    approximate = result["test_mode"] != MODE_EXACT
     for s in result["strata"]:
         cs = s["confidence_sequence"]
         rates = s.get("success_rates", {})
-        decided = s["decision"] in ("PASS", "REGRESSION")
+        decided = s["decision"] in (DECISION_PASS, DECISION_REGRESSION)
         rows.append(
             (s["priority"], s["stratum"], s["data_label"])
             + ((planted_text(s["planted_effect"]),) if planted else ())

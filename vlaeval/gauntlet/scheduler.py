@@ -237,7 +237,6 @@ def halt_decision(settings: GauntletConfig, snapshot: Mapping[str, Any]) -> Dict
         "halt": exact,
         "signal": not exact,
         "certified_catastrophic": certified_catastrophic,
-        "estimate_beyond_catastrophic_margin": bool(beyond),
         "detail": "; ".join(parts),
     }
 

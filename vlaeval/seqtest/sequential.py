@@ -337,15 +337,6 @@ class _SequentialTest:
     def _settings(self) -> Dict[str, Any]:
         return {}
 
-    def smallest_sizes_before(self, sizes: np.ndarray) -> np.ndarray:
-        """Per cluster of the batch `sizes`, the smallest cluster size the test knew *before* it:
-        the declared min_cluster_size, or the running minimum of the clusters already seen (1
-        before the first) -- predictable, so a cap computed from it keeps the supermartingale."""
-        if self.min_cluster_size is not None:
-            return np.full(sizes.shape, float(self.min_cluster_size))
-        before = np.minimum.accumulate(np.concatenate(([self._smallest_seen], sizes)))[:-1]
-        return np.where(np.isfinite(before), before, 1.0)
-
 
 def _first_decision(*candidates: Tuple[str, int]) -> Tuple[Optional[str], int]:
     """The earliest rejection in this batch (the alarm, listed first, wins a tie): (name, index)."""
@@ -403,7 +394,7 @@ class PairedSequentialTest(_SequentialTest):
         self.bet_cap = None if bet_cap is None else float(bet_cap)
         self.cap_fraction = (
             float(size_adaptive_cap(self.min_cluster_size or 1)) if bet_cap is None else float(bet_cap)
-        )  # the cap of the first bet (with a running minimum it can only rise)
+        )  # the first bet's cap (a running minimum starts at 1, then follows the smallest cluster seen)
 
         steps = int(round(2.0 / self.cs_grid_step))
         self._grid = np.round(np.linspace(-1.0, 1.0, steps + 1)[1:-1], 12)
@@ -440,10 +431,13 @@ class PairedSequentialTest(_SequentialTest):
         return {"bet_rule": self.bet_rule, "bet_cap": cap, "bet_cap_rule": rule}
 
     def _caps(self, sizes: np.ndarray) -> float | np.ndarray:
-        """The cap fraction of each cluster's bet (one number when it cannot change)."""
+        """The cap fraction of each cluster's bet: one number when it is fixed (bet_cap, or a declared
+        min_cluster_size), else 1 - 0.2 / (the smallest cluster seen *before* that cluster, 1 before
+        the first) -- predictable, so the supermartingale holds."""
         if self.bet_cap is not None or self.min_cluster_size is not None:
             return self.cap_fraction
-        return size_adaptive_cap(self.smallest_sizes_before(sizes))
+        before = np.minimum.accumulate(np.concatenate(([self._smallest_seen], sizes)))[:-1]
+        return size_adaptive_cap(np.where(np.isfinite(before), before, 1.0))
 
     def _advance(
         self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray
