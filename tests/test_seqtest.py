@@ -242,3 +242,82 @@ def test_fixed_n_z_clusters_is_a_whole_number_of_at_least_two():
     n = fixed_n_clusters(hard, 0.02, 0.05)
     assert n == int(n) and n > 100
     assert fixed_n_clusters(np.zeros(10), 0.0, 0.05) == math.inf  # effect exactly at the margin: never
+
+
+def textbook_bets(x, w, margins, side, rule, cap, alpha=0.05):
+    """The plug-in bets written out from their definition, one margin and one observation at a time
+    in closed form: the oracle for the expanded, blocked arithmetic of plug_in_bets."""
+    sign = 1.0 if side == UPPER else -1.0
+    out = np.zeros((margins.size, x.size))
+    for g, m in enumerate(margins):
+        for t in range(x.size):
+            y = sign * w[:t] * (x[:t] - m)
+            pseudo = -sign * m  # one pseudo-observation x = 0, w = 1
+            edge = (y.sum() + pseudo) / (t + 1)
+            spread = np.sum((w[:t] * (x[:t] - m) - (w[:t] * (x[:t] - m)).sum() / max(t, 1)) ** 2) if t else 0.0
+            var = (0.25 + spread) / (t + 1)
+            c = cap / (1 + m) if side == UPPER else cap / (1 - m)
+            agrapa = min(max(edge / (var + edge * edge), 0.0), c)
+            prpl = min(math.sqrt(2 * math.log(1 / alpha) / (var * (t + 1) * math.log1p(t + 1))), c)
+            out[g, t] = {"agrapa": agrapa, "prpl": prpl, "blend": 0.5 * (agrapa + prpl)}[rule]
+    return out
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("side", [UPPER, LOWER])
+@pytest.mark.parametrize("rule", ["agrapa", "prpl", "blend"])
+def test_plug_in_bets_equal_their_definition(weighted, side, rule):
+    """The margin-expanded spread (unit weights: margin-free) gives the bets of the definition."""
+    rng = np.random.default_rng(21)
+    x = np.clip(rng.normal(-0.01, 0.3, 60), -1, 1)
+    w = rng.integers(1, 40, 60) / 40.0 if weighted else np.ones(60)
+    margins = np.array([-0.9, -0.3, -0.02, 0.0, 0.04, 0.5, 0.95])
+    moments = predictable_moments(x, MomentState(), w if weighted else None)
+    assert moments.unit_weights is not weighted
+    fast = plug_in_bets(moments, margins[:, None], side, rule=rule, cap_fraction=0.9, alpha=0.05)
+    np.testing.assert_allclose(fast, textbook_bets(x, w, margins, side, rule, 0.9), rtol=1e-9, atol=1e-12)
+
+
+def _halt_series(design_mean, *, sizes=None, rule="blend", whole_grid=False, never_extend=False):
+    """The halt's upper bound after every cluster, over batches, with the margins below
+    -catastrophic_delta brought in lazily (the engine), from the start (whole_grid) or never."""
+    rng = np.random.default_rng(17)
+    kwargs = dict(bet_rule=rule, catastrophic_delta=0.05)
+    if sizes is not None:
+        kwargs.update(estimand="unit", max_cluster_size=40, min_cluster_size=1)
+    test = PairedSequentialTest(delta=0.02, alpha=0.05, **kwargs)
+    if whole_grid:
+        test._cat_floor = 0  # every margin from the first cluster: the reference
+    if never_extend:
+        test._replay_catastrophic = lambda low, high: None  # a broken engine: margins never brought in
+    x = paired_cluster_means(rng, 1, 900, 20, design_mean, p_plus=0.03)[0]
+    for part, size in zip(
+        np.array_split(x, [40, 41, 300, 620]),
+        np.array_split(sizes if sizes is not None else np.ones(900), [40, 41, 300, 620]),
+    ):
+        test.update_clusters(part, None if sizes is None else size)
+    return np.asarray(test.trajectory()["catastrophic_upper"]), test
+
+
+@pytest.mark.parametrize("rule", ["blend", "ons"])
+@pytest.mark.parametrize("design_mean", [-0.20, -0.06, 0.0])
+def test_halt_bound_with_late_margins_equals_the_whole_grid(rule, design_mean):
+    """Margins below -catastrophic_delta are computed only once the halt's bound reaches them,
+    replayed from the stratum's start: the bound, the halt and its time are those of the whole grid."""
+    lazy, lazy_test = _halt_series(design_mean, rule=rule)
+    whole, whole_test = _halt_series(design_mean, rule=rule, whole_grid=True)
+    np.testing.assert_array_equal(lazy, whole)
+    assert lazy_test.snapshot()["catastrophic_at_cluster"] == whole_test.snapshot()["catastrophic_at_cluster"]
+    if design_mean == -0.20:  # the bound falls far below -0.05: the lower margins were needed
+        assert lazy.min() < -0.1 and lazy_test._cat_floor < lazy_test._cat_index
+
+
+def test_halt_bound_with_late_margins_weighted_and_the_broken_engine_differs():
+    sizes = np.random.default_rng(4).integers(1, 41, 900).astype(float)
+    lazy, _ = _halt_series(-0.20, sizes=sizes)
+    whole, _ = _halt_series(-0.20, sizes=sizes, whole_grid=True)
+    np.testing.assert_array_equal(lazy, whole)
+    # Negative control: an engine that brings the lower margins in without replaying their past
+    # starts them at wealth 1 mid-stratum; the exact comparison above must see the difference.
+    broken, _ = _halt_series(-0.20, sizes=sizes, never_extend=True)
+    assert not np.array_equal(broken, whole) and np.all(broken >= whole) and whole.min() < -0.1

@@ -128,9 +128,12 @@ def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
     return atomic_write_text(path, text + "\n")
 
 
-def atomic_write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> Path:
+def atomic_write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], *, compress: bool = True) -> Path:
+    """compress=False for arrays zlib cannot shrink (packed random bits): it would only cost time."""
+
     def write(handle: Any) -> None:
-        np.savez_compressed(handle, **dict(arrays))  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
+        save = np.savez_compressed if compress else np.savez
+        save(handle, **dict(arrays))  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
 
     return atomic_write_bytes(path, write)
 

@@ -2,7 +2,7 @@
 
 The address is the sha256 of the canonical JSON of everything that determines the arrays (the
 caller's key payload, which includes component versions, so a version bump is a miss). Entries
-are compressed NPZ written atomically; each stores its key payload and a digest of its array
+are NPZ written atomically; each stores its key payload and a digest of its array
 bytes, and is verified on read: a truncated, bit-flipped or mislabelled entry is reported,
 recomputed and rewritten, never trusted.
 """
@@ -87,7 +87,9 @@ class ArrayCache:
         arrays = compute()
         meta = {"payload": payload, "key": key, "arrays_sha256": arrays_digest(arrays)}
         meta_bytes = np.frombuffer(canonical_json(meta).encode("utf-8"), dtype=np.uint8)
-        atomic_write_npz(path, {**arrays, _META: meta_bytes})
+        # Outcomes are packed bits of random draws: zlib cannot shrink them, and compressing
+        # them took a quarter of a 10M-unit gauntlet's time.
+        atomic_write_npz(path, {**arrays, _META: meta_bytes}, compress=False)
         return arrays, status
 
     @staticmethod

@@ -31,7 +31,7 @@ A source with `load` but no `produce` is served by slicing what `load` returns (
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -61,6 +61,13 @@ class StratumOutcomes:
     baseline: np.ndarray  # bool (units,)
     candidate: np.ndarray  # bool (units,)
     cluster_sizes: np.ndarray  # int64 (clusters,)
+    # Where each cluster starts (and the end), computed once: a stratum is sliced batch by batch.
+    _offsets: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
+
+    def offsets(self) -> np.ndarray:
+        if self._offsets is None:
+            self._offsets = cluster_offsets(self.cluster_sizes)
+        return self._offsets
 
     @property
     def units(self) -> int:
@@ -77,7 +84,7 @@ class StratumOutcomes:
     def reordered(self, order: np.ndarray) -> "StratumOutcomes":
         """The clusters `order` (indices of whole clusters: a permutation, or any selection) in that order."""
         sizes = self.cluster_sizes[order]
-        moved = cluster_offsets(self.cluster_sizes)[:-1][order] - cluster_offsets(sizes)[:-1]  # per cluster
+        moved = self.offsets()[:-1][order] - cluster_offsets(sizes)[:-1]  # per cluster
         units = np.repeat(moved, sizes) + np.arange(int(sizes.sum()))
         return StratumOutcomes(self.baseline[units], self.candidate[units], sizes)
 

@@ -277,6 +277,40 @@ class _SequentialTest:
             return None
         return 1.0 if not self._series else float(self._series["catastrophic_upper"][-1][-1])
 
+    def _catastrophic_upper(self, counts: np.ndarray) -> np.ndarray:
+        """The halt's upper bound after each count, exact: while it rests on the lowest margin computed
+        so far, the margins below are brought in (replayed from the stratum's start) and it is
+        recomputed; margins not yet computed count as not rejected, so it can only be too high."""
+        step = 64
+        while True:
+            _, upper = hull_bounds(self._grid, self._cat_rejected_after, counts)
+            if self._cat_floor == 0 or not np.any(upper <= self._grid[self._cat_floor]):
+                return upper
+            low = max(0, self._cat_floor - step)
+            self._replay_catastrophic(low, self._cat_floor)
+            self._cat_floor, step = low, step * 2
+
+    def _replay_catastrophic(self, low: int, high: int) -> None:
+        """Run the halt family's margins [low, high) over every chunk seen so far, as they would have run."""
+        wanted = np.zeros(self._grid.size, dtype=bool)
+        wanted[low:high] = True
+        for part, w, cap, state, offset in self._cat_chunks:
+            alive = wanted & (self._cat_rejected_after == NEVER)
+            if not alive.any():
+                break
+            first, _ = self._cat_family.update(
+                part,
+                predictable_moments(part, state, w),
+                rule=self.bet_rule,
+                cap_fraction=cap,
+                alpha=self.alpha,
+                weights=w,
+                threshold_log=self._cat_threshold,
+                active=alive,
+            )
+            newly = alive & (first >= 0)
+            self._cat_rejected_after[newly] = offset + first[newly] + 1
+
     def e_values(self) -> Dict[str, Optional[float]]:
         """The current wealth of the decision e-processes (None where the mode has none)."""
         return {"e_value_regression": None, "e_value_pass": None}
@@ -417,6 +451,12 @@ class PairedSequentialTest(_SequentialTest):
             self._cat_threshold = math.log(1.0 / self.catastrophic_alpha)
             self._cat_rejected_after = np.full(self._grid.size, NEVER, dtype=np.int64)
             self._cat_index = int(np.argmin(np.abs(self._grid + self.catastrophic_delta)))
+            # The halt's bound is an upper bound: margins below -catastrophic_delta change it only
+            # once it has fallen to -catastrophic_delta (the halt). They are computed from then
+            # on, replayed over the stratum's chunks so far (same arithmetic, same rejections);
+            # until then they would cost half the grid for every cluster and change nothing.
+            self._cat_floor = self._cat_index
+            self._cat_chunks: List[Tuple[np.ndarray, Optional[np.ndarray], Any, MomentState, int]] = []
         self._moments = MomentState()
 
     def _settings(self) -> Dict[str, Any]:
@@ -491,6 +531,7 @@ class PairedSequentialTest(_SequentialTest):
             self._grid_rejected_after[newly] = seen + start + grid_first[newly] + 1
             if halting:
                 cat_alive = self._cat_rejected_after == NEVER
+                cat_alive[: self._cat_floor] = False
                 cat_alive[self._cat_index] = True  # the e-process at -catastrophic_delta itself, for its wealth
                 cat_first, cat_paths = self._cat_family.update(
                     part, moments, threshold_log=self._cat_threshold, keep=[self._cat_index], active=cat_alive, **common
@@ -498,6 +539,7 @@ class PairedSequentialTest(_SequentialTest):
                 kept["log_wealth_catastrophic"].append(cat_paths[0])
                 newly = cat_alive & (cat_first >= 0) & (self._cat_rejected_after == NEVER)
                 self._cat_rejected_after[newly] = seen + start + cat_first[newly] + 1
+                self._cat_chunks.append((part, w, cap, state, seen + start))
             state, start, chunk = state.advanced(part, w), start + part.size, chunk * 2
         self._moments = state
 
@@ -505,10 +547,44 @@ class PairedSequentialTest(_SequentialTest):
         series = {key: np.concatenate(parts) for key, parts in kept.items()}
         series["cs_lower"], series["cs_upper"] = hull_bounds(self._grid, self._grid_rejected_after, counts)
         if self.catastrophic_delta is not None:
-            _, series["catastrophic_upper"] = hull_bounds(self._grid, self._cat_rejected_after, counts)
+            series["catastrophic_upper"] = self._catastrophic_upper(counts)
             below = np.flatnonzero(series["catastrophic_upper"] <= -self.catastrophic_delta + 1e-12)
             firsts["catastrophic"] = int(below[0]) if below.size else -1
         return firsts, series
+
+    def _catastrophic_upper(self, counts: np.ndarray) -> np.ndarray:
+        """The halt's upper bound after each count, exact: while it rests on the lowest margin computed
+        so far, the margins below are brought in (replayed from the stratum's start) and it is
+        recomputed; margins not yet computed count as not rejected, so it can only be too high."""
+        step = 64
+        while True:
+            _, upper = hull_bounds(self._grid, self._cat_rejected_after, counts)
+            if self._cat_floor == 0 or not np.any(upper <= self._grid[self._cat_floor]):
+                return upper
+            low = max(0, self._cat_floor - step)
+            self._replay_catastrophic(low, self._cat_floor)
+            self._cat_floor, step = low, step * 2
+
+    def _replay_catastrophic(self, low: int, high: int) -> None:
+        """Run the halt family's margins [low, high) over every chunk seen so far, as they would have run."""
+        wanted = np.zeros(self._grid.size, dtype=bool)
+        wanted[low:high] = True
+        for part, w, cap, state, offset in self._cat_chunks:
+            alive = wanted & (self._cat_rejected_after == NEVER)
+            if not alive.any():
+                break
+            first, _ = self._cat_family.update(
+                part,
+                predictable_moments(part, state, w),
+                rule=self.bet_rule,
+                cap_fraction=cap,
+                alpha=self.alpha,
+                weights=w,
+                threshold_log=self._cat_threshold,
+                active=alive,
+            )
+            newly = alive & (first >= 0)
+            self._cat_rejected_after[newly] = offset + first[newly] + 1
 
     def e_values(self) -> Dict[str, Optional[float]]:
         out: Dict[str, Optional[float]] = {

@@ -1,0 +1,115 @@
+"""The code-health figures issue 23 asks for, measured on a tree: `python scripts/code_health.py [ROOT]`.
+
+Prints, for the package under ROOT (default: this checkout): the 10 longest functions and the largest
+cyclomatic complexity (radon, when installed), functions annotated to return `Dict[str, Any]`, string-key
+subscripts, getattr/hasattr probes on an outcome source, README lines, and the params `job=gauntlet` and
+`job=residual_audit` log (composed with ROOT's own config and logging code). Run it on an older checkout
+(`git worktree add /tmp/old <rev>`) for the before figures.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SOURCE_PROBE = re.compile(r"\b(getattr|hasattr)\(\s*(self\.)?_?(source|outcomes|outcome_source)\b")
+
+
+def functions(root: Path) -> list[tuple[int, str]]:
+    found = []
+    for path in sorted((root / "vlaeval").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                found.append((lines, f"{path.relative_to(root)}:{node.lineno} {node.name}"))
+    return sorted(found, reverse=True)
+
+
+def dict_any_returns(root: Path) -> int:
+    count = 0
+    for path in (root / "vlaeval").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+                text = ast.unparse(node.returns).replace(" ", "").lower()
+                if text in ("dict[str,any]", "typing.dict[str,any]"):
+                    count += 1
+    return count
+
+
+def string_subscripts(root: Path) -> int:
+    count = 0
+    for path in (root / "vlaeval").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                count += isinstance(node.slice.value, str)
+    return count
+
+
+def source_probes(root: Path) -> int:
+    return sum(len(SOURCE_PROBE.findall(p.read_text())) for p in (root / "vlaeval").rglob("*.py"))
+
+
+def max_complexity(root: Path) -> str:
+    try:
+        from radon.complexity import cc_visit
+    except ImportError:
+        return "radon not installed (pip install radon)"
+    blocks = []
+    for path in (root / "vlaeval").rglob("*.py"):
+        blocks += [(b.complexity, f"{path.relative_to(root)} {b.fullname}") for b in cc_visit(path.read_text())]
+    blocks.sort(reverse=True)
+    over = sum(1 for c, _ in blocks if c > 15)
+    return f"{blocks[0][0]} ({blocks[0][1]}); {over} blocks above 15"
+
+
+def logged_params(root: Path, job: str) -> int:
+    """Compose `job=<job>` with ROOT's config in a fresh interpreter and count the params its run logs."""
+    program = f"""
+import sys; sys.path.insert(0, {str(root)!r})
+from hydra import compose, initialize_config_dir
+import vlaeval.config
+from vlaeval.tracking import flatten
+from vlaeval.config import to_plain
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
+with initialize_config_dir(config_dir={str(root / "conf")!r}, version_base="1.3"):
+    cfg = compose(config_name="config", overrides=["job={job}"], return_hydra_config=True)
+HydraConfig.instance().set_config(cfg)
+with open_dict(cfg):
+    del cfg["hydra"]
+    cfg.paths.output_dir = "outputs/measured"
+try:
+    from vlaeval.config import job_config
+    cfg = job_config(cfg)
+except ImportError:
+    pass
+print(len(flatten(to_plain(cfg))))
+"""
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=root)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return int(out.stdout.strip())
+
+
+def main() -> None:
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]).resolve()
+    longest = functions(root)
+    print(f"# code health of {root}")
+    print("10 longest functions (lines):")
+    for lines, name in longest[:10]:
+        print(f"  {lines:4d}  {name}")
+    print(f"max cyclomatic complexity (radon): {max_complexity(root)}")
+    print(f"functions returning Dict[str, Any]: {dict_any_returns(root)}")
+    print(f"string-key subscripts in vlaeval/: {string_subscripts(root)}")
+    print(f"getattr/hasattr probes on an outcome source: {source_probes(root)}")
+    print(f"README lines: {len((root / 'README.md').read_text().splitlines())}")
+    for job in ("gauntlet", "residual_audit"):
+        print(f"params logged by job={job}: {logged_params(root, job)}")
+
+
+if __name__ == "__main__":
+    main()
