@@ -110,6 +110,9 @@ class Moments(NamedTuple):
     unit_weights: bool = False
 
 
+COLUMNS = ("before", "sum_w", "sum_wx", "sum_w2", "sum_w2x", "sum_w2x2")  # the per-observation fields of Moments
+
+
 def predictable_moments(x: np.ndarray, state: MomentState, w: Optional[np.ndarray] = None) -> Moments:
     """Statistics available *before* each element of x, along the last axis (x may carry leading
     replication axes; `state` describes what came before x; w defaults to 1)."""
@@ -286,7 +289,8 @@ class WealthFamily:
         # then vectorised over margins, and a block of margins small enough that its (B, rows)
         # temporaries stay in cache gets the same arithmetic per element several times faster
         # than whole-family passes.
-        column = Moments(*(np.asarray(v)[:, None] for v in moments[:-1]), moments.unit_weights)  # type: ignore[arg-type]
+        before, sum_w, sum_wx, sum_w2, sum_w2x, sum_w2x2 = (np.asarray(getattr(moments, n))[:, None] for n in COLUMNS)
+        column = Moments(before, sum_w, sum_wx, sum_w2, sum_w2x, sum_w2x2, moments.unit_weights)
         x_col = x[:, None]
         w_col = None if weights is None else np.asarray(weights)[:, None]
         cap_col = cap_fraction[:, None] if isinstance(cap_fraction, np.ndarray) and cap_fraction.ndim else cap_fraction

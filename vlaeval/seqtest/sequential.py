@@ -277,40 +277,6 @@ class _SequentialTest:
             return None
         return 1.0 if not self._series else float(self._series["catastrophic_upper"][-1][-1])
 
-    def _catastrophic_upper(self, counts: np.ndarray) -> np.ndarray:
-        """The halt's upper bound after each count, exact: while it rests on the lowest margin computed
-        so far, the margins below are brought in (replayed from the stratum's start) and it is
-        recomputed; margins not yet computed count as not rejected, so it can only be too high."""
-        step = 64
-        while True:
-            _, upper = hull_bounds(self._grid, self._cat_rejected_after, counts)
-            if self._cat_floor == 0 or not np.any(upper <= self._grid[self._cat_floor]):
-                return upper
-            low = max(0, self._cat_floor - step)
-            self._replay_catastrophic(low, self._cat_floor)
-            self._cat_floor, step = low, step * 2
-
-    def _replay_catastrophic(self, low: int, high: int) -> None:
-        """Run the halt family's margins [low, high) over every chunk seen so far, as they would have run."""
-        wanted = np.zeros(self._grid.size, dtype=bool)
-        wanted[low:high] = True
-        for part, w, cap, state, offset in self._cat_chunks:
-            alive = wanted & (self._cat_rejected_after == NEVER)
-            if not alive.any():
-                break
-            first, _ = self._cat_family.update(
-                part,
-                predictable_moments(part, state, w),
-                rule=self.bet_rule,
-                cap_fraction=cap,
-                alpha=self.alpha,
-                weights=w,
-                threshold_log=self._cat_threshold,
-                active=alive,
-            )
-            newly = alive & (first >= 0)
-            self._cat_rejected_after[newly] = offset + first[newly] + 1
-
     def e_values(self) -> Dict[str, Optional[float]]:
         """The current wealth of the decision e-processes (None where the mode has none)."""
         return {"e_value_regression": None, "e_value_pass": None}
@@ -567,7 +533,7 @@ class PairedSequentialTest(_SequentialTest):
 
     def _replay_catastrophic(self, low: int, high: int) -> None:
         """Run the halt family's margins [low, high) over every chunk seen so far, as they would have run."""
-        wanted = np.zeros(self._grid.size, dtype=bool)
+        wanted = np.zeros(self._grid.size, dtype=np.bool_)
         wanted[low:high] = True
         for part, w, cap, state, offset in self._cat_chunks:
             alive = wanted & (self._cat_rejected_after == NEVER)
