@@ -27,7 +27,7 @@ import numpy as np
 from benchlib import REPO, default_policy
 from vlaeval.artifacts import atomic_write_json
 from vlaeval.data.metaworld import HELD_OUT_VARIANTS, episode_plan
-from vlaeval.policy.rollout import Episode, SceneEnvironments, _task_benchmark, rollout_episodes
+from vlaeval.policy.rollout import Episode, SceneEnvironments, rollout_episodes, task_benchmark
 
 
 def simulate(episodes, steps) -> None:
@@ -64,7 +64,7 @@ def main() -> None:
     cfg, data, handle = default_policy()
     tasks = data.demonstrations.tasks
     for task in tasks:  # built once per process before any timing (and inherited by forked workers)
-        _task_benchmark(task)
+        task_benchmark(task)
     plan = episode_plan(tasks, args.episodes_per_task, int(cfg.evaluate.seed), HELD_OUT_VARIANTS)
     episodes = [Episode(p["task"], p["task_index"], p["variant"], p["seed"]) for p in plan]
     common = dict(execute_actions=int(cfg.evaluate.execute_actions), max_steps=args.max_steps)

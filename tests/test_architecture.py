@@ -172,3 +172,46 @@ def test_the_negative_control_upward_and_same_layer_imports_are_caught():
     assert import_cycles(edges) == [
         "vlaeval.seqtest.group_sequential -> vlaeval.seqtest.sequential -> vlaeval.seqtest.group_sequential"
     ]
+
+
+def private_uses(path: Path) -> Iterator[Tuple[str, int]]:
+    """`module._name` for every private name one module takes from another vlaeval module: by
+    `from vlaeval.x import _name` or by attribute on an imported vlaeval module."""
+    tree = ast.parse(path.read_text())
+    modules: Dict[str, str] = {}  # local name -> imported vlaeval module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vlaeval"):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    yield f"{node.module}.{alias.name}", node.lineno
+                modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("vlaeval") and alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            yield f"{modules[node.value.id]}.{node.attr}", node.lineno
+
+
+def test_no_module_uses_another_modules_private_name():
+    """A leading underscore means "only this module relies on it": another module that needs it
+    gets a public name (and a docstring), so a refactor of the owner cannot break it unseen."""
+    offenders = [
+        f"{path.relative_to(REPO)}:{line} uses {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for name, line in private_uses(path)
+    ]
+    assert offenders == []
+
+
+def test_the_negative_control_private_names_are_caught(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("from vlaeval.components import _hidden\nfrom vlaeval import console as c\nc._style\n")
+    assert sorted(name for name, _ in private_uses(sample)) == ["vlaeval.components._hidden", "vlaeval.console._style"]

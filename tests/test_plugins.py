@@ -172,11 +172,11 @@ def test_builtin_component_schemas_are_their_signatures():
     """The schemas generated from the source (without importing it) match inspect.signature."""
     import inspect
 
-    from vlaeval.components import BUILTIN_COMPONENTS, RUNTIME_ARGUMENTS, _import_target, static_parameters
+    from vlaeval.components import BUILTIN_COMPONENTS, RUNTIME_ARGUMENTS, import_target, static_parameters
 
     for group, options in BUILTIN_COMPONENTS.items():
         for target in options.values():
-            signature = inspect.signature(_import_target(target, group))
+            signature = inspect.signature(import_target(target, group))
             expected = [(n, p.default) for n, p in signature.parameters.items()]
             expected = [(n, list(d) if isinstance(d, tuple) else d) for n, d in expected]
             assert [(n, d) for n, _, d in static_parameters(target)] == expected, target

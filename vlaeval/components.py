@@ -26,7 +26,7 @@ import importlib
 import inspect
 from dataclasses import field, make_dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, cast
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
 from vlaeval import choices
 from vlaeval.errors import UserInputError, first_line
@@ -52,7 +52,7 @@ RUNTIME_ARGUMENTS: Dict[str, Tuple[str, ...]] = {"model": ("vocab", "obs_dim", "
 OFFERED_ARGUMENTS: Dict[str, Tuple[str, ...]] = {"outcomes": ("context",)}
 
 
-def supplied_arguments(group: str) -> set:
+def supplied_arguments(group: str) -> AbstractSet[str]:
     return set(RUNTIME_ARGUMENTS.get(group, ())) | set(OFFERED_ARGUMENTS.get(group, ()))
 
 
@@ -173,7 +173,7 @@ def register_builtin_components() -> None:
 
 
 # ----------------------------------------------------------------------------- runtime checks
-def _import_target(path: str, where: str) -> Any:
+def import_target(path: str, where: str) -> Any:
     module_name, _, name = path.rpartition(".")
     try:
         return getattr(importlib.import_module(module_name), name)
@@ -249,55 +249,84 @@ def check_component(node: Any, group: str) -> Dict[str, Any]:
     """Check a `_target_` config node against its target's signature; return every argument the
     config should carry (the node's values plus the signature defaults it leaves out). One-line
     errors name the signature."""
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(node):
-        for key in node:
-            if OmegaConf.is_missing(node, key):
-                target = node.get("_target_", group)
-                raise UserInputError(
-                    f"{group}.{key} is required by {target} and has no value; give it: {group}.{key}=..."
-                )
-    values: Dict[str, Any] = cast(
-        Dict[str, Any], OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
-    )
+    values = _node_values(node, group)
     path = values.get("_target_")
     if not isinstance(path, str) or not path:
         raise UserInputError(
             f"{group} has no _target_; name the component's class, e.g. {group}._target_=my_pkg.MyClass"
         )
-    target = _import_target(path, group)
+    target = import_target(path, group)
     try:
         parameters = inspect.signature(target).parameters
     except (TypeError, ValueError):
         return values  # no signature to check against (a builtin or C extension)
     supplied = supplied_arguments(group)
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     named = [
         n
         for n, p in parameters.items()
         if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     ]
+    signature = signature_text(target, path)
+    _check_names(values, group, named, supplied, signature, parameters)
+    _check_types(values, group, annotations_of(target), signature)
+    _check_required(values, group, named, supplied, signature, parameters)
+    return _with_defaults(values, named, supplied, parameters)
+
+
+def _node_values(node: Any, group: str) -> Dict[str, Any]:
+    """The node as plain values; a required (???) value left unset is a one-line error."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.is_config(node):
+        return dict(node)
+    for key in node:
+        if OmegaConf.is_missing(node, key):
+            target = node.get("_target_", group)
+            raise UserInputError(f"{group}.{key} is required by {target} and has no value; give it: {group}.{key}=...")
+    return cast(Dict[str, Any], OmegaConf.to_container(node, resolve=True))
+
+
+def _check_names(
+    values: Mapping[str, Any],
+    group: str,
+    named: Sequence[str],
+    supplied: AbstractSet[str],
+    signature: str,
+    parameters: Mapping[str, inspect.Parameter],
+) -> None:
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     for key in values:
         if key in HYDRA_KEYS:
             continue
         if key in supplied:
             raise UserInputError(
                 f"{group}.{key} is supplied by vlaeval when it builds the {group}; remove it from the "
-                f"config ({signature_text(target, path)})"
+                f"config ({signature})"
             )
         if key not in named and not accepts_any:
             close = difflib.get_close_matches(key, named, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
-            raise UserInputError(f"{group}.{key} is not an argument of {signature_text(target, path)}{hint}")
-    # Values against the annotations, now, rather than as a TypeError deep inside the constructor.
-    hints = annotations_of(target)
+            raise UserInputError(f"{group}.{key} is not an argument of {signature}{hint}")
+
+
+def _check_types(values: Mapping[str, Any], group: str, hints: Mapping[str, Any], signature: str) -> None:
+    """Values against the annotations, now, rather than as a TypeError deep inside the constructor."""
     for key, value in values.items():
         if key in hints and key not in HYDRA_KEYS and not fits_annotation(value, hints[key]):
             raise UserInputError(
-                f"{group}.{key}={value!r} is not of type {type_name(hints[key])}, as {signature_text(target, path)} "
+                f"{group}.{key}={value!r} is not of type {type_name(hints[key])}, as {signature} "
                 f"asks; give {group}.{key} a value of that type"
             )
+
+
+def _check_required(
+    values: Mapping[str, Any],
+    group: str,
+    named: Sequence[str],
+    supplied: AbstractSet[str],
+    signature: str,
+    parameters: Mapping[str, inspect.Parameter],
+) -> None:
     missing = [
         n
         for n in named
@@ -308,9 +337,18 @@ def check_component(node: Any, group: str) -> Dict[str, Any]:
     ]
     if missing:
         raise UserInputError(
-            f"{group} misses argument {missing[0]} of {signature_text(target, path)}; "
+            f"{group} misses argument {missing[0]} of {signature}; "
             f"add +{group}.{missing[0]}=... or put it in the {group} config file"
         )
+
+
+def _with_defaults(
+    values: Mapping[str, Any],
+    named: Sequence[str],
+    supplied: AbstractSet[str],
+    parameters: Mapping[str, inspect.Parameter],
+) -> Dict[str, Any]:
+    """The node's values plus the signature defaults a config can hold (plain values, choices as their value)."""
     complete = dict(values)
     for name in named:
         default = parameters[name].default

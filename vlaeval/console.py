@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 log = logging.getLogger("vlaeval")
@@ -49,6 +49,14 @@ PLAIN_PROGRESS_EVERY_S = 30.0  # a line at least this often in a non-terminal lo
 PLAIN_PROGRESS_AFTER_S = 5.0  # and at each tenth of the work once it has run this long (quick work stays quiet)
 
 
+def eta_text(elapsed_s: float, done: int, total: int) -> str:
+    """', ETA ~N s' (or min) at the pace so far; empty before the first unit or after the last."""
+    if done <= 0 or done >= total:
+        return ""
+    left = elapsed_s / done * (total - done)
+    return f", ETA ~{left:.0f} s" if left < 120 else f", ETA ~{left / 60:.0f} min"
+
+
 @contextlib.contextmanager
 def unit_progress(description: str, total: int) -> Iterator[Callable[..., None]]:
     """Progress over units; yields update(completed=..., total=..., description=...). A terminal
@@ -60,6 +68,8 @@ def unit_progress(description: str, total: int) -> Iterator[Callable[..., None]]
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
             console=console,
             transient=True,
         )
@@ -99,9 +109,10 @@ def unit_progress(description: str, total: int) -> Iterator[Callable[..., None]]
         slow = now - state["start"] >= PLAIN_PROGRESS_AFTER_S
         if (tenth > state["tenth"] and slow) or now - state["last"] >= PLAIN_PROGRESS_EVERY_S:
             state["tenth"], state["last"] = max(tenth, state["tenth"]), now
+            elapsed = now - state["start"]
             line = (
                 f"[progress] {state['description']}: {state['done']:,}/{state['total']:,} "
-                f"({state['done'] / state['total']:.0%}, {now - state['start']:.0f} s)"
+                f"({state['done'] / state['total']:.0%}, {elapsed:.0f} s{eta_text(elapsed, state['done'], state['total'])})"
             )
             console.print(line, markup=False)
             log.info(line)

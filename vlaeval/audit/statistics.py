@@ -98,7 +98,14 @@ def oracle_ratio(gradient_rms: np.ndarray) -> float:
     return float(r.sum() ** 2 / (r.size * np.sum(r**2)))
 
 
-def _proposal_summary(scores, gradient_rms, *, alpha, percentile_epsilon, proposal_power) -> Dict[str, Any]:
+def _proposal_summary(
+    scores: np.ndarray,
+    gradient_rms: np.ndarray,
+    *,
+    alpha: float,
+    percentile_epsilon: float,
+    proposal_power: float,
+) -> Dict[str, Any]:
     q = proposal_distribution(scores, alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power)
     ratio = float(information_to_baseline_ratio(gradient_rms, q))
     oracle = oracle_ratio(gradient_rms)

@@ -57,7 +57,7 @@ INSTRUCTIONS: Dict[str, str] = {
 }
 
 
-def _quiet_metaworld():
+def quiet_metaworld() -> Any:
     warnings.filterwarnings("ignore", module=r"gymnasium\..*")
     warnings.filterwarnings("ignore", module=r"metaworld\..*")
     import metaworld
@@ -67,7 +67,7 @@ def _quiet_metaworld():
 
 
 def known_tasks() -> List[str]:
-    _, policies = _quiet_metaworld()
+    _, policies = quiet_metaworld()
     return sorted(policies)
 
 
@@ -234,10 +234,10 @@ class EpisodeRunner:
     """One MuJoCo environment per task, reused across episodes."""
 
     def __init__(self) -> None:
-        self._metaworld, self._policies = _quiet_metaworld()
+        self._metaworld, self._policies = quiet_metaworld()
         self._envs: Dict[tuple[str, int], Any] = {}  # (task, variant family) -> (env, its variants)
 
-    def env(self, task: str, scene: int):
+    def env(self, task: str, scene: int) -> Any:
         family, variant = scene_of(scene)
         if (task, family) not in self._envs:
             benchmark = self._metaworld.MT1(task, seed=family)
@@ -248,7 +248,7 @@ class EpisodeRunner:
         obs, _ = env.reset()
         return env, obs
 
-    def expert(self, task: str):
+    def expert(self, task: str) -> Any:
         return self._policies[task]()
 
     def close(self) -> None:

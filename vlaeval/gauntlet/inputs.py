@@ -87,9 +87,9 @@ def run_context(cfg: DictConfig) -> Any:
 def accepts_context(outcomes: DictConfig) -> bool:
     import inspect
 
-    from vlaeval.components import _import_target
+    from vlaeval.components import import_target
 
-    target = _import_target(str(outcomes._target_), "outcomes")
+    target = import_target(str(outcomes._target_), "outcomes")
     try:
         return "context" in inspect.signature(target).parameters
     except (TypeError, ValueError):

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -184,7 +184,9 @@ class WholeStratumSource:
         return loaded[1].reordered(np.asarray(clusters, dtype=np.int64)), loaded[2]
 
 
-def producer(source: Any, request: OutcomeRequest, cache: Optional[ArrayCache]):
+def producer(
+    source: Any, request: OutcomeRequest, cache: Optional[ArrayCache]
+) -> Callable[[np.ndarray], Tuple[StratumOutcomes, str]]:
     """fetch(clusters) -> (StratumOutcomes, cache_status) for one stratum of `source`: its own
     `produce`, or slices of its `load` (a source written before `produce` existed)."""
     if hasattr(source, "produce"):
@@ -288,7 +290,7 @@ class FileOutcomes(WholeStratumSource):
     def describe(self) -> Dict[str, Any]:
         return {"kind": "file", "path": str(self.path.resolve()), "sha256": self._sha256}
 
-    def _read_table(self):
+    def _read_table(self) -> Any:  # a pandas DataFrame (pandas is imported lazily)
         import pandas as pd
 
         suffix = self.path.suffix.lower()
@@ -381,7 +383,7 @@ class FileOutcomes(WholeStratumSource):
         header is line 1), a Parquet table's row."""
         return f"on line {index + 2}" if self.path.suffix.lower() == ".csv" else f"in row {index} (counting from 0)"
 
-    def _declared_labels(self, table) -> Dict[str, str]:
+    def _declared_labels(self, table: Any) -> Dict[str, str]:
         """The optional data_label column: one valid label per stratum (a one-line error otherwise)."""
         if LABEL_COLUMN not in table.columns:
             return {}

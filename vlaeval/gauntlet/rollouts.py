@@ -390,25 +390,25 @@ class RolloutOutcomes:
         """Meta-World's benchmark of every (task, variant family) of the stratum, built here before
         its first rollout (~1 s each): local workers, forked again after new ones, inherit them
         instead of rebuilding them for every batch."""
-        from vlaeval.policy.rollout import _built_benchmark, _task_benchmark
+        from vlaeval.policy.rollout import built_benchmark, task_benchmark
 
         if stratum in self._built:
             return
         self._built.add(stratum)
-        before = _built_benchmark.cache_info().currsize
+        before = built_benchmark.cache_info().currsize
         for scene in self.scenes(stratum):
-            _task_benchmark(scene.task, scene.family)
-        if _built_benchmark.cache_info().currsize > before:
+            task_benchmark(scene.task, scene.family)
+        if built_benchmark.cache_info().currsize > before:
             self.executor.restart_workers()  # a local pool re-forks on its next use; Ray workers build their own
 
     def _check_obstacles(self) -> None:
-        from vlaeval.policy.rollout import _task_benchmark, obstacle_bodies
+        from vlaeval.policy.rollout import obstacle_bodies, task_benchmark
 
         for stratum, family in self.families.items():
             if family.unsafe_contact_force is None or family.replay:
                 continue
             for task in family.tasks:
-                benchmark = _task_benchmark(task, family.variant_families[0])
+                benchmark = task_benchmark(task, family.variant_families[0])
                 env = benchmark.train_classes[task]()
                 try:
                     found = obstacle_bodies(env, family.obstacle)

@@ -449,11 +449,11 @@ def run_gauntlet(
         def fetch(
             first: int,
             end: int,
-            produce=produce,
-            order=evaluation_order,
-            sizes=sizes,
-            name=name,
-            statuses=cache_statuses,
+            produce: Callable[[np.ndarray], Tuple[StratumOutcomes, str]] = produce,
+            order: np.ndarray = evaluation_order,
+            sizes: np.ndarray = sizes,
+            name: str = name,
+            statuses: List[str] = cache_statuses,
         ) -> StratumOutcomes:
             outcomes, status = produce(order[first:end])
             statuses.append(status)

@@ -320,7 +320,13 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                 proposal = proposals[name]
                 record: Dict[str, Any] = {"proposal": name, "seed": seed, "measurements": [], "heldout_loss": []}
 
-                def on_step(step: int, model: Any, proposal=proposal, record=record, seed=seed) -> None:
+                def on_step(
+                    step: int,
+                    model: Any,
+                    proposal: Proposal = proposal,
+                    record: Dict[str, Any] = record,
+                    seed: int = seed,
+                ) -> None:
                     if step in held_at and heldout is not None:
                         record["heldout_loss"].append(
                             (

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from vlaeval.artifacts import stable_seed
-from vlaeval.data.metaworld import HELD_OUT_VARIANTS, VARIANTS_PER_TASK, EpisodeRunner, _quiet_metaworld, episode_plan
+from vlaeval.data.metaworld import HELD_OUT_VARIANTS, VARIANTS_PER_TASK, EpisodeRunner, episode_plan, quiet_metaworld
 from vlaeval.policy.flow import FlowConvention, sample_actions
 
 MIN_POLICY_BATCH = 8  # rows of every batched policy call (padded): see the module docstring
@@ -96,15 +96,15 @@ class Episode:
     obstacle: Tuple[str, ...] = field(default=("wall",))
 
 
-def _task_benchmark(task: str, family: int = 0) -> Any:
+def task_benchmark(task: str, family: int = 0) -> Any:
     """Meta-World's MT1 benchmark of a task (its 50 scene variants of one family): ~1-2 s to build,
     so built once per process and shared by every group of episodes."""
-    return _built_benchmark(str(task), int(family))
+    return built_benchmark(str(task), int(family))
 
 
 @functools.lru_cache(maxsize=None)
-def _built_benchmark(task: str, family: int) -> Any:  # one cache key per (task, family), however called
-    metaworld, _ = _quiet_metaworld()
+def built_benchmark(task: str, family: int) -> Any:  # one cache key per (task, family), however called
+    metaworld, _ = quiet_metaworld()
     return metaworld.MT1(task, seed=family)
 
 
@@ -179,7 +179,7 @@ class SceneEnvironments:
         self.envs: List[Any] = []
 
     def open(self, episode: Episode) -> Any:
-        benchmark = _task_benchmark(episode.task, int(episode.family))
+        benchmark = task_benchmark(episode.task, int(episode.family))
         env = benchmark.train_classes[episode.task]()
         env.set_task(benchmark.train_tasks[episode.variant])
         self.envs.append(env)
@@ -420,7 +420,12 @@ def expert_successes(episodes: Sequence[Episode], max_steps: int) -> np.ndarray:
 
 
 def evaluate_closed_loop(
-    model: torch.nn.Module, tasks: List[str], instruction_table: torch.Tensor, evaluate: Any, flow: Any, progress=None
+    model: torch.nn.Module,
+    tasks: List[str],
+    instruction_table: torch.Tensor,
+    evaluate: Any,
+    flow: Any,
+    progress: Optional[Callable[[int, int, str], None]] = None,
 ) -> Dict[str, Any]:
     plan = episode_plan(tasks, int(evaluate.episodes_per_task), int(evaluate.seed), HELD_OUT_VARIANTS)
     episodes = [Episode(ep["task"], ep["task_index"], ep["variant"], ep["seed"]) for ep in plan]

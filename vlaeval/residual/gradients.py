@@ -81,7 +81,7 @@ def trainable_layers(model: torch.nn.Module, parameters: Sequence[torch.nn.Param
 
 @contextlib.contextmanager
 def recorded_calls(layers: Sequence[_Layer]) -> Iterator[None]:
-    def hook(layer: _Layer):
+    def hook(layer: _Layer) -> Any:
         def record(module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], output: Any) -> None:
             if not isinstance(output, torch.Tensor):
                 raise UserInputError(
@@ -158,7 +158,13 @@ def _functional_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> torch.Tens
                 call.kwargs[k].detach()[start:stop] for k in keys
             ]
 
-            def one(tensors: List[torch.Tensor], g_i: torch.Tensor, call: _Call = call, positions=positions, keys=keys):
+            def one(
+                tensors: List[torch.Tensor],
+                g_i: torch.Tensor,
+                call: _Call = call,
+                positions: List[int] = positions,
+                keys: List[str] = keys,
+            ) -> Any:
                 args = list(call.args)
                 kwargs = dict(call.kwargs)
                 for i, x in zip(positions, tensors[: len(positions)]):
@@ -243,7 +249,7 @@ class PerSampleGradNorms:
         wrapper = _LossModule(self.model, self.flow)
         params = {f"policy.{n}": p.detach() for n, p in self.model.named_parameters() if id(p) in wanted}
 
-        def loss_one(p: Dict[str, torch.Tensor], one: Batch, t_i: torch.Tensor, noise_i: torch.Tensor):
+        def loss_one(p: Dict[str, torch.Tensor], one: Batch, t_i: torch.Tensor, noise_i: torch.Tensor) -> torch.Tensor:
             single = {k: v.unsqueeze(0) for k, v in one.items()}
             return functional_call(wrapper, p, (single, t_i.unsqueeze(0), noise_i.unsqueeze(0)))[0]
 

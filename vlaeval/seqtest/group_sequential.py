@@ -31,7 +31,7 @@ from scipy.special import ndtr
 from scipy.stats import norm
 
 from vlaeval.seqtest.eprocess import MomentState
-from vlaeval.seqtest.sequential import MODE_GROUP_SEQUENTIAL, _SequentialTest, asymptotic_running, running_extreme
+from vlaeval.seqtest.sequential import MODE_GROUP_SEQUENTIAL, SequentialTest, asymptotic_running, running_extreme
 
 GRID_STEP = 0.002  # spacing of the score grid (the score's sd is at most 1)
 GRID_SPAN = 9.0  # the grid covers [-9, 9] sd of the score: mass outside is < 1e-18
@@ -110,7 +110,7 @@ def crossing_look(z: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
     return np.where(crossed.any(axis=-1), crossed.argmax(axis=-1) + 1, 0)
 
 
-class GroupSequentialTest(_SequentialTest):
+class GroupSequentialTest(SequentialTest):
     """GROUP-SEQUENTIAL (opt-in): z-tests on cluster means at the planned looks, O'Brien-Fleming-
     type spending per one-sided question; repeated confidence intervals as the CS. Not exact."""
 

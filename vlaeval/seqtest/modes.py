@@ -13,11 +13,11 @@ from vlaeval.seqtest.sequential import (
     MODES,
     AsymptoticSequentialTest,
     PairedSequentialTest,
-    _SequentialTest,
+    SequentialTest,
 )
 
 
-def make_sequential_test(mode: str, delta: float, alpha: float, **kwargs: Any) -> _SequentialTest:
+def make_sequential_test(mode: str, delta: float, alpha: float, **kwargs: Any) -> SequentialTest:
     """The test for `mode`; keywords that belong to another mode are dropped (bet_rule/bet_cap:
     exact; burn_in_clusters: the approximate modes; tuning_clusters: asymptotic; planned_looks:
     group_sequential)."""

@@ -98,7 +98,7 @@ def on_grid(value: float, step: float) -> bool:
     return abs(ratio - round(ratio)) < 1e-6
 
 
-class _SequentialTest:
+class SequentialTest:
     """What every mode shares: arguments, cluster weights, sticky decisions, per-cluster records."""
 
     mode = ""
@@ -360,7 +360,7 @@ def hull_bounds(grid: np.ndarray, rejected_after: np.ndarray, counts: np.ndarray
     return lower, upper
 
 
-class PairedSequentialTest(_SequentialTest):
+class PairedSequentialTest(SequentialTest):
     """Exact anytime-valid test: betting e-processes on (weighted) cluster means."""
 
     mode = MODE_EXACT
@@ -598,7 +598,7 @@ def running_extreme(values: np.ndarray, start: float, upper: bool) -> np.ndarray
     return np.maximum.accumulate(np.concatenate(([start], values)))[1:]
 
 
-class AsymptoticSequentialTest(_SequentialTest):
+class AsymptoticSequentialTest(SequentialTest):
     """ASYMPTOTIC (opt-in): decisions from asymptotic confidence sequences after a burn-in.
 
     A one-sided decision at level a uses the two-sided boundary at level 2a (the Gaussian limit is
