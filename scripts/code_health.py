@@ -83,10 +83,10 @@ with open_dict(cfg):
     del cfg["hydra"]
     cfg.paths.output_dir = "outputs/measured"
 try:
-    from vlaeval.config import job_config
+    from vlaeval.jobs import job_config
     cfg = job_config(cfg)
 except ImportError:
-    pass
+    pass  # a tree before per-job configs: every section is logged
 print(len(flatten(to_plain(cfg))))
 """
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=root)

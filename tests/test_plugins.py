@@ -58,6 +58,30 @@ USER_PACKAGE = {
 
             def describe(self):
                 return {**super().describe(), "kind": f"site-{self.site}"}
+
+
+        class HalfRecordingOutcomes(SyntheticOutcomes):
+            """Records its episodes for the paired-outcome file but forgot the registry and stats."""
+
+            def __init__(self):
+                self.rows = []
+
+            def paired_outcomes_table(self):
+                return self.rows
+
+            def failures(self):
+                return []
+
+
+        class CountingOutcomes(SyntheticOutcomes):
+            """Counts the units it is asked for: a refused source must never be asked for one."""
+
+            asked = 0
+            batch_units = "48"  # a trait of the wrong type
+
+            def produce(self, request, clusters, cache):
+                type(self).asked += len(clusters)
+                return super().produce(request, clusters, cache)
         ''',
 }
 USER_CONFIGS = {
@@ -66,6 +90,8 @@ USER_CONFIGS = {
     "outcomes/site.yaml": "_target_: team_vla.outcomes.SiteOutcomes\nsite: lab-1\n",
     "outcomes/site_unnamed.yaml": "_target_: team_vla.outcomes.SiteOutcomes\n",
     "model/missing.yaml": "_target_: team_vla.nowhere.Policy\n",
+    "outcomes/half_recording.yaml": "_target_: team_vla.outcomes.HalfRecordingOutcomes\n",
+    "outcomes/counting.yaml": "_target_: team_vla.outcomes.CountingOutcomes\n",
     "model/half.yaml": "_target_: team_vla.policy.HalfPolicy\n",
 }
 TRAIN_SMALL = ["data=tiny", "train.steps=20", "train.batch_size=32", "train.evaluate_after=false", "tracking=disabled"]
@@ -219,3 +245,29 @@ def test_the_readme_adapter_is_audited_end_to_end(tmp_path):
     assert result["sample_count"] == 16 and "Residual audit gate" in proc.stdout
     methods = result["gradient_artifact"]["layer_methods"]
     assert methods == {"net.head.0": "linear_rows", "net.head.2": "linear_rows"}  # the adapter's action head
+
+
+@pytest.mark.parametrize(
+    "config,needle",
+    [
+        (
+            "outcomes=half_recording",
+            "outcome source HalfRecordingOutcomes implements paired_outcomes_table, failures but not stats, registry: "
+            "RecordsEpisodes (the OutcomeSource protocol (vlaeval/gauntlet/sources.py)) is all of "
+            "paired_outcomes_table, failures, stats, registry or none",
+        ),
+        ("outcomes=counting", "outcome source CountingOutcomes declares batch_units='48'; SourceTraits"),
+    ],
+)
+def test_a_source_that_half_implements_a_capability_is_refused_before_work(user, config, needle):
+    """A user source claiming a hook it does not fully implement fails when it is built -- not with
+    an AttributeError after every unit was produced (the review's finding)."""
+    work, searchpath, env = user
+    proc = run_main([config, searchpath, "strata=small", "tracking=disabled"], work, env=env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert not (work / "outputs").exists() or not any((work / "outputs").iterdir())  # nothing written
+    record_outcome(
+        "configs", f"user outcome source: {config}", f"exit 2 before any work: `{lines[0]}`", kind="bad input"
+    )

@@ -12,10 +12,10 @@ Importing this module must stay cheap: no mlflow, no torch, no numpy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from vlaeval.choices import (
     DEFAULT_BET_RULE,
@@ -380,6 +380,23 @@ def register_configs() -> None:
 
 
 register_configs()
+
+
+# Every job is given these; each job module's READS names the rest it reads (vlaeval.jobs.dispatch).
+SHARED_SECTIONS = ("job", "paths", "tracking")
+# What building or loading a policy reads: the jobs that train, score or run one, and a gauntlet
+# whose outcome source runs policies (outcomes=rollout).
+POLICY_SECTIONS = ("data", "model", "flow", "train", "checkpoint", "evaluate", "device")
+
+
+def job_config(cfg: DictConfig, sections: Sequence[str]) -> DictConfig:
+    """The run's config cut to `sections` (and the shared ones), typed and in struct mode: what the
+    job is given, logs and digests. A job that reads a section it did not declare fails in the
+    tests with "Missing key", rather than silently depending on a setting its runs do not record."""
+    keep = [name for name in SHARED_SECTIONS + tuple(sections) if name in cfg]
+    cut = OmegaConf.masked_copy(cfg, list(dict.fromkeys(keep)))
+    OmegaConf.set_struct(cut, True)
+    return cut
 
 
 def to_plain(cfg: Any) -> Any:

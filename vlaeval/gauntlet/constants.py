@@ -32,6 +32,7 @@ from vlaeval.artifacts import stable_seed
 from vlaeval.choices import Estimand
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import require
+from vlaeval.gauntlet.sources import checked_source
 
 ORDER_FROM_SETTING = "gauntlet.order_seed"
 ORDER_FROM_CONTENT = "content digest"
@@ -55,7 +56,8 @@ def run_order_seed(settings: GauntletConfig, source: Any, replay: Optional[int] 
     an earlier run that job=reproduce re-runs."""
     if settings.order_seed is not None:
         return OrderSeed(int(settings.order_seed), ORDER_FROM_SETTING)
-    if getattr(source, "holds_outcomes", False):
+    source = checked_source(source)
+    if source.traits.holds_outcomes:
         digest = source.describe().get("sha256")
         require(
             bool(digest),
@@ -63,7 +65,7 @@ def run_order_seed(settings: GauntletConfig, source: Any, replay: Optional[int] 
             "needs one (describe()['sha256']), or set gauntlet.order_seed",
         )
         return OrderSeed(stable_seed("cluster-order-of-content", str(digest)), ORDER_FROM_CONTENT)
-    if getattr(source, "produces_on_demand", False):
+    if source.traits.produces_on_demand:
         if replay is not None:
             return OrderSeed(int(replay), ORDER_FROM_FRESH_DRAW)
         return OrderSeed(secrets.randbits(63), ORDER_FROM_FRESH_DRAW)

@@ -16,6 +16,7 @@ from vlaeval.errors import UserInputError, first_line, require
 from vlaeval.gauntlet.constants import OrderSeed, cluster_size_bounds, run_order_seed
 from vlaeval.gauntlet.planning import StratumPlan, plan_gauntlet, stratum_plans
 from vlaeval.gauntlet.scheduler import validate_gauntlet
+from vlaeval.gauntlet.sources import STRATA_FROM_CONFIG, CheckedSource, RunContext, checked_source
 from vlaeval.gauntlet.strata import ResolvedStrata, resolve_strata
 
 
@@ -24,7 +25,7 @@ class GauntletInputs:
     settings: GauntletConfig
     configured: Dict[str, StratumConfig]
     effects: Dict[str, Any]  # per stratum: a success-rate difference or a degradation mapping
-    source: Any
+    source: CheckedSource
     resolved: ResolvedStrata
     plans: Dict[str, StratumPlan]
     order: OrderSeed  # the run's cluster-order seed (drawn fresh for rollouts: recorded, replayed)
@@ -48,7 +49,7 @@ class GauntletInputs:
         )
 
 
-def build_source(outcomes: DictConfig, context: Any = None) -> Any:
+def build_source(outcomes: DictConfig, context: Optional[RunContext] = None) -> CheckedSource:
     """The outcome source the `outcomes` group names (`_target_` and its arguments); a source whose
     constructor takes `context` (outcomes=rollout) gets the run's config sections through it."""
     require(
@@ -58,7 +59,7 @@ def build_source(outcomes: DictConfig, context: Any = None) -> Any:
     extra = {"context": context} if context is not None and accepts_context(outcomes) else {}
     try:
         # _recursive_=False: scenario families and policy recipes are plain mappings, not components.
-        return instantiate(outcomes, _recursive_=False, **extra)
+        source = instantiate(outcomes, _recursive_=False, **extra)
     except InstantiationException as error:
         # Hydra wraps the source's own one-line input errors; show them as they are.
         if isinstance(error.__cause__, UserInputError):
@@ -66,19 +67,21 @@ def build_source(outcomes: DictConfig, context: Any = None) -> Any:
         raise UserInputError(
             f"outcomes._target_={outcomes._target_} could not be built ({first_line(error)})"
         ) from None
+    return checked_source(source)  # the protocol, checked once, before any work
 
 
-def run_context(cfg: DictConfig) -> Any:
-    """The run's config sections a source that runs policies needs (outcomes=rollout)."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(
+def run_context(cfg: DictConfig) -> Optional[RunContext]:
+    """The run's config sections a source that runs policies needs (outcomes=rollout); None for a
+    source whose constructor takes no `context` (its job is then not given those sections)."""
+    if "_target_" not in cfg.outcomes or not accepts_context(cfg.outcomes):
+        return None
+    return RunContext(
         model=cfg.model,
         data=cfg.data,
         flow=cfg.flow,
         train=cfg.train,
-        cache_dir=str(cfg.paths.cache_dir),
         tracking=cfg.tracking,
+        cache_dir=str(cfg.paths.cache_dir),
         executor=str(cfg.gauntlet.executor),
         ray_address=cfg.gauntlet.ray_address,
     )
@@ -120,7 +123,7 @@ def gauntlet_inputs(
     strata: DictConfig,
     effects: DictConfig,
     outcomes: DictConfig,
-    context: Any = None,
+    context: Optional[RunContext] = None,
     replay_order_seed: Optional[int] = None,
 ) -> GauntletInputs:
     """Validate the gauntlet settings, strata, effects and outcome source, reconcile their strata,
@@ -134,9 +137,9 @@ def gauntlet_inputs(
     source = build_source(outcomes, context)
     validate_gauntlet(settings, configured, planted)
     source.validate(configured, planted)
-    source_notices = list(getattr(source, "notices", lambda: [])())
-    if getattr(source, "batch_units", None):  # a source of expensive units asks for small batches
-        settings.batch_units = int(source.batch_units)
+    source_notices = source.notices()
+    if source.traits.batch_units:  # a source of expensive units asks for small batches
+        settings.batch_units = source.traits.batch_units
         source_notices.append(
             f"batches of {settings.batch_units} units (outcomes.batch_units): each unit is a rollout pair, "
             "so the test looks often; gauntlet.batch_units does not apply"
@@ -152,7 +155,7 @@ def gauntlet_inputs(
         configured,
         source.available_strata(),
         source_name=where,
-        strata_from="config" if getattr(source, "strata_from", None) == "config" else "source",
+        strata_from="config" if source.traits.strata_from == STRATA_FROM_CONFIG else "source",
     )
     resolved.notices[:0] = source_notices
     plans = stratum_plans(source, settings, resolved.strata, planted)
@@ -162,7 +165,7 @@ def gauntlet_inputs(
             resolved.strata[name],
             plan.cluster_sizes,
             estimand=settings.estimand,
-            plan_fixed_in_advance=not getattr(source, "holds_outcomes", False),
+            plan_fixed_in_advance=not source.traits.holds_outcomes,
         )
     order = run_order_seed(settings, source, replay=replay_order_seed)
     return GauntletInputs(settings, configured, planted, source, resolved, plans, order)

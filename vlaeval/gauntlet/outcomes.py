@@ -42,6 +42,7 @@ from vlaeval.choices import DataLabel, StrataFrom
 from vlaeval.config import StratumConfig
 from vlaeval.errors import UserInputError, require
 from vlaeval.gauntlet.cache import ArrayCache
+from vlaeval.gauntlet.sources import CheckedSource
 from vlaeval.seqtest.simulation import FRESH_FRACTION, RATE_RANGE, SCENE_SD
 from vlaeval.seqtest.units import cluster_offsets
 
@@ -124,14 +125,14 @@ def success_rate_effect(planted: Any) -> float:
     return float(planted) if isinstance(planted, (int, float)) else 0.0
 
 
-def stratum_data_label(source: Any, name: str, spec: StratumConfig) -> str:
+def stratum_data_label(source: CheckedSource, name: str, spec: StratumConfig) -> str:
     """Where a stratum's evidence came from: what the source declares for the stratum (an outcome
     file's data_label column), else the label of every unit it makes (generated, simulated), else
     the stratum's configured label."""
-    declared: Mapping[str, str] = getattr(source, "stratum_data_labels", lambda: {})()
+    declared = source.stratum_data_labels()
     if name in declared:
-        return str(declared[name])
-    return str(getattr(source, "data_label", None) or spec.data_label)
+        return declared[name]
+    return str(source.traits.data_label or spec.data_label)
 
 
 def cluster_permutation(n_clusters: int, order_seed: int, stratum: str) -> np.ndarray:
@@ -185,11 +186,11 @@ class WholeStratumSource:
 
 
 def producer(
-    source: Any, request: OutcomeRequest, cache: Optional[ArrayCache]
+    source: CheckedSource, request: OutcomeRequest, cache: Optional[ArrayCache]
 ) -> Callable[[np.ndarray], Tuple[StratumOutcomes, str]]:
     """fetch(clusters) -> (StratumOutcomes, cache_status) for one stratum of `source`: its own
     `produce`, or slices of its `load` (a source written before `produce` existed)."""
-    if hasattr(source, "produce"):
+    if source.produces:
         return lambda clusters: source.produce(request, clusters, cache)
     whole: List[Tuple[StratumOutcomes, str]] = []
 

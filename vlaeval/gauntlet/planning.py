@@ -23,6 +23,7 @@ import numpy as np
 from vlaeval.artifacts import stable_seed
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.gauntlet.outcomes import OutcomeRequest, planned_cluster_sizes, success_rate_effect
+from vlaeval.gauntlet.sources import checked_source
 from vlaeval.gauntlet.strata import alarm_alpha, priority_order
 from vlaeval.seqtest import MODE_ASYMPTOTIC, MODE_GROUP_SEQUENTIAL, cluster_means, plan_batches, size_adaptive_cap
 from vlaeval.seqtest.simulation import (
@@ -56,6 +57,7 @@ def stratum_plans(
 ) -> Dict[str, StratumPlan]:
     """Each stratum's plan from its outcome source: the source's cluster sizes; for a source that
     already holds its outcomes, the baseline's observed success rate and the observed cluster means."""
+    source = checked_source(source)
     plans = {}
     for name, spec in strata.items():
         request = OutcomeRequest(
@@ -67,7 +69,7 @@ def stratum_plans(
             settings.candidate_version,
         )
         sizes = np.asarray(source.cluster_sizes(request), dtype=np.int64)
-        if getattr(source, "holds_outcomes", False):
+        if source.traits.holds_outcomes:
             outcomes, _ = source.load(request, None)
             differences = outcomes.candidate.astype(np.int8) - outcomes.baseline.astype(np.int8)
             plans[name] = StratumPlan(sizes, float(outcomes.baseline.mean()), cluster_means(differences, sizes))

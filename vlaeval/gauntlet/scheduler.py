@@ -46,6 +46,7 @@ from vlaeval.gauntlet.outcomes import (
     success_rate_effect,
 )
 from vlaeval.gauntlet.recommendation import launch_recommendation
+from vlaeval.gauntlet.sources import checked_source
 from vlaeval.gauntlet.strata import alarm_alpha, alarm_count, priority_order
 from vlaeval.seqtest import (
     CATASTROPHIC,
@@ -403,8 +404,9 @@ def run_gauntlet(
     cache. `absent`: configured strata the source lacks (reported; `required_absent` need review);
     `order_seed`: the run's cluster-order seed (default: constants.run_order_seed, drawn now)."""
     s = settings
+    source = checked_source(source)  # a no-op for the job's source, checked when it was built
     seed = run_order_seed(s, source) if order_seed is None else order_seed
-    plan_fixed_in_advance = not getattr(source, "holds_outcomes", False)
+    plan_fixed_in_advance = not source.traits.holds_outcomes
     started = time.perf_counter()
     cache_before = cache.stats.as_dict()
     order = priority_order(strata)
@@ -486,7 +488,7 @@ def run_gauntlet(
         )
         run = _evaluate_stratum(test, fetch, sizes, batches, await_certified_halt, report)
         used = run["units_evaluated"]
-        on_demand = bool(getattr(source, "produces_on_demand", False))
+        on_demand = source.traits.produces_on_demand
         budget_left -= used
         units_evaluated += used
         snapshot = test.snapshot()
@@ -551,7 +553,7 @@ def run_gauntlet(
             # Units the source made: on demand (rollouts), only those evaluated; a whole-stratum
             # source (synthetic, file) makes every unit of a stratum it is asked about.
             "units_produced": sum(r["units_produced"] for r in results),
-            "produced_on_demand": bool(getattr(source, "produces_on_demand", False)),
+            "produced_on_demand": source.traits.produces_on_demand,
             "budget_units": int(s.budget_units),
             "budget_remaining": budget_left,
             "nominal_allowance_final": nominal_allowance,

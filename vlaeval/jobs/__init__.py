@@ -1,5 +1,6 @@
-"""One module per job, each exposing run(cfg) -> result dict and COMPONENTS (the `_target_`
-config groups it builds); main.py dispatches on cfg.job.name. Every module here is a job: code
+"""One module per job, each exposing run(cfg) -> result dict, READS (the config sections it reads
+besides job, paths and tracking) and COMPONENTS (the `_target_` config groups it builds); main.py
+dispatches on cfg.job.name. Every module here is a job: code
 the jobs share lives outside this package (vlaeval/runs.py and the library)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from types import ModuleType
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 from omegaconf import DictConfig
 
@@ -26,12 +27,33 @@ def job_module(name: str) -> ModuleType:
     return importlib.import_module(f"vlaeval.jobs.{name}")
 
 
+def job_sections(module: ModuleType, cfg: DictConfig) -> Tuple[str, ...]:
+    """The sections a job reads: its READS, and the policy sections when its outcome source runs
+    policies (a source whose constructor takes the run context: outcomes=rollout)."""
+    from vlaeval.config import POLICY_SECTIONS
+    from vlaeval.gauntlet.inputs import accepts_context
+
+    sections = tuple(module.READS)
+    if "outcomes" in sections and "_target_" in cfg.outcomes and accepts_context(cfg.outcomes):
+        sections += POLICY_SECTIONS
+    return sections
+
+
+def job_config(cfg: DictConfig) -> DictConfig:
+    """The composed config cut to what its job reads (vlaeval.config.job_config)."""
+    from vlaeval.config import job_config as cut
+
+    return cut(cfg, job_sections(job_module(str(cfg.job.name)), cfg))
+
+
 def dispatch(cfg: DictConfig) -> Dict[str, Any]:
-    """Check the config (no unknown key, every component against its signature), then run the job."""
+    """Check the config (no unknown key, every component against its signature), cut it to the
+    sections the job reads (all it is given, logs and digests), then run the job."""
     from vlaeval.components import complete_components
     from vlaeval.config import check_known_keys
 
     module = job_module(str(cfg.job.name))
     check_known_keys(cfg)
-    complete_components(cfg, getattr(module, "COMPONENTS", ()))
-    return module.run(cfg)
+    job_cfg = job_config(cfg)
+    complete_components(job_cfg, module.COMPONENTS)
+    return module.run(job_cfg)

@@ -35,7 +35,7 @@ from vlaeval.audit.proposals import (
 )
 from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
 from vlaeval.choices import AblationProposal, Optimizer
-from vlaeval.config import to_plain
+from vlaeval.config import POLICY_SECTIONS, to_plain
 from vlaeval.errors import UserInputError, require
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.flow import FlowConvention
@@ -53,6 +53,9 @@ from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "ablation"
 COMPONENTS = ("data", "model")
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+READS = ("ablation", "audit", "gate", "estimator", "gradients", "evaluate", *POLICY_SECTIONS)
 RESULT_SCHEMA_VERSION = 1
 
 

@@ -12,6 +12,7 @@ from typing import Any, Dict
 from omegaconf import DictConfig
 
 from vlaeval import console
+from vlaeval.config import POLICY_SECTIONS
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.evaluation import (
     evaluation_view,
@@ -25,6 +26,9 @@ from vlaeval.provenance import code_version
 from vlaeval.runs import load_data_and_policy, now_ms, output_dir, publish
 
 JOB = "evaluate"
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+READS = ("evaluate", *POLICY_SECTIONS)
 PAIRED_OUTCOMES_FILE = "paired_outcomes.csv"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
 

@@ -14,6 +14,7 @@ from typing import Any, Dict
 from omegaconf import DictConfig
 
 from vlaeval import console
+from vlaeval.config import POLICY_SECTIONS
 from vlaeval.data.lerobot import read_lerobot, write_lerobot
 from vlaeval.errors import require
 from vlaeval.provenance import code_version
@@ -21,6 +22,9 @@ from vlaeval.runs import load_data, now_ms, output_dir, publish
 
 JOB = "export_lerobot"
 COMPONENTS = ("data",)  # `_target_` groups checked against their signatures before run()
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+READS = ("export", *POLICY_SECTIONS)
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:

@@ -27,12 +27,16 @@ from vlaeval.gauntlet.plots import plot_trajectories
 from vlaeval.gauntlet.recommendation import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW
 from vlaeval.gauntlet.report import print_summary
 from vlaeval.gauntlet.scheduler import BatchProgress, run_gauntlet
+from vlaeval.gauntlet.sources import RecordsEpisodes
 from vlaeval.provenance import code_version
 from vlaeval.runs import now_ms, output_dir, publish
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION
 from vlaeval.tracking import config_sha256
 
 JOB = "gauntlet"
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+READS = ("gauntlet", "strata", "effects", "outcomes", "reproduce")
 RECOMMENDATION_EXIT_CODES = {LAUNCH: 0, NEEDS_REVIEW: 10, DO_NOT_LAUNCH: 11}  # gauntlet.exit_code_from_recommendation
 COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures before run()
 TRAJECTORY_FILE = "trajectories.npz"
@@ -48,11 +52,14 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     for line in inputs.resolved.notices:
         console.show(f"notice: {line}")
     preflight = run_preflight(inputs)
-    prepare = getattr(inputs.source, "prepare", None)
-    if prepare is not None:  # a source that runs policies: loaded or trained now, digests as versions
+    if inputs.source.prepares_policies:  # a source that runs policies: loaded or trained now, digests as versions
         with console.unit_progress("loading the baseline and the candidate", 1) as update:
-            settings.baseline_version, settings.candidate_version = prepare(
+            versions = inputs.source.prepare(
                 lambda what, done, total: update(completed=done, total=total, description=what)
+            )
+            settings.baseline_version, settings.candidate_version = versions or (
+                settings.baseline_version,
+                settings.candidate_version,
             )
         console.show(f"baseline {settings.baseline_version}, candidate {settings.candidate_version}")
 
@@ -98,12 +105,12 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                 order_seed=inputs.order,
             )
         finally:
-            getattr(inputs.source, "close", lambda: None)()  # e.g. a Ray instance the rollouts started
+            inputs.source.close()  # e.g. a Ray instance the rollouts started
     result["preflight"] = preflight
     result["notices"] = inputs.resolved.notices
     extra: List[Tuple[Path, Optional[str]]] = []
-    if hasattr(inputs.source, "paired_outcomes_table"):
-        rollouts = record_rollouts(inputs.source, result, output_dir(cfg))
+    if inputs.source.records_episodes:
+        rollouts = record_rollouts(inputs.source.episodes(), result, output_dir(cfg))
         result["rollouts"] = rollouts
         extra.append((Path(rollouts["paired_outcomes"]), None))
     for path in result["cache"]["corrupt_entries"]:
@@ -141,7 +148,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     return result
 
 
-def record_rollouts(source: Any, result: Dict[str, Any], out: Path) -> Dict[str, Any]:
+def record_rollouts(source: RecordsEpisodes, result: Dict[str, Any], out: Path) -> Dict[str, Any]:
     """After a rollout gauntlet: every episode pair produced as a paired-outcome file (outcomes=file
     re-analyses it without new rollouts), the candidate's failures added to the failure registry,
     and what the rollouts cost."""

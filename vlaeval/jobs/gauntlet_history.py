@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import DictConfig
 
@@ -23,6 +23,10 @@ from vlaeval.runs import RESULT_FILE, output_dir
 from vlaeval.tracking import PENDING_FILE, resolve_uri
 
 JOB = "gauntlet_history"
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+COMPONENTS: Tuple[str, ...] = ()  # no `_target_` groups
+READS = ("history",)
 RECOMMENDATIONS = (LAUNCH, DO_NOT_LAUNCH, NEEDS_REVIEW)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from vlaeval import console
+from vlaeval.config import POLICY_SECTIONS
 from vlaeval.errors import require
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
@@ -24,6 +25,9 @@ from vlaeval.runs import load_data_and_policy, now_ms, publish
 
 JOB = "gradients"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+READS = ("gradients", *POLICY_SECTIONS)
 ARTIFACT_FILE = "gradient_artifact.json"
 
 

@@ -22,6 +22,9 @@ from vlaeval.runs import now_ms, publish
 
 JOB = "plan"
 COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures before run()
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+READS = ("gauntlet", "strata", "effects", "outcomes")
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:

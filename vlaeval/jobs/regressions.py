@@ -9,7 +9,7 @@ An empty or absent registry is reported, not an error. The listing is saved as r
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 from omegaconf import DictConfig
 
@@ -19,6 +19,10 @@ from vlaeval.gauntlet.registry import FailureRegistry, registry_path
 from vlaeval.runs import output_dir
 
 JOB = "regressions"
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+COMPONENTS: Tuple[str, ...] = ()  # no `_target_` groups
+READS = ("outcomes",)
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:

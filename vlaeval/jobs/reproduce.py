@@ -28,6 +28,10 @@ from vlaeval.provenance import code_version
 from vlaeval.runs import RESULT_FILE, VOLATILE_METRIC_PREFIXES, output_dir
 
 JOB = "reproduce"
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+COMPONENTS: Tuple[str, ...] = ()  # no `_target_` groups
+READS = ("reproduce",)
 REPRODUCIBLE_JOBS = ("gauntlet", "train", "evaluate", "gradients", "residual_audit")
 TRUSTED_TARGET_PREFIX = "vlaeval."
 COMPARED_TAG_PREFIXES = (

@@ -23,6 +23,7 @@ from vlaeval.artifacts import sha256_file
 from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
 from vlaeval.audit.plots import plot_audit
 from vlaeval.choices import CheckpointKind
+from vlaeval.config import POLICY_SECTIONS
 from vlaeval.errors import UserInputError, require
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.checkpoint import validate_checkpoint_config
@@ -45,6 +46,9 @@ from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "residual_audit"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+READS = ("audit", "gate", "estimator", "gradients", *POLICY_SECTIONS)
 RESULT_SCHEMA_VERSION = 2  # 2: fair training-loss baseline (cross-fitted), attainable oracle
 
 

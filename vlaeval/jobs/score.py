@@ -19,7 +19,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from vlaeval import console
-from vlaeval.config import to_plain
+from vlaeval.config import POLICY_SECTIONS, to_plain
 from vlaeval.errors import require
 from vlaeval.memory import PeakMemory
 from vlaeval.provenance import code_version
@@ -29,6 +29,9 @@ from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "score"
 COMPONENTS = ("data", "model")
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+READS = ("score", "estimator", *POLICY_SECTIONS)
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:

@@ -10,7 +10,7 @@ a partial run a killed upload left behind is deleted first; replace the queue fi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from omegaconf import DictConfig
 
@@ -19,6 +19,11 @@ from vlaeval.artifacts import atomic_write_json, read_json
 from vlaeval.errors import describe, require
 from vlaeval.runs import output_dir
 
+JOB = "sync"
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+COMPONENTS: Tuple[str, ...] = ()  # no `_target_` groups
+READS = ("sync",)
 SYNCED_FILE = "mlflow_synced.json"
 
 

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes
+from vlaeval.config import POLICY_SECTIONS
 from vlaeval.errors import require
 from vlaeval.policy.builtin import PolicySpec, checkpoint_key, train_and_save
 from vlaeval.policy.checkpoint import sidecar_path
@@ -26,6 +27,9 @@ from vlaeval.runs import load_data, now_ms, output_dir, publish
 
 JOB = "train"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
+# The config sections this job reads besides job, paths and tracking: the only ones it is given,
+# logs and digests (vlaeval.jobs.dispatch).
+READS = ("train", "evaluate", *POLICY_SECTIONS)
 
 
 def validate_train(cfg: DictConfig) -> None:
