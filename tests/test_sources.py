@@ -58,7 +58,7 @@ def test_a_missing_required_hook_is_named(hook):
 
 def test_a_source_without_produce_or_load_is_refused():
     source = Minimal()
-    source.load = None  # type: ignore[assignment]
+    source.load = None
     with pytest.raises(UserInputError, match="neither produce"):
         checked_source(source)
 
