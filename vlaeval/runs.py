@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -90,38 +91,51 @@ def typed(node: Any) -> Any:
     return OmegaConf.to_object(node)
 
 
-def publish(
-    cfg: DictConfig,
-    job_name: str,
-    result: Dict[str, Any],
-    *,
-    started_ms: int,
-    run_name: str,
-    metrics: Mapping[str, Optional[float]],
-    checks: Mapping[str, bool],
-    tags: Mapping[str, Any],
-    history: Optional[Mapping[str, Sequence[Tuple[int, Optional[float]]]]] = None,
-    plots: Sequence[Path] = (),
-    code: Mapping[str, Any],
-    extra_artifacts: Sequence[Tuple[Path, Optional[str]]] = (),
-    artifact_file: Optional[str] = None,
-    gate_pass: Optional[bool] = None,
-    children: Sequence[Dict[str, Any]] = (),
-) -> Dict[str, Any]:
+@dataclass(frozen=True)
+class RunReport:
+    """One finished run as its job hands it over: the result (JSON-ready; the job's result object's
+    to_json()), what MLflow shows of it, and the files that go with it.
+
+    `gate_pass` overrides the gate.pass tag's all-checks-passed (a smoke audit passes its checks but
+    is no certificate); with `artifact_file`, result["artifact"] is also written on its own under
+    that name (the gradient artifact); each of `children` ({name, params, metrics, history, tags,
+    result}) is saved as children/<name>.json and becomes a nested MLflow run; `code` defaults to
+    this checkout's code_version()."""
+
+    job: str
+    result: Dict[str, Any]
+    run_name: str
+    started_ms: int
+    metrics: Mapping[str, Optional[float]]
+    checks: Mapping[str, bool]
+    tags: Mapping[str, Any] = field(default_factory=dict)
+    history: Mapping[str, Sequence[Tuple[int, Optional[float]]]] = field(default_factory=dict)
+    plots: Sequence[Path] = ()
+    artifacts: Sequence[Tuple[Path, Optional[str]]] = ()
+    artifact_file: Optional[str] = None
+    gate_pass: Optional[bool] = None
+    children: Sequence[Dict[str, Any]] = ()
+    code: Optional[Mapping[str, Any]] = None
+
+
+def publish(cfg: DictConfig, report: RunReport) -> Dict[str, Any]:
     """Write the result locally (atomic) first, then log the run to MLflow (spooled for job=sync
-    if the store cannot be reached). With `artifact_file`, result["artifact"] is also written on
-    its own under that name (e.g. the gradient artifact). Every result carries a unique run id
-    (`run_id`, tag `vlaeval.run_id`), tracked or not; `gate_pass` overrides the gate.pass tag's
-    all-checks-passed (a smoke audit passes its checks but is no certificate). Each of `children`
-    ({name, params, metrics, history, tags, result}) has its result saved as children/<name>.json
-    and becomes a nested MLflow run of this one."""
+    if the store cannot be reached). Every result carries a unique run id (`run_id`, tag
+    `vlaeval.run_id`), tracked or not."""
+    from vlaeval.provenance import code_version
+
+    job_name, result, started_ms = report.job, report.result, report.started_ms
+    checks, history, children = report.checks, report.history, report.children
+    code = code_version() if report.code is None else report.code
+    gate_pass, artifact_file, run_name = report.gate_pass, report.artifact_file, report.run_name
+    plots, extra_artifacts, tags = report.plots, report.artifacts, report.tags
     plain = to_plain(cfg)
     out = output_dir(cfg)
     run_id = uuid.uuid4().hex
     all_tags = tracking.standard_tags(
         plain, code, {"vlaeval.run_id": run_id, **tracking.gate_tags(checks, gate_pass), **tags}
     )
-    metrics = {**metrics, "timing.job_s": (now_ms() - started_ms) / 1000.0}
+    metrics = {**report.metrics, "timing.job_s": (now_ms() - started_ms) / 1000.0}
     result.update(
         run_id=run_id,
         job=job_name,

@@ -39,7 +39,6 @@ from vlaeval.config import POLICY_SECTIONS, to_plain
 from vlaeval.errors import UserInputError, require
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.flow import FlowConvention
-from vlaeval.provenance import code_version
 from vlaeval.residual.ablation import (
     FineTuneSettings,
     anchor_gradients,
@@ -49,7 +48,7 @@ from vlaeval.residual.ablation import (
 )
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import read_scores, scoring_settings
-from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "ablation"
 COMPONENTS = ("data", "model")
@@ -450,20 +449,21 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     metrics, checks = headline(result)
     result = publish(
         cfg,
-        JOB,
-        result,
-        started_ms=started_ms,
-        run_name=f"ablation {handle.sha256[:8]} {len(names)}x{len(seeds)}",
-        metrics=metrics,
-        checks=checks,
-        tags={
-            "checkpoint.sha256": handle.sha256,
-            "data.manifest_sha256": data.demonstrations.manifest_sha256,
-            "ablation.proposals": ",".join(names),
-        },
-        plots=plots,
-        code=code_version(),
-        children=[child_run(record) for record in runs],
+        RunReport(
+            job=JOB,
+            result=result,
+            started_ms=started_ms,
+            run_name=f"ablation {handle.sha256[:8]} {len(names)}x{len(seeds)}",
+            metrics=metrics,
+            checks=checks,
+            tags={
+                "checkpoint.sha256": handle.sha256,
+                "data.manifest_sha256": data.demonstrations.manifest_sha256,
+                "ablation.proposals": ",".join(names),
+            },
+            plots=plots,
+            children=[child_run(record) for record in runs],
+        ),
     )
     print_summary(result)
     return result

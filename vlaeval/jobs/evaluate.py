@@ -22,8 +22,7 @@ from vlaeval.policy.evaluation import (
     validate_evaluate,
 )
 from vlaeval.policy.rollout import evaluate_closed_loop
-from vlaeval.provenance import code_version
-from vlaeval.runs import load_data_and_policy, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, load_data_and_policy, now_ms, output_dir, publish
 
 JOB = "evaluate"
 # The config sections this job reads besides job, paths and tracking: the only ones it is given,
@@ -61,16 +60,17 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     }
     result = publish(
         cfg,
-        JOB,
-        result,
-        started_ms=started_ms,
-        run_name=f"evaluate-{handle.sha256[:12]}",
-        metrics=metrics,
-        checks=checks,
-        tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
-        plots=[plot],
-        code=code_version(),
-        extra_artifacts=[(outcomes_path, None)],
+        RunReport(
+            job=JOB,
+            result=result,
+            started_ms=started_ms,
+            run_name=f"evaluate-{handle.sha256[:12]}",
+            metrics=metrics,
+            checks=checks,
+            tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+            plots=[plot],
+            artifacts=[(outcomes_path, None)],
+        ),
     )
     print_evaluation(evaluation)
     console.show(f"paired outcomes (expert vs policy): {outcomes_path}")

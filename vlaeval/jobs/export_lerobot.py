@@ -17,8 +17,7 @@ from vlaeval import console
 from vlaeval.config import POLICY_SECTIONS
 from vlaeval.data.lerobot import read_lerobot, write_lerobot
 from vlaeval.errors import require
-from vlaeval.provenance import code_version
-from vlaeval.runs import load_data, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, load_data, now_ms, output_dir, publish
 
 JOB = "export_lerobot"
 COMPONENTS = ("data",)  # `_target_` groups checked against their signatures before run()
@@ -51,14 +50,15 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     }
     result = publish(
         cfg,
-        JOB,
-        result,
-        started_ms=started_ms,
-        run_name=f"export-lerobot-{demos.manifest_sha256[:12]}",
-        metrics={"export.episodes": result["episodes"], "export.frames": result["frames"]},
-        checks={"round_trip_identical": result["round_trip_identical"]},
-        tags={"data.manifest_sha256": demos.manifest_sha256},
-        code=code_version(),
+        RunReport(
+            job=JOB,
+            result=result,
+            started_ms=started_ms,
+            run_name=f"export-lerobot-{demos.manifest_sha256[:12]}",
+            metrics={"export.episodes": result["episodes"], "export.frames": result["frames"]},
+            checks={"round_trip_identical": result["round_trip_identical"]},
+            tags={"data.manifest_sha256": demos.manifest_sha256},
+        ),
     )
     console.show(
         f"wrote {result['episodes']} episodes ({result['frames']} frames) as a LeRobotDataset v3.0 at {root}; "

@@ -29,7 +29,7 @@ from vlaeval.gauntlet.report import print_summary
 from vlaeval.gauntlet.scheduler import BatchProgress, run_gauntlet
 from vlaeval.gauntlet.sources import RecordsEpisodes
 from vlaeval.provenance import code_version
-from vlaeval.runs import now_ms, output_dir, publish
+from vlaeval.runs import RunReport, now_ms, output_dir, publish
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION
 from vlaeval.tracking import config_sha256
 
@@ -121,17 +121,19 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     trajectories = save_trajectories(result, output_dir(cfg) / TRAJECTORY_FILE)
     result = publish(
         cfg,
-        JOB,
-        result,
-        started_ms=started_ms,
-        run_name=f"gauntlet {settings.candidate_version} vs {settings.baseline_version}",
-        metrics=metrics,
-        checks=checks,
-        tags=tags,
-        history=history,
-        plots=plots,
-        code=code,
-        extra_artifacts=[(trajectories, None), *extra],
+        RunReport(
+            job=JOB,
+            result=result,
+            started_ms=started_ms,
+            run_name=f"gauntlet {settings.candidate_version} vs {settings.baseline_version}",
+            metrics=metrics,
+            checks=checks,
+            tags=tags,
+            history=history,
+            plots=plots,
+            code=code,
+            artifacts=[(trajectories, None), *extra],
+        ),
     )
     print_summary(result)
     if "rollouts" in result:

@@ -19,9 +19,8 @@ from vlaeval.config import POLICY_SECTIONS
 from vlaeval.errors import require
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
-from vlaeval.provenance import code_version
 from vlaeval.residual.artifact import build_gradient_artifact
-from vlaeval.runs import load_data_and_policy, now_ms, publish
+from vlaeval.runs import RunReport, load_data_and_policy, now_ms, publish
 
 JOB = "gradients"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
@@ -68,15 +67,16 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     }
     result = publish(
         cfg,
-        JOB,
-        {"artifact": artifact},
-        started_ms=started_ms,
-        run_name=f"gradients-{handle.sha256[:12]}",
-        metrics=metrics,
-        checks={},
-        tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
-        code=code_version(),
-        artifact_file=ARTIFACT_FILE,
+        RunReport(
+            job=JOB,
+            result={"artifact": artifact},
+            started_ms=started_ms,
+            run_name=f"gradients-{handle.sha256[:12]}",
+            metrics=metrics,
+            checks={},
+            tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+            artifact_file=ARTIFACT_FILE,
+        ),
     )
     console.show(
         f"gradient artifact: {rms.size} anchors x {len(cfg.gradients.seeds)} seeds over "

@@ -17,8 +17,7 @@ from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.gauntlet.inputs import gauntlet_inputs, run_context
-from vlaeval.provenance import code_version
-from vlaeval.runs import now_ms, publish
+from vlaeval.runs import RunReport, now_ms, publish
 
 JOB = "plan"
 COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures before run()
@@ -41,14 +40,15 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         metrics[f"{key}.decision_probability_within_limit"] = row["decision_probability_within_limit"]
     result = publish(
         cfg,
-        JOB,
-        {"plan": plan},
-        started_ms=started_ms,
-        run_name=f"plan-{settings.candidate_version}",
-        metrics=metrics,
-        checks={"plan_ok": plan["ok"]},
-        tags={"plan.test_mode": plan["test_mode"]},
-        code=code_version(),
+        RunReport(
+            job=JOB,
+            result={"plan": plan},
+            started_ms=started_ms,
+            run_name=f"plan-{settings.candidate_version}",
+            metrics=metrics,
+            checks={"plan_ok": plan["ok"]},
+            tags={"plan.test_mode": plan["test_mode"]},
+        ),
     )
     print_plan(plan)
     return result

@@ -28,7 +28,6 @@ from vlaeval.errors import UserInputError, require
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
-from vlaeval.provenance import code_version
 from vlaeval.residual.artifact import (
     cached_gradient_artifact,
     load_gradient_artifact,
@@ -42,7 +41,7 @@ from vlaeval.residual.estimators import (
     score_anchors,
     validate_estimator_config,
 )
-from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "residual_audit"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
@@ -243,16 +242,17 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     }
     result = publish(
         cfg,
-        JOB,
-        result,
-        started_ms=started_ms,
-        run_name=f"audit {cfg.estimator.kind} {handle.sha256[:8]}",
-        metrics=metrics,
-        checks=gate["checks"],
-        tags=tags,
-        plots=plots,
-        code=code_version(),
-        gate_pass=gate["eligible_for_500_step_ablation"],
+        RunReport(
+            job=JOB,
+            result=result,
+            started_ms=started_ms,
+            run_name=f"audit {cfg.estimator.kind} {handle.sha256[:8]}",
+            metrics=metrics,
+            checks=gate["checks"],
+            tags=tags,
+            plots=plots,
+            gate_pass=gate["eligible_for_500_step_ablation"],
+        ),
     )
     print_summary(result)
     if a.exit_code_from_gate:

@@ -22,10 +22,9 @@ from vlaeval import console
 from vlaeval.config import POLICY_SECTIONS, to_plain
 from vlaeval.errors import require
 from vlaeval.memory import PeakMemory
-from vlaeval.provenance import code_version
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import find_shards, merge_shards, scoring_settings, shard_range, write_shard
-from vlaeval.runs import load_data, load_policy, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "score"
 COMPONENTS = ("data", "model")
@@ -94,15 +93,19 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     }
     result = publish(
         cfg,
-        JOB,
-        result,
-        started_ms=started_ms,
-        run_name=f"score {s.shard_index}/{s.shard_count} {handle.sha256[:8]}",
-        metrics={"score.anchors": float(positions.size), "timing.anchors_per_second": runtime["anchors_per_second"]},
-        checks={},
-        tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
-        code=code_version(),
-        extra_artifacts=[(sidecar, "scores"), (sidecar.with_suffix(".npz"), "scores")],
+        RunReport(
+            job=JOB,
+            result=result,
+            started_ms=started_ms,
+            run_name=f"score {s.shard_index}/{s.shard_count} {handle.sha256[:8]}",
+            metrics={
+                "score.anchors": float(positions.size),
+                "timing.anchors_per_second": runtime["anchors_per_second"],
+            },
+            checks={},
+            tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+            artifacts=[(sidecar, "scores"), (sidecar.with_suffix(".npz"), "scores")],
+        ),
     )
     console.show(f"scored anchors {start}..{stop - 1} of {total} ({positions.size / elapsed:.0f} anchors/s): {sidecar}")
     return result
@@ -125,15 +128,16 @@ def merge(cfg: DictConfig, started_ms: int) -> Dict[str, Any]:
     result = {"scores": str(sidecar), "settings": metadata["settings"], "merged_from": metadata["shards"]}
     result = publish(
         cfg,
-        JOB,
-        result,
-        started_ms=started_ms,
-        run_name=f"score merge {len(metadata['shards'])} shards",
-        metrics={"score.anchors": float(total), "score.shards": float(len(metadata["shards"]))},
-        checks={"every_anchor_scored_once": True},
-        tags={"checkpoint.sha256": metadata["settings"]["checkpoint_sha256"]},
-        code=code_version(),
-        extra_artifacts=[(sidecar, "scores"), (sidecar.with_suffix(".npz"), "scores")],
+        RunReport(
+            job=JOB,
+            result=result,
+            started_ms=started_ms,
+            run_name=f"score merge {len(metadata['shards'])} shards",
+            metrics={"score.anchors": float(total), "score.shards": float(len(metadata["shards"]))},
+            checks={"every_anchor_scored_once": True},
+            tags={"checkpoint.sha256": metadata["settings"]["checkpoint_sha256"]},
+            artifacts=[(sidecar, "scores"), (sidecar.with_suffix(".npz"), "scores")],
+        ),
     )
     console.show(f"merged {len(metadata['shards'])} shards: every one of {total} anchors scored once: {sidecar}")
     return result

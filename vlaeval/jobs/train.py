@@ -22,8 +22,7 @@ from vlaeval.policy.checkpoint import sidecar_path
 from vlaeval.policy.evaluation import evaluation_view, plot_success, print_evaluation, validate_evaluate
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.rollout import evaluate_closed_loop
-from vlaeval.provenance import code_version
-from vlaeval.runs import load_data, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, load_data, now_ms, output_dir, publish
 
 JOB = "train"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
@@ -86,17 +85,18 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         plots.append(plot_success(evaluation, out / "success_rates.png"))
     result = publish(
         cfg,
-        JOB,
-        result,
-        started_ms=started_ms,
-        run_name=f"train-{handle.sha256[:12]}",
-        metrics=metrics,
-        checks=checks,
-        tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
-        history=history,
-        plots=plots,
-        code=code_version(),
-        extra_artifacts=[(handle.path, "checkpoint"), (sidecar_path(handle.path), "checkpoint")],
+        RunReport(
+            job=JOB,
+            result=result,
+            started_ms=started_ms,
+            run_name=f"train-{handle.sha256[:12]}",
+            metrics=metrics,
+            checks=checks,
+            tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+            history=history,
+            plots=plots,
+            artifacts=[(handle.path, "checkpoint"), (sidecar_path(handle.path), "checkpoint")],
+        ),
     )
     console.show(
         f"trained {result['parameters']:,} parameters for {metrics_train['steps']} steps in "
