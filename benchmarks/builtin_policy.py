@@ -19,7 +19,7 @@ from pathlib import Path
 from benchlib import REPO, compose_default
 from vlaeval.artifacts import atomic_write_json
 from vlaeval.policy.builtin import PolicySpec, obtain_policy, prepare_data
-from vlaeval.policy.rollout import evaluate_closed_loop
+from vlaeval.rollouts.engine import evaluate_closed_loop
 
 
 def main() -> None:

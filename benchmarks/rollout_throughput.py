@@ -27,7 +27,8 @@ import numpy as np
 from benchlib import REPO, default_policy
 from vlaeval.artifacts import atomic_write_json
 from vlaeval.data.metaworld import HELD_OUT_VARIANTS, episode_plan
-from vlaeval.policy.rollout import Episode, SceneEnvironments, rollout_episodes, task_benchmark
+from vlaeval.envs.metaworld import Episode, SceneEnvironments, task_benchmark
+from vlaeval.rollouts.engine import rollout_episodes
 
 
 def simulate(episodes, steps) -> None:
@@ -83,7 +84,7 @@ def main() -> None:
     if not args.no_ray:
         import ray
 
-        from vlaeval.policy.executors import RayExecutor
+        from vlaeval.rollouts.executors import RayExecutor
 
         ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         executor = RayExecutor()

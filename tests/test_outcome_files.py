@@ -351,7 +351,7 @@ def test_success_rate_interval_covers_with_correlated_scenes():
 
 def test_the_paired_outcome_writer_quotes_ids_that_hold_commas_and_quotes(tmp_path):
     """A scene id with a comma (or a quote) used to split its row into extra columns."""
-    from vlaeval.policy.evaluation import write_paired_outcomes
+    from vlaeval.rollouts.evaluation import write_paired_outcomes
 
     rows = [
         {

@@ -16,8 +16,9 @@ import torch
 from helpers.processes import run_main
 from vlaeval.artifacts import sha256_file
 from vlaeval.config import FlowConfig
-from vlaeval.policy.rollout import Episode, Perturbation, plain_flow, rollout_episodes, rollout_lockstep
+from vlaeval.envs.metaworld import Episode, Perturbation
 from vlaeval.policy.tiny_vla import TinyVLA
+from vlaeval.rollouts.engine import plain_flow, rollout_episodes, rollout_lockstep
 
 QUIET = ["tracking=disabled", "gauntlet.plot=false", "gauntlet.preflight=off"]
 
@@ -218,7 +219,7 @@ def test_an_episode_does_not_depend_on_what_shares_its_lockstep_batch():
 
 
 def test_perturbations_are_seeded_per_episode_and_change_the_episode():
-    from vlaeval.policy.rollout import EpisodeDisturbances
+    from vlaeval.envs.metaworld import EpisodeDisturbances
 
     spec = Perturbation(observation_noise=0.1, action_noise=0.2, burst_rate=0.3, burst_steps=2, control_delay=2)
     runs = []
@@ -257,13 +258,13 @@ def _kill_first_attempt(model, group, *args):
     OOM killer or a preemption would); later attempts run the real group."""
     import os
 
-    from vlaeval.policy.rollout import _rollout_group
+    from vlaeval.rollouts.engine import rollout_group
 
     marker = Path(os.environ["VLAEVAL_TEST_MARKERS"]) / f"group-{group[0].seed}"
     if not marker.exists():
         marker.write_text("killed once")
         os._exit(1)
-    return _rollout_group(model, group, *args)
+    return rollout_group(model, group, *args)
 
 
 @pytest.fixture(scope="module")
@@ -311,7 +312,7 @@ def ray_head(tmp_path_factory):
 def test_ray_gives_the_local_outcomes_and_a_dead_worker_loses_no_episode(ray_head, monkeypatch):
     import ray
 
-    from vlaeval.policy.executors import RayExecutor
+    from vlaeval.rollouts.executors import RayExecutor
 
     address, markers = ray_head
     monkeypatch.setenv("VLAEVAL_TEST_MARKERS", str(markers))

@@ -7,8 +7,9 @@ import numpy as np
 import torch
 
 from vlaeval.config import FlowConfig
-from vlaeval.policy.rollout import Episode, rollout_episodes
+from vlaeval.envs.metaworld import Episode
 from vlaeval.policy.tiny_vla import TinyVLA
+from vlaeval.rollouts.engine import rollout_episodes
 
 EPISODES = [Episode(task, i, 25 + k, 1000 * i + k) for i, task in enumerate(("reach-v3", "push-v3")) for k in range(3)]
 

@@ -14,7 +14,7 @@ digest of stratum, scene and index). `replay: true` makes the family the failure
 scenarios (historical_regressions). `effects.<stratum>` plants a degradation (a perturbation) on
 the candidate only, drawn from its own stream, so a planted regression is a real one.
 
-Outcomes are cached per episode (vlaeval.policy.episode_cache); the gauntlet job writes every
+Outcomes are cached per episode (vlaeval.rollouts.episode_cache); the gauntlet job writes every
 episode produced as a paired-outcome file (outcomes=file reads it) and records the discordant
 ones in the failure registry (vlaeval.gauntlet.registry).
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -31,120 +30,18 @@ import numpy as np
 
 from vlaeval.artifacts import sha256_json, stable_seed
 from vlaeval.config import StratumConfig
+from vlaeval.envs.metaworld import NO_PERTURBATION, Episode, Perturbation
 from vlaeval.errors import require
 from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes
 from vlaeval.gauntlet.registry import FailureRegistry, registry_path
-from vlaeval.policy.rollout import NO_PERTURBATION, Episode, Perturbation
-
-BUILTIN_PREFIX = "builtin:"
-FAMILY_KEYS = (
-    "tasks",
-    "variants",
-    "variant_families",
-    "episodes_per_scene",
-    "perturbation",
-    "unsafe_contact_force",
-    "obstacle",
-    "replay",
+from vlaeval.rollouts.scenarios import (
+    BUILTIN_PREFIX,
+    RolloutPolicy,
+    ScenarioFamily,
+    Scene,
+    episode_from_spec,
+    episode_spec,
 )
-VARIANTS_PER_FAMILY = 50  # Meta-World draws 50 scene variants per task and benchmark seed
-
-
-@dataclass(frozen=True)
-class ScenarioFamily:
-    """A stratum's scenarios. tasks: Meta-World tasks (null: the run's data.tasks); variants:
-    [first, stop) scene variants of each of `variant_families` (MT1 benchmark seeds; family 0
-    variants 0-24 are the built-in demonstrations' scenes); episodes_per_scene: units
-    per cluster; perturbation: see vlaeval.policy.rollout.Perturbation; unsafe_contact_force:
-    newtons above which contact with an `obstacle` body is an unsafe event; replay: the failure
-    registry's scenarios instead."""
-
-    tasks: Tuple[str, ...]
-    variants: Tuple[int, int] = (0, 25)
-    variant_families: Tuple[int, ...] = (0,)
-    episodes_per_scene: int = 4
-    perturbation: Perturbation = NO_PERTURBATION
-    unsafe_contact_force: Optional[float] = None
-    obstacle: Tuple[str, ...] = ("wall",)
-    replay: bool = False
-
-    @classmethod
-    def parse(cls, stratum: str, values: Any, default_tasks: Sequence[str]) -> "ScenarioFamily":
-        where = f"outcomes.scenarios.{stratum}"
-        require(isinstance(values, Mapping), f"{where} must be a mapping of {', '.join(FAMILY_KEYS)}")
-        for key in values:
-            require(key in FAMILY_KEYS, f"{where}.{key} is not a scenario-family setting; use {', '.join(FAMILY_KEYS)}")
-        replay = bool(values.get("replay", False))
-        tasks = tuple(str(t) for t in (values.get("tasks") or default_tasks))
-        variants = tuple(int(v) for v in values.get("variants", (0, 25)))
-        require(
-            len(variants) == 2 and 0 <= variants[0] < variants[1] <= VARIANTS_PER_FAMILY,
-            f"{where}.variants={list(variants)} must be [first, stop) with 0 <= first < stop <= {VARIANTS_PER_FAMILY}",
-        )
-        episodes = int(values.get("episodes_per_scene", 4))
-        require(episodes >= 1, f"{where}.episodes_per_scene={episodes} must be >= 1")
-        force = values.get("unsafe_contact_force")
-        require(force is None or float(force) > 0, f"{where}.unsafe_contact_force={force} must be > 0 newtons")
-        require(len(tasks) > 0 or replay, f"{where}.tasks is empty; list Meta-World tasks")
-        return cls(
-            tasks=tasks,
-            variants=(variants[0], variants[1]),
-            variant_families=tuple(int(f) for f in values.get("variant_families", (0,))),
-            episodes_per_scene=episodes,
-            perturbation=Perturbation.parse(values.get("perturbation"), f"{where}.perturbation"),
-            unsafe_contact_force=None if force is None else float(force),
-            obstacle=tuple(str(b) for b in values.get("obstacle", ("wall",))),
-            replay=replay,
-        )
-
-
-@dataclass(frozen=True)
-class Scene:
-    """A cluster: one scene variant of a task, and the episodes run on it."""
-
-    task: str
-    family: int
-    variant: int
-    episodes: Tuple[Dict[str, Any], ...]  # episode specs (seed, perturbation, safety monitor)
-
-    @property
-    def id(self) -> str:
-        return f"{self.task}/family-{self.family}/variant-{self.variant}"
-
-
-@dataclass
-class RolloutPolicy:
-    role: str
-    reference: str
-    version: str
-    sha256: str
-    model: Any
-    vocab: List[str]
-    flow: Any
-
-
-def episode_spec(episode: Episode) -> Dict[str, Any]:
-    """What identifies an episode for replay and for the registry (not its instruction index, not
-    a planted degradation)."""
-    spec = dataclasses.asdict(episode)
-    spec.pop("task_index")
-    spec.pop("degradation")
-    spec["obstacle"] = list(spec["obstacle"])
-    return spec
-
-
-def episode_from_spec(spec: Mapping[str, Any], task_index: int, degradation: Perturbation) -> Episode:
-    return Episode(
-        task=str(spec["task"]),
-        task_index=int(task_index),
-        variant=int(spec["variant"]),
-        seed=int(spec["seed"]),
-        family=int(spec.get("family", 0)),
-        perturbation=Perturbation(**dict(spec.get("perturbation") or {})),
-        degradation=degradation,
-        unsafe_contact_force=spec.get("unsafe_contact_force"),
-        obstacle=tuple(spec.get("obstacle", ("wall",))),
-    )
 
 
 class RolloutOutcomes:
@@ -194,7 +91,7 @@ class RolloutOutcomes:
         self._scenes: Dict[str, List[Scene]] = {}
         self._built: set = set()  # strata whose scenes' benchmarks are built in this process
         self.timing = {"rollout_s": 0.0, "episodes_run": 0, "episodes_from_cache": 0, "env_steps": 0}
-        from vlaeval.policy.executors import make_executor
+        from vlaeval.rollouts.executors import make_executor
 
         # gauntlet.executor: where the rollouts run (local processes or Ray); never what they give.
         self.executor = make_executor(
@@ -390,7 +287,7 @@ class RolloutOutcomes:
         """Meta-World's benchmark of every (task, variant family) of the stratum, built here before
         its first rollout (~1 s each): local workers, forked again after new ones, inherit them
         instead of rebuilding them for every batch."""
-        from vlaeval.policy.rollout import built_benchmark, task_benchmark
+        from vlaeval.envs.metaworld import built_benchmark, task_benchmark
 
         if stratum in self._built:
             return
@@ -402,7 +299,7 @@ class RolloutOutcomes:
             self.executor.restart_workers()  # a local pool re-forks on its next use; Ray workers build their own
 
     def _check_obstacles(self) -> None:
-        from vlaeval.policy.rollout import obstacle_bodies, task_benchmark
+        from vlaeval.envs.metaworld import obstacle_bodies, task_benchmark
 
         for stratum, family in self.families.items():
             if family.unsafe_contact_force is None or family.replay:
@@ -425,7 +322,7 @@ class RolloutOutcomes:
     def produce(self, request: OutcomeRequest, clusters: np.ndarray, cache: Any) -> Tuple[StratumOutcomes, str]:
         """Both policies' outcomes on the requested scenes (in that order), each episode from the
         per-episode cache or rolled out now."""
-        from vlaeval.policy.episode_cache import EpisodeCache
+        from vlaeval.rollouts.episode_cache import EpisodeCache
 
         require(bool(self.policies), "RolloutOutcomes.prepare() must run before outcomes are produced")
         stratum = request.stratum
@@ -463,9 +360,9 @@ class RolloutOutcomes:
         """Per policy (baseline, candidate): success, unsafe, steps of the episodes `specs`, from the
         cache or rolled out now -- both policies' missing episodes in one executor call."""
         from vlaeval.data.metaworld import instruction_for
-        from vlaeval.policy.episode_cache import episode_key
-        from vlaeval.policy.rollout import RolloutJob, rollout_jobs
         from vlaeval.policy.tiny_vla import bag_of_words
+        from vlaeval.rollouts.engine import RolloutJob, rollout_jobs
+        from vlaeval.rollouts.episode_cache import episode_key
 
         tasks = sorted({str(s["task"]) for s in specs})
         keys: Dict[str, List[str]] = {}
@@ -549,13 +446,6 @@ class RolloutOutcomes:
             else None,
             "rollouts_per_s": rollouts / self.timing["rollout_s"] if self.timing["rollout_s"] else None,
         }
-
-
-def write_paired_outcomes(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """The outcome-file format plus each policy's unsafe flag and steps, written atomically."""
-    from vlaeval.policy.evaluation import write_paired_outcomes as write
-
-    return write(rows, path, ("baseline_unsafe", "candidate_unsafe", "baseline_steps", "candidate_steps"))
 
 
 def _plain(node: Any) -> Any:

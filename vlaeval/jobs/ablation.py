@@ -472,8 +472,9 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
 def closed_loop_success(cfg: DictConfig, data: Any, handle: Any, models: List[Any]) -> Dict[str, Any]:
     """Every fine-tuned policy and the checkpoint on the same held-out episodes (paired)."""
     from vlaeval.data.metaworld import HELD_OUT_VARIANTS, episode_plan
-    from vlaeval.policy.executors import LocalExecutor
-    from vlaeval.policy.rollout import Episode, RolloutJob, rollout_jobs
+    from vlaeval.envs.metaworld import Episode
+    from vlaeval.rollouts.engine import RolloutJob, rollout_jobs
+    from vlaeval.rollouts.executors import LocalExecutor
 
     e = cfg.evaluate
     plan = episode_plan(data.demonstrations.tasks, int(e.episodes_per_task), int(e.seed), HELD_OUT_VARIANTS)

@@ -14,14 +14,14 @@ from omegaconf import DictConfig
 from vlaeval import console
 from vlaeval.config import POLICY_SECTIONS
 from vlaeval.policy.checkpoint import validate_checkpoint_config
-from vlaeval.policy.evaluation import (
+from vlaeval.rollouts.engine import evaluate_closed_loop
+from vlaeval.rollouts.evaluation import (
     evaluation_view,
     paired_outcomes_csv,
     plot_success,
     print_evaluation,
     validate_evaluate,
 )
-from vlaeval.policy.rollout import evaluate_closed_loop
 from vlaeval.runs import RunReport, load_data_and_policy, now_ms, output_dir, publish
 
 JOB = "evaluate"

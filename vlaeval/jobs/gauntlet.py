@@ -154,7 +154,7 @@ def record_rollouts(source: RecordsEpisodes, result: Dict[str, Any], out: Path) 
     """After a rollout gauntlet: every episode pair produced as a paired-outcome file (outcomes=file
     re-analyses it without new rollouts), the candidate's failures added to the failure registry,
     and what the rollouts cost."""
-    from vlaeval.gauntlet.rollouts import write_paired_outcomes
+    from vlaeval.rollouts.scenarios import write_paired_outcomes
 
     path = write_paired_outcomes(source.paired_outcomes_table(), out / PAIRED_OUTCOMES_FILE)
     added = source.registry.record(source.failures())

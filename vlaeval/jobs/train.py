@@ -19,9 +19,9 @@ from vlaeval.config import POLICY_SECTIONS
 from vlaeval.errors import require
 from vlaeval.policy.builtin import PolicySpec, checkpoint_key, train_and_save
 from vlaeval.policy.checkpoint import sidecar_path
-from vlaeval.policy.evaluation import evaluation_view, plot_success, print_evaluation, validate_evaluate
 from vlaeval.policy.flow import FlowConvention
-from vlaeval.policy.rollout import evaluate_closed_loop
+from vlaeval.rollouts.engine import evaluate_closed_loop
+from vlaeval.rollouts.evaluation import evaluation_view, plot_success, print_evaluation, validate_evaluate
 from vlaeval.runs import RunReport, load_data, now_ms, output_dir, publish
 
 JOB = "train"

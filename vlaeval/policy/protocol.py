@@ -16,7 +16,7 @@ tokens, "task_index" (B,), and for training and scoring "target_actions" (B, H, 
 distribution) is configuration: the `flow` section (vlaeval/policy/flow.py).
 
 Callers: policy/training.py and residual/estimators.py (encode, velocity, train/eval),
-residual/gradients.py (trainable_parameters, named_modules, named_parameters), policy/rollout.py
+residual/gradients.py (trainable_parameters, named_modules, named_parameters), rollouts/engine.py
 (encode, velocity, horizon, action_dim), policy/builtin.py (state_dict, load_state_dict).
 """
 

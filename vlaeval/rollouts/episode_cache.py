@@ -4,7 +4,7 @@ The key is a digest of everything that decides an episode's outcome: the checkpo
 flow convention it samples with, the episode (scene, seed, perturbation, degradation, safety
 monitor), the control settings, the rollout engine's and Meta-World's versions. So a re-run of a
 gauntlet is free, and a new candidate reuses every baseline episode already run. An episode's
-outcome does not depend on which episodes shared its lockstep batch (vlaeval.policy.rollout), so
+outcome does not depend on which episodes shared its lockstep batch (vlaeval.rollouts.engine), so
 a cached outcome is exactly the one a fresh run would give. SQLite makes concurrent writers
 (a sweep's jobs) safe; a row is written in one transaction, never half.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from vlaeval.artifacts import sha256_json
-from vlaeval.policy.rollout import ROLLOUT_ENGINE_VERSION, Episode
+from vlaeval.envs.metaworld import Episode
+from vlaeval.rollouts.engine import ROLLOUT_ENGINE_VERSION
 
 Outcome = Tuple[bool, bool, int]  # success, unsafe, steps
 

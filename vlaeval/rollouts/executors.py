@@ -2,7 +2,7 @@
 
 An executor maps a group function over argument tuples (one per group of episodes; several
 policies' groups may be mixed) and yields the results in order. The outcomes never depend on the
-executor: an episode's outcome depends only on the episode (vlaeval.policy.rollout), so local and
+executor: an episode's outcome depends only on the episode (vlaeval.rollouts.engine), so local and
 Ray runs give the same numbers. The local pool is kept until close(), so a gauntlet that asks for
 outcomes batch by batch forks its workers once (after the scenes are built: the workers inherit
 them). On Ray a worker process that dies mid-task (OOM killer, preemption, a crash) loses nothing:

@@ -1,0 +1,1 @@
+"""The simulated worlds policies act in (Meta-World scenes, disturbances, obstacles): below `policy`."""

@@ -1,0 +1,129 @@
+"""What a rollout gauntlet draws its clusters from: scenario families (tasks, scene variants,
+episodes per scene, perturbations, an unsafe-contact limit) expanded into scenes of episodes, the
+policies it rolls out, episodes as cacheable specs, and the paired-outcome file it writes."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from vlaeval.envs.metaworld import NO_PERTURBATION, Episode, Perturbation
+from vlaeval.errors import require
+from vlaeval.rollouts.evaluation import write_paired_outcomes as write_outcome_rows
+
+BUILTIN_PREFIX = "builtin:"
+FAMILY_KEYS = (
+    "tasks",
+    "variants",
+    "variant_families",
+    "episodes_per_scene",
+    "perturbation",
+    "unsafe_contact_force",
+    "obstacle",
+    "replay",
+)
+VARIANTS_PER_FAMILY = 50  # Meta-World draws 50 scene variants per task and benchmark seed
+
+
+@dataclass(frozen=True)
+class ScenarioFamily:
+    """A stratum's scenarios. tasks: Meta-World tasks (null: the run's data.tasks); variants:
+    [first, stop) scene variants of each of `variant_families` (MT1 benchmark seeds; family 0
+    variants 0-24 are the built-in demonstrations' scenes); episodes_per_scene: units
+    per cluster; perturbation: see vlaeval.envs.metaworld.Perturbation; unsafe_contact_force:
+    newtons above which contact with an `obstacle` body is an unsafe event; replay: the failure
+    registry's scenarios instead."""
+
+    tasks: Tuple[str, ...]
+    variants: Tuple[int, int] = (0, 25)
+    variant_families: Tuple[int, ...] = (0,)
+    episodes_per_scene: int = 4
+    perturbation: Perturbation = NO_PERTURBATION
+    unsafe_contact_force: Optional[float] = None
+    obstacle: Tuple[str, ...] = ("wall",)
+    replay: bool = False
+
+    @classmethod
+    def parse(cls, stratum: str, values: Any, default_tasks: Sequence[str]) -> "ScenarioFamily":
+        where = f"outcomes.scenarios.{stratum}"
+        require(isinstance(values, Mapping), f"{where} must be a mapping of {', '.join(FAMILY_KEYS)}")
+        for key in values:
+            require(key in FAMILY_KEYS, f"{where}.{key} is not a scenario-family setting; use {', '.join(FAMILY_KEYS)}")
+        replay = bool(values.get("replay", False))
+        tasks = tuple(str(t) for t in (values.get("tasks") or default_tasks))
+        variants = tuple(int(v) for v in values.get("variants", (0, 25)))
+        require(
+            len(variants) == 2 and 0 <= variants[0] < variants[1] <= VARIANTS_PER_FAMILY,
+            f"{where}.variants={list(variants)} must be [first, stop) with 0 <= first < stop <= {VARIANTS_PER_FAMILY}",
+        )
+        episodes = int(values.get("episodes_per_scene", 4))
+        require(episodes >= 1, f"{where}.episodes_per_scene={episodes} must be >= 1")
+        force = values.get("unsafe_contact_force")
+        require(force is None or float(force) > 0, f"{where}.unsafe_contact_force={force} must be > 0 newtons")
+        require(len(tasks) > 0 or replay, f"{where}.tasks is empty; list Meta-World tasks")
+        return cls(
+            tasks=tasks,
+            variants=(variants[0], variants[1]),
+            variant_families=tuple(int(f) for f in values.get("variant_families", (0,))),
+            episodes_per_scene=episodes,
+            perturbation=Perturbation.parse(values.get("perturbation"), f"{where}.perturbation"),
+            unsafe_contact_force=None if force is None else float(force),
+            obstacle=tuple(str(b) for b in values.get("obstacle", ("wall",))),
+            replay=replay,
+        )
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A cluster: one scene variant of a task, and the episodes run on it."""
+
+    task: str
+    family: int
+    variant: int
+    episodes: Tuple[Dict[str, Any], ...]  # episode specs (seed, perturbation, safety monitor)
+
+    @property
+    def id(self) -> str:
+        return f"{self.task}/family-{self.family}/variant-{self.variant}"
+
+
+@dataclass
+class RolloutPolicy:
+    role: str
+    reference: str
+    version: str
+    sha256: str
+    model: Any
+    vocab: List[str]
+    flow: Any
+
+
+def episode_spec(episode: Episode) -> Dict[str, Any]:
+    """What identifies an episode for replay and for the registry (not its instruction index, not
+    a planted degradation)."""
+    spec = dataclasses.asdict(episode)
+    spec.pop("task_index")
+    spec.pop("degradation")
+    spec["obstacle"] = list(spec["obstacle"])
+    return spec
+
+
+def episode_from_spec(spec: Mapping[str, Any], task_index: int, degradation: Perturbation) -> Episode:
+    return Episode(
+        task=str(spec["task"]),
+        task_index=int(task_index),
+        variant=int(spec["variant"]),
+        seed=int(spec["seed"]),
+        family=int(spec.get("family", 0)),
+        perturbation=Perturbation(**dict(spec.get("perturbation") or {})),
+        degradation=degradation,
+        unsafe_contact_force=spec.get("unsafe_contact_force"),
+        obstacle=tuple(spec.get("obstacle", ("wall",))),
+    )
+
+
+def write_paired_outcomes(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """The outcome-file format plus each policy's unsafe flag and steps, written atomically."""
+    return write_outcome_rows(rows, path, ("baseline_unsafe", "candidate_unsafe", "baseline_steps", "candidate_steps"))
