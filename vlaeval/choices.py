@@ -71,7 +71,7 @@ class Preflight(Choice):
 
 class ClusterOrder(Choice):
     # The e-processes control the conditional mean given the past: clusters must come in random
-    # order for the result to be about the stratum's mean (README "What the guarantee is about").
+    # order for the result to be about the stratum's mean (docs/gauntlet.md "What the guarantee is about").
     shuffled = "shuffled"  # a seeded random permutation of the source's clusters (the default)
     as_given = "as_given"  # the source's order, declared random by the user (recorded in lineage)
 

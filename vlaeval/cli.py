@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
+import hydra
 from omegaconf import DictConfig
 
 from vlaeval.errors import UserInputError
@@ -30,6 +32,22 @@ def _remove_if_only_hydra_files(output_dir: str | None) -> None:
         parent = path.parent
         if parent != Path.cwd() and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()  # the outputs/ folder Hydra made for this run alone
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # the checkout's conf/ (an editable install)
+
+
+def main() -> None:
+    """`vlaeval job=<name> [overrides]` (the console entry point; `python main.py` is the same):
+    --help lists the jobs and groups without composing anything, else Hydra runs run_job."""
+    if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
+        from vlaeval.help import help_text
+
+        sys.stdout.write(help_text())
+        raise SystemExit(0)
+    import vlaeval.config  # noqa: F401  (registers the structured-config schemas)
+
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(run_job)()
 
 
 def run_job(cfg: DictConfig) -> float | None:

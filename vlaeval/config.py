@@ -127,7 +127,7 @@ class GauntletConfig:
     # Source strata accepted as new although their names are one or two edits from a configured
     # stratum (otherwise refused as a likely typo: "did you mean ...").
     accept_new_strata: List[str] = field(default_factory=list)
-    # The sequential test (README "What the e-process guarantees"; defaults chosen by
+    # The sequential test (docs/gauntlet.md "What the e-process guarantees"; defaults chosen by
     # benchmarks/seqtest_efficiency.py).
     test_mode: TestMode = TestMode.exact  # asymptotic and group_sequential are opt-in and labelled
     bet_rule: BetRule = DEFAULT_BET_RULE
@@ -247,7 +247,7 @@ class ScoreConfig:
 
 @dataclass
 class AblationConfig:
-    """job=ablation: fine-tune the audited checkpoint under each proposal (docs/ablation.md)."""
+    """job=ablation: fine-tune the audited checkpoint under each proposal (docs/audit.md "The 500-step ablation")."""
 
     proposals: List[AblationProposal] = field(
         default_factory=lambda: [

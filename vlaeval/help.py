@@ -1,4 +1,4 @@
-"""`python main.py --help`: what a user needs -- the jobs, every config group with its options and
+"""`vlaeval --help` (or `python main.py --help`): what a user needs -- the jobs, every config group with its options and
 default, the sweep presets, examples -- read from the files (conf/, the jobs' docstrings) without
 composing anything. Hydra's own help composes the config once per group option (~110 deep copies
 of the schema repository, ~3 s); this takes well under a second. `--hydra-help` is Hydra's."""
@@ -67,7 +67,7 @@ def help_text() -> str:
         "  " + ", ".join(sorted(p.stem for p in (CONF / "hydra" / "launcher").glob("*.yaml"))) + ", basic, joblib",
         "",
         text["footer"].rstrip(),
-        "Every setting and its default: python main.py --cfg job; one group: --cfg job --package gauntlet.",
+        "Every setting and its default: vlaeval --cfg job; one group: --cfg job --package gauntlet.",
         "Hydra's own help: --hydra-help.",
     ]
     return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
 """Everything vlaeval calls on a policy: anything that implements it can be trained, scored,
-audited (gradients included) and rolled out. README "Your own policy" has a complete adapter.
+audited (gradients included) and rolled out. docs/extending.md "Your own policy" has a complete adapter.
 
     a torch.nn.Module                             parameters, state_dict, train/eval, to(device)
     horizon, action_dim                           the shape (H, action_dim) of the action chunk
