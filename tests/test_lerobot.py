@@ -370,6 +370,20 @@ BAD_DATASETS = {
         {},
         "codebase_version v1.6 is not one vlaeval reads",
     ),
+    "truncated data file": (
+        lambda root: [
+            f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2]) for f in (root / "data").rglob("*.parquet")
+        ],
+        {},
+        "is corrupt or not a Parquet file",
+    ),
+    "data file without the action column": (
+        lambda root: [
+            pd.read_parquet(f).drop(columns=["action"]).to_parquet(f) for f in (root / "data").rglob("*.parquet")
+        ],
+        {},
+        "lacks the column(s) ['action']",
+    ),
     "episode length disagrees with its metadata": (
         lambda root: (
             pd.read_parquet(root / "meta/episodes/chunk-000/file-000.parquet")

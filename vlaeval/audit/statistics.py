@@ -270,7 +270,7 @@ def _half_rms(per_seed_rms: np.ndarray, rows: slice) -> np.ndarray:
     return np.sqrt(np.mean(per_seed_rms[rows] ** 2, axis=0))
 
 
-def _ranks_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def row_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Spearman of matching rows of a and b (R, N), vectorised (average ranks for ties)."""
     ra = rankdata(a, axis=-1)
     rb = rankdata(b, axis=-1)
@@ -338,7 +338,7 @@ def cross_fitted_baseline(
         oracle_q = other_half / other_half.sum()
         rows["oracle"].append((float("nan"), float(information_to_baseline_ratio(target, oracle_q))))
         t, s_, l_ = target[resample], scores[resample], independent_loss[resample]
-        boot_rho.append(_ranks_spearman(s_, t) - _ranks_spearman(l_, t))
+        boot_rho.append(row_spearman(s_, t) - row_spearman(l_, t))
         boot_ratio.append(ratio(s_, t) - ratio(l_, t))
     summary = {
         name: {"spearman": float(np.mean([r for r, _ in v])), "second_moment_ratio": float(np.mean([q for _, q in v]))}

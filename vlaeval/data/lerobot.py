@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from vlaeval.data.metaworld import Demonstrations, content_sha256
-from vlaeval.errors import UserInputError, require
+from vlaeval.errors import UserInputError, first_line, require
 
 CODEBASE_VERSION = "v3.0"
 READABLE_VERSIONS = ("v3.0", "v2.1", "v2.0")
@@ -187,12 +187,25 @@ def read_lerobot(
     files = sorted((root / "data").glob("chunk-*/*.parquet"))
     require(bool(files), f"the dataset at {root} has no data/chunk-*/*.parquet files")
     columns = [state_feature, action_feature, "episode_index", "frame_index", "index", "task_index", *cameras]
-    try:
-        table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
-    except (pa.ArrowInvalid, KeyError) as error:
-        raise UserInputError(
-            f"the data files of {root} lack a column vlaeval reads ({error}); expected {columns}"
-        ) from None
+    parts = []
+    for f in files:
+        # Open first, then read: a file that does not open (truncated, not Parquet) is corrupt;
+        # one that opens without a column vlaeval reads lacks it -- two different fixes.
+        try:
+            schema = pq.read_schema(f)
+        except (pa.ArrowInvalid, OSError) as error:
+            raise UserInputError(
+                f"{f} is corrupt or not a Parquet file ({first_line(error)}); re-copy or re-export the dataset"
+            ) from None
+        absent = [c for c in columns if c not in schema.names]
+        require(not absent, f"{f} lacks the column(s) {absent} vlaeval reads; expected {columns}")
+        try:
+            parts.append(pq.read_table(f, columns=columns))
+        except (pa.ArrowInvalid, OSError) as error:
+            raise UserInputError(
+                f"{f} is corrupt: its footer opens but its data does not ({first_line(error)}); re-copy or re-export the dataset"
+            ) from None
+    table = pa.concat_tables(parts)
     index = table.column("index").to_numpy()
     order = np.argsort(index, kind="stable")
     table = table.take(pa.array(order))
