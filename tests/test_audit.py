@@ -171,7 +171,7 @@ def test_paired_bootstrap_agrees_with_scipys_bootstrap():
         fold2 = row_spearman(s, tb) - row_spearman(la, tb)
         return (fold1 + fold2) / 2
 
-    for i in range(3):  # the vectorised row-wise Spearman is scipy's, row by row
+    for _ in range(3):  # the vectorised row-wise Spearman is scipy's, row by row
         row = rng.integers(0, n, n)
         assert row_spearman(scores[row][None], a_rms[row][None])[0] == pytest.approx(
             spearmanr(scores[row], a_rms[row]).statistic, abs=1e-12
