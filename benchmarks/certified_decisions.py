@@ -173,7 +173,7 @@ def through_gauntlet(x: np.ndarray, mode: str, settings: GauntletConfig, spec: S
     for row in x:
         result = run_gauntlet(
             s, {"safety_critical": spec}, {}, ClusterMeanSource(row, 8), ArrayCache("/none", enabled=False), LINEAGE
-        )
+        ).to_json()
         rec = result["recommendation"]["recommendation"]
         counts["halted"] += result["halted"]
         counts["certified_catastrophic"] += any(
@@ -238,7 +238,7 @@ def halts() -> List[Dict[str, Any]]:
             planted = {k: float(v) for k, v in cfg.effects.items()}
             result = run_gauntlet(
                 settings, strata, planted, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE
-            )
+            ).to_json()
             s = result["strata"][0]
             event = next((e for e in result["events"] if e["stratum"] == "safety_critical"), None)
             rows.append(

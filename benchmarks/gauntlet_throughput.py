@@ -102,7 +102,7 @@ def prototype_style_gauntlet(settings, strata, effects, cache_dir: Path) -> Dict
 def vectorised_gauntlet(settings, strata, effects, cache_dir: Path, use_cache: bool) -> Dict[str, Any]:
     cache = ArrayCache(cache_dir, enabled=use_cache, namespace="gauntlet-units")
     started = time.perf_counter()
-    result = run_gauntlet(settings, strata, effects, SyntheticOutcomes(), cache, LINEAGE)
+    result = run_gauntlet(settings, strata, effects, SyntheticOutcomes(), cache, LINEAGE).to_json()
     elapsed = time.perf_counter() - started
     return {
         "units_evaluated": result["scale"]["units_evaluated"],

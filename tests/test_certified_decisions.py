@@ -108,7 +108,7 @@ def test_rare_giant_files_through_outcomes_file(tmp_path, side):
         source.validate({"safety_critical": None}, {})  # reads the file (the stratum's settings are not used)
         for label, largest in (("declared", 200), ("file's own", int(n[r].max()))):
             settings, strata = one_stratum(["gauntlet.estimand=unit"], max_cluster_size=largest)
-            result = run_gauntlet(settings, strata, {}, source, ArrayCache(tmp_path, enabled=False), LINEAGE)
+            result = run_gauntlet(settings, strata, {}, source, ArrayCache(tmp_path, enabled=False), LINEAGE).to_json()
             s = result["strata"][0]
             assert s["cluster_size_bounds"]["max_cluster_size"] == largest
             assert s["cluster_size_bounds"]["max_cluster_size_from"] == "declared"
@@ -138,7 +138,7 @@ def test_a_file_needs_a_declared_largest_cluster_for_the_unit_estimand(tmp_path)
     inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
     result = run_gauntlet(
         inputs.settings, inputs.strata, {}, inputs.source, ArrayCache(tmp_path, enabled=False), LINEAGE
-    )
+    ).to_json()
     assert {s["cluster_size_bounds"]["max_cluster_size_from"] for s in result["strata"]} == {
         "the scenario plan (fixed before outcomes)"
     }
@@ -232,7 +232,9 @@ def test_a_files_order_seed_is_its_content_digest(tmp_path):
         settings, strata = one_stratum(overrides)
         source = FileOutcomes(str(path))
         source.validate(strata, {})
-        results[label] = run_gauntlet(settings, strata, {}, source, ArrayCache(tmp_path, enabled=False), LINEAGE)
+        results[label] = run_gauntlet(
+            settings, strata, {}, source, ArrayCache(tmp_path, enabled=False), LINEAGE
+        ).to_json()
     order = {label: r["strata"][0]["cluster_order"] for label, r in results.items()}
     assert order["a, seed 11"] == order["a, seed 12"]  # the content decides, not gauntlet.seed
     assert order["a, seed 11"]["order_seed"] == stable_seed("cluster-order-of-content", sha256_file(first))
@@ -313,7 +315,9 @@ def test_the_drift_diagnostic_sees_a_drift_in_evaluation_order():
     assert d["z"] > 3 and d["second_half"] > d["first_half"]
     assert drift_diagnostic(steady[:3], sizes[:3])["z"] is None
     settings, strata, effects = typed_gauntlet(compose_config(["strata=small"]))
-    result = run_gauntlet(settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE)
+    result = run_gauntlet(
+        settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE
+    ).to_json()
     assert all(
         set(s["drift"]) == {"clusters", "first_half", "second_half", "difference", "z"} for s in result["strata"]
     )
@@ -364,7 +368,9 @@ def test_an_approximate_mode_never_halts_and_never_blocks(mode):
         compose_config([f"gauntlet.test_mode={mode}", "effects=catastrophic_safety"])
     )
     validate_gauntlet(settings, strata, effects)
-    result = run_gauntlet(settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE)
+    result = run_gauntlet(
+        settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE
+    ).to_json()
     assert not result["halted"] and result["status"] == "completed"
     assert sorted(result["processed_order"]) == sorted(result["priority_order"])  # every stratum evaluated
     signal = next(e for e in result["events"] if e["stratum"] == "safety_critical")
@@ -385,7 +391,9 @@ def test_the_prototypes_catastrophic_example_halts_at_its_regression():
     confidence sequence (halt_rule=certified_catastrophic) runs the stratum to its 12,000-unit limit
     without a halt, as the project did before."""
     settings, strata, effects = typed_gauntlet(compose_config(["+effects.safety_critical=-0.06"]))
-    result = run_gauntlet(settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE)
+    result = run_gauntlet(
+        settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE
+    ).to_json()
     s = result["strata"][0]
     assert result["halted"] and result["processed_order"] == ["safety_critical"]
     assert s["decision"] == "REGRESSION" and s["units_evaluated"] < 6000 and s["delta_estimate"] < -0.05
@@ -394,7 +402,9 @@ def test_the_prototypes_catastrophic_example_halts_at_its_regression():
     assert "beyond the catastrophic margin -0.05 (an estimate, not certified)" in detail
     assert result["recommendation"]["recommendation"] == "DO_NOT_LAUNCH"
     settings = replace(settings, halt_rule="certified_catastrophic")
-    waited = run_gauntlet(settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE)
+    waited = run_gauntlet(
+        settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE
+    ).to_json()
     assert not waited["halted"] and waited["strata"][0]["units_evaluated"] == 12_000
 
 
@@ -475,7 +485,7 @@ def test_an_outcome_file_declares_where_its_evidence_came_from(tmp_path):
     inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
     result = run_gauntlet(
         inputs.settings, inputs.strata, {}, inputs.source, ArrayCache(tmp_path, enabled=False), LINEAGE
-    )
+    ).to_json()
     got = {s["stratum"]: s["data_label"] for s in result["strata"]}
     assert got["safety_critical"] == "REPLAYED" and got["nominal"] == "SIMULATED"
     assert set(got.values()) == {"REPLAYED", "SIMULATED", "COUNTERFACTUAL"}

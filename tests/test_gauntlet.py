@@ -30,7 +30,7 @@ def gauntlet(overrides=(), cache_dir=None, lineage=VALID_LINEAGE):
     settings, strata, effects = typed_gauntlet(compose_config(list(overrides)))
     validate_gauntlet(settings, strata, effects)
     cache = ArrayCache(cache_dir or "/nonexistent", enabled=cache_dir is not None, namespace="gauntlet-units")
-    return run_gauntlet(settings, strata, effects, SyntheticOutcomes(), cache, lineage), cache
+    return run_gauntlet(settings, strata, effects, SyntheticOutcomes(), cache, lineage).to_json(), cache
 
 
 def strata_view(result):
@@ -251,13 +251,14 @@ def test_the_report_keeps_not_evaluated_in_the_decision_column(capsys):
     """With a planted-effect column the unevaluated strata's status used to land under 'planted'."""
     from vlaeval import console
     from vlaeval.gauntlet.report import print_summary
+    from vlaeval.gauntlet.result import GauntletResult
 
     result, _ = gauntlet(["effects=catastrophic_safety"])
     buffer = io.StringIO()
     saved = console.console
     console.console = Console(file=buffer, width=200, color_system=None, highlight=False)
     try:
-        print_summary(result)
+        print_summary(GauntletResult.from_json(result))
     finally:
         console.console = saved
     lines = buffer.getvalue().splitlines()

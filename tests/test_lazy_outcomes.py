@@ -57,7 +57,7 @@ def run(source, overrides=("strata=small", "effects=safety_regression_mild", "ga
     settings, strata, effects = typed_gauntlet(compose_config(list(overrides)))
     validate_gauntlet(settings, strata, effects)
     cache = ArrayCache("/nonexistent", enabled=False, namespace="gauntlet-units")
-    return settings, run_gauntlet(settings, strata, effects, source, cache, LINEAGE)
+    return settings, run_gauntlet(settings, strata, effects, source, cache, LINEAGE).to_json()
 
 
 def comparable(result):

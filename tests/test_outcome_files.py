@@ -36,13 +36,15 @@ def test_file_gauntlet_matches_the_same_outcomes_in_memory(tmp_path, small, suff
     validate_gauntlet(settings, strata, {})
     source.validate(strata, {})
     cache = ArrayCache(tmp_path, enabled=False)
-    result = run_gauntlet(settings, strata, {}, source, cache, {"valid": True, "problems": []})
+    result = run_gauntlet(settings, strata, {}, source, cache, {"valid": True, "problems": []}).to_json()
     assert source.describe()["sha256"] and source.describe()["kind"] == "file"
     for s in result["strata"]:
         expected = synthetic_paired_outcomes(s["stratum"], strata[s["stratum"]], 0.0, 11)
         assert s["units_available"] == expected.units
         assert s["cache"] == "file"
-    in_memory = run_gauntlet(settings, strata, {}, SyntheticOutcomes(), cache, {"valid": True, "problems": []})
+    in_memory = run_gauntlet(
+        settings, strata, {}, SyntheticOutcomes(), cache, {"valid": True, "problems": []}
+    ).to_json()
     labels = ("cache", "data_label", "cluster_size_bounds")  # where the outcomes came from
     strip = lambda r: [{k: v for k, v in s.items() if k not in labels} for s in r["strata"]]  # noqa: E731
     assert strip(result) == strip(in_memory)
@@ -207,7 +209,7 @@ def test_absent_strata_that_are_not_required_do_not_block_launch(tmp_path, small
         {"valid": True, "problems": []},
         absent=inputs.resolved.absent,
         required_absent=inputs.required_absent,
-    )
+    ).to_json()
     assert result["recommendation"]["recommendation"] == "LAUNCH", result["recommendation"]
     assert result["absent_strata"] == inputs.resolved.absent
 
@@ -279,7 +281,7 @@ def test_a_stratum_read_in_one_batch_is_recorded_cluster_by_cluster(tmp_path):
         source,
         ArrayCache(tmp_path, enabled=False),
         {"valid": True, "problems": []},
-    )
+    ).to_json()
     s = result["strata"][0]
     tr = s["trajectory"]
     assert s["batches"] == 1 and len(tr["clusters"]) == 48 and tr["looks"] == [48]
@@ -292,8 +294,9 @@ def test_a_stratum_read_in_one_batch_is_recorded_cluster_by_cluster(tmp_path):
     assert np.all(np.diff(lower) >= 0) and np.all(np.diff(upper) <= 0)  # running intersection, per cluster
     assert len(set(upper.tolist())) > 5  # the interval moves cluster by cluster
     from vlaeval.gauntlet.plots import plot_trajectories
+    from vlaeval.gauntlet.result import GauntletResult
 
-    assert plot_trajectories(result, tmp_path / "one_batch.png").stat().st_size > 10_000
+    assert plot_trajectories(GauntletResult.from_json(result), tmp_path / "one_batch.png").stat().st_size > 10_000
 
 
 # ----------------------------------------------------------------------------- success rates

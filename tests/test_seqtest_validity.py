@@ -348,7 +348,7 @@ def test_the_gauntlet_shuffles_clusters_and_records_the_order(tmp_path):
         source = FileOutcomes(str(path))
         source.validate(strata, {})
         only = {"safety_critical": strata["safety_critical"]}
-        result = run_gauntlet(settings, only, {}, source, ArrayCache(tmp_path, enabled=False), VALID_LINEAGE)
+        result = run_gauntlet(settings, only, {}, source, ArrayCache(tmp_path, enabled=False), VALID_LINEAGE).to_json()
         s = result["strata"][0]
         assert result["halted"] is halted, (order, s["decision"], s["delta_estimate"])
         assert s["cluster_order"]["mode"] == order
@@ -420,7 +420,7 @@ def test_scheduler_splits_the_alarm_level_over_regressions_and_halts():
     validate_gauntlet(settings, strata, effects)
     result = run_gauntlet(
         settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), VALID_LINEAGE
-    )
+    ).to_json()
     alarms = len(strata) + sum(s.catastrophic_halt for s in strata.values())
     assert alarms == 7
     assert result["multiplicity"]["alarm_alpha"] == pytest.approx(settings.alpha / alarms)
@@ -454,7 +454,7 @@ def test_approximate_modes_need_review_and_say_so(mode):
     validate_gauntlet(settings, strata, effects)
     result = run_gauntlet(
         settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), VALID_LINEAGE
-    )
+    ).to_json()
     label = mode.upper().replace("_", "-")
     assert result["test_mode"] == mode and label in result["statistical_validity"]
     assert result["recommendation"]["recommendation"] == NEEDS_REVIEW

@@ -117,7 +117,7 @@ class SweepTrackingCallback(Callback):
                 overrides=list(config.hydra.overrides.task),
                 sweep_dir=str(Path(str(config.hydra.sweep.dir)).resolve()) if multirun else None,
                 job_num=int(config.hydra.job.num) if multirun else None,
-                plain_cfg=cast(Dict[str, Any], OmegaConf.to_container(job_return.cfg, resolve=False)),
+                plain_cfg=cast(Dict[str, Any], OmegaConf.to_container(_job_config(job_return.cfg), resolve=False)),
             )
         except Exception as error:  # never mask the job's own error
             log.warning("could not record the failed job in MLflow: %s", error)
@@ -143,3 +143,14 @@ def print_summary_table(rows: List[Dict[str, Any]]) -> None:
 
     headers = [h for h in (rows[0] if rows else {}) if h != "run_id"]
     console.show(console.table("Sweep summary", headers, [[r[h] for h in headers] for r in rows]))
+
+
+def _job_config(cfg: Any) -> Any:
+    """The failed job's config as its run would have logged it (its sections only), or all of it
+    when even that cannot be worked out (an unknown job)."""
+    from vlaeval.jobs import job_config
+
+    try:
+        return job_config(cfg)
+    except Exception:
+        return cfg

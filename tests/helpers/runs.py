@@ -11,6 +11,9 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
+from vlaeval.config import POLICY_SECTIONS, SHARED_SECTIONS
+from vlaeval.jobs import job_module
+
 
 def experiment_runs(client: MlflowClient, name: str, view=ViewType.ACTIVE_ONLY) -> List[Any]:
     experiment = client.get_experiment_by_name(name)
@@ -72,7 +75,12 @@ def check_sweep(
     for child in children:
         assert child.info.status == "FINISHED" and child.data.tags["vlaeval.run_kind"] == "job"
         assert {"gate.pass", "gate.failed", "vlaeval.run_id"} <= set(child.data.tags)
-        assert len(child.data.params) > 100  # the whole flattened config
+        # The job's own config sections, flattened: no section the job does not read.
+        job_name = child.data.tags["vlaeval.job"]
+        sections = {key.split(".")[0] for key in child.data.params}
+        allowed = {*SHARED_SECTIONS, *job_module(job_name).READS, *POLICY_SECTIONS}
+        assert "job" in sections and sections <= allowed, sorted(sections - allowed)
+        assert len(child.data.params) > 20
         if proxied:
             assert child.info.artifact_uri.startswith("mlflow-artifacts:/")
         if workdir is not None:

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from vlaeval.artifacts import atomic_write_bytes
+from vlaeval.gauntlet.result import GauntletResult
 
 
 def _log10(values: Any) -> np.ndarray:
     return np.log10(np.maximum(np.asarray(values, dtype=np.float64), 1e-300))
 
 
-def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
+def plot_trajectories(result: GauntletResult, path: Path) -> Path:
     """Top: each stratum's two decision e-processes after every cluster (log10 wealth), with a star
     where the deciding one crossed its threshold. Bottom (a triangle where the candidate was halted,
     an X where the halt bound certified a catastrophic regression): the
@@ -26,12 +27,12 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    strata = [s for s in result["strata"] if s["trajectory"].get("clusters")]
+    strata = [s for s in result.strata if s.trajectory.get("clusters")]
     fig, axes = plt.subplots(2, 1, figsize=(10, 8), sharex=False)
     e_axis, cs_axis = axes
-    exact = result.get("test_mode", "exact") == "exact"
+    exact = result.test_mode == "exact"
     for s in strata:
-        tr = s["trajectory"]
+        tr = s.trajectory
         units = np.asarray(tr["units"], dtype=np.float64)
         ends = np.asarray(tr["looks"], dtype=np.int64) - 1
         color = None
@@ -40,7 +41,7 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
             (line,) = e_axis.plot(
                 np.r_[0, units],
                 np.r_[0.0, _log10(tr["e_value_regression"])],
-                label=f"{s['stratum']} regression",
+                label=f"{s.stratum} regression",
                 linestyle="--",
                 linewidth=1,
             )
@@ -49,20 +50,20 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
                 np.r_[0, units],
                 np.r_[0.0, _log10(tr["e_value_pass"])],
                 color=color,
-                label=f"{s['stratum']} pass",
+                label=f"{s.stratum} pass",
                 linewidth=1.3,
             )
-            if s.get("decided_at_unit") is not None and s.get("decision_wealth") is not None:
+            if s.decided_at_unit is not None and s.decision_wealth is not None:
                 e_axis.plot(
-                    [s["decided_at_unit"]],
-                    [math.log10(max(s["decision_wealth"], 1e-300))],
+                    [s.decided_at_unit],
+                    [math.log10(max(s.decision_wealth, 1e-300))],
                     marker="*",
                     markersize=12,
                     color=color,
                     markeredgecolor="black",
                     linestyle="none",
                 )
-        (line,) = cs_axis.plot(units, tr["delta_estimate"], color=color, label=s["stratum"], linewidth=1.2)
+        (line,) = cs_axis.plot(units, tr["delta_estimate"], color=color, label=s.stratum, linewidth=1.2)
         color = line.get_color()
         cs_axis.fill_between(units, tr["cs_lower"], tr["cs_upper"], color=color, alpha=0.2, step="post")
         cs_axis.plot(
@@ -75,29 +76,25 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
                 color=color,
                 linestyle="-.",
                 linewidth=1,
-                label=f"{s['stratum']} halt bound (level {1 - s['catastrophic_alpha']:.3g})",
+                label=f"{s.stratum} halt bound (level {1 - (s.catastrophic_alpha or 0.0):.3g})",
             )
             halt = next(
-                (
-                    e
-                    for e in result.get("events", [])
-                    if e["event"] == "CATASTROPHIC_HALT" and e["stratum"] == s["stratum"]
-                ),
+                (e for e in result.events if e.event == "CATASTROPHIC_HALT" and e.stratum == s.stratum),
                 None,
             )
-            if halt is not None and s.get("decided_at_unit") is not None:  # where the candidate was halted
+            if halt is not None and s.decided_at_unit is not None:  # where the candidate was halted
                 cs_axis.plot(
-                    [s["units_evaluated"]],
-                    [s["delta_estimate"]],
+                    [s.units_evaluated],
+                    [s.delta_estimate],
                     marker="v",
                     markersize=10,
                     color="red",
                     markeredgecolor="black",
                     linestyle="none",
-                    label=f"{s['stratum']} halted ({halt.get('halt_rule', 'certified_catastrophic')})",
+                    label=f"{s.stratum} halted ({halt.figures.get('halt_rule', 'certified_catastrophic')})",
                 )
-            bound = s.get("catastrophic_bound") or {}
-            if s.get("catastrophic") == "CATASTROPHIC" and bound.get("decided_at_unit") is not None:
+            bound = s.catastrophic_bound
+            if s.catastrophic == "CATASTROPHIC" and bound.get("decided_at_unit") is not None:
                 cs_axis.plot(
                     [bound["decided_at_unit"]],
                     [bound["upper_bound_at_decision"]],
@@ -107,8 +104,8 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
                     markeredgecolor="black",
                     linestyle="none",
                 )
-    alpha = strata[0]["alpha"] if strata else 0.05
-    alarm = strata[0].get("alarm_alpha", alpha) if strata else alpha
+    alpha = strata[0].alpha if strata else 0.05
+    alarm = strata[0].alarm_alpha if strata else alpha
     if exact:
         e_axis.axhline(math.log10(1 / alpha), color="black", linewidth=1, label=f"PASS at 1/alpha = {1 / alpha:g}")
         if alarm != alpha:
@@ -125,8 +122,7 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
         e_axis.text(
             0.5,
             0.5,
-            f"{result.get('test_mode', '').upper()} test mode: no e-values "
-            "(decisions from normal-approximation boundaries)",
+            f"{result.test_mode.upper()} test mode: no e-values (decisions from normal-approximation boundaries)",
             ha="center",
             va="center",
             transform=e_axis.transAxes,
@@ -135,16 +131,16 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
     e_axis.set_xlabel("units evaluated in stratum")
     if strata:
         # The first few clusters' bounds span [-1, 1]; frame the estimates and the lines that decide.
-        estimates = np.concatenate([np.asarray(s["trajectory"]["delta_estimate"], dtype=np.float64) for s in strata])
-        lines = [-s["margin_delta"] for s in strata] + [
-            -s["catastrophic_delta"] for s in strata if s.get("catastrophic_delta") is not None
+        estimates = np.concatenate([np.asarray(s.trajectory["delta_estimate"], dtype=np.float64) for s in strata])
+        lines = [-s.margin_delta for s in strata] + [
+            -s.catastrophic_delta for s in strata if s.catastrophic_delta is not None
         ]
         cs_axis.set_ylim(max(-1.0, min(estimates.min(), *lines) - 0.1), min(1.0, max(estimates.max(), *lines) + 0.1))
-        cs_axis.axhline(-strata[0]["margin_delta"], color="black", linewidth=1, linestyle=":", label="-margin")
-        halting = [s for s in strata if s.get("catastrophic_delta") is not None]
+        cs_axis.axhline(-strata[0].margin_delta, color="black", linewidth=1, linestyle=":", label="-margin")
+        halting = [s.catastrophic_delta for s in strata if s.catastrophic_delta is not None]
         if halting:
             cs_axis.axhline(
-                -halting[0]["catastrophic_delta"],
+                -halting[0],
                 color="red",
                 linewidth=1,
                 linestyle=":",
@@ -155,7 +151,7 @@ def plot_trajectories(result: Mapping[str, Any], path: Path) -> Path:
     cs_axis.set_title(
         "point estimate and confidence sequence after every cluster (dots: batch ends)"
         if exact
-        else f"point estimate and {result.get('test_mode', '').upper()} confidence bounds (opt-in mode, not exact)"
+        else f"point estimate and {result.test_mode.upper()} confidence bounds (opt-in mode, not exact)"
     )
     cs_axis.legend(fontsize=7, ncol=2)
     fig.tight_layout()

@@ -13,25 +13,22 @@ GENERATED) are a demonstration: the recommendation says so, and never LAUNCHes o
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, List, Mapping, Sequence
 
 from vlaeval.choices import DataLabel
+from vlaeval.gauntlet.result import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW, Recommendation, StratumResult
 from vlaeval.seqtest import DECISION_INSUFFICIENT, DECISION_PASS, DECISION_REGRESSION, MODE_EXACT
-
-LAUNCH = "LAUNCH"
-DO_NOT_LAUNCH = "DO_NOT_LAUNCH"
-NEEDS_REVIEW = "NEEDS_REVIEW"
 
 
 def launch_recommendation(
-    strata_results: Sequence[Mapping[str, Any]],
+    strata_results: Sequence[StratumResult],
     not_evaluated: Sequence[str],
     *,
     halted: bool,
     lineage: Mapping[str, Any],
     test_mode: str = "exact",
     required_absent: Sequence[str] = (),
-) -> Dict[str, Any]:
+) -> Recommendation:
     blockers: List[str] = []
     review: List[str] = []
     exact = test_mode == MODE_EXACT
@@ -41,10 +38,10 @@ def launch_recommendation(
     for problem in lineage.get("problems", []):
         blockers.append(f"invalid lineage: {problem}")
     for r in strata_results:
-        name, decision = r["stratum"], r["decision"]
-        cs = r["confidence_sequence"]
+        name, decision = r.stratum, r.decision
+        cs = r.confidence_sequence
         if decision == DECISION_REGRESSION:
-            figures = f"delta {r['delta_estimate']:+.4f}, CS [{cs['lower']:+.3f}, {cs['upper']:+.3f}]"
+            figures = f"delta {r.delta_estimate or 0.0:+.4f}, CS [{cs.lower:+.3f}, {cs.upper:+.3f}]"
             if exact:
                 blockers.append(f"{name}: REGRESSION ({figures})")
             else:
@@ -53,16 +50,15 @@ def launch_recommendation(
                     "confirm with gauntlet.test_mode=exact"
                 )
         elif decision == DECISION_INSUFFICIENT:
-            kind = " (a safety stratum)" if r.get("kind") == "safety" else ""
+            kind = " (a safety stratum)" if r.kind == "safety" else ""
             review.append(
-                f"{name}{kind}: undecided after {r['units_evaluated']} units "
-                f"(CS [{cs['lower']:+.3f}, {cs['upper']:+.3f}])"
+                f"{name}{kind}: undecided after {r.units_evaluated} units (CS [{cs.lower:+.3f}, {cs.upper:+.3f}])"
             )
     for name in not_evaluated:
         review.append(f"{name}: not evaluated" + (" (halted)" if halted else " (budget exhausted)"))
     for name in required_absent:
         review.append(f"{name}: required (strata.{name}.required) but absent from the outcome source")
-    evaluated_labels = sorted({r["data_label"] for r in strata_results if r["units_evaluated"] > 0})
+    evaluated_labels = sorted({r.data_label for r in strata_results if r.units_evaluated > 0})
     demonstration = bool(evaluated_labels) and set(evaluated_labels) <= {DataLabel.GENERATED.value}
     if demonstration:
         review.append(
@@ -71,7 +67,7 @@ def launch_recommendation(
         )
     elif strata_results and DataLabel.REPLAYED.value not in evaluated_labels:
         review.append("no stratum with REPLAYED (real-world) data was evaluated")
-    passed = [r["stratum"] for r in strata_results if r["decision"] == DECISION_PASS]
+    passed = [r.stratum for r in strata_results if r.decision == DECISION_PASS]
     if passed and not exact:
         # An asymptotic or group-sequential PASS rests on a normal approximation: never an automatic launch.
         review.append(
@@ -79,12 +75,12 @@ def launch_recommendation(
             "not a certificate; confirm with gauntlet.test_mode=exact before launching"
         )
     recommendation = DO_NOT_LAUNCH if blockers else (NEEDS_REVIEW if review else LAUNCH)
-    return {
-        "recommendation": recommendation,
-        "blockers": blockers,
-        "review_reasons": review,
-        "passed_strata": passed,
-        "data_labels": evaluated_labels,
-        "demonstration": demonstration,
-        "rule": "intersection-union: LAUNCH only if every stratum PASSes its own level-alpha test",
-    }
+    return Recommendation(
+        recommendation,
+        tuple(blockers),
+        tuple(review),
+        tuple(passed),
+        tuple(evaluated_labels),
+        demonstration,
+        "intersection-union: LAUNCH only if every stratum PASSes its own level-alpha test",
+    )

@@ -3,9 +3,10 @@ the recommendation (job=gauntlet prints it; job=gauntlet_history prints saved re
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Mapping, Optional
 
 from vlaeval import console
+from vlaeval.gauntlet.result import GauntletResult
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION, MODE_EXACT
 
 
@@ -13,7 +14,7 @@ def evalue(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def rate(interval: Dict[str, Any] | None) -> str:
+def rate(interval: Mapping[str, Any] | None) -> str:
     """A success rate with its 95% interval, compactly: 0.903 [.893,.913]."""
     if not interval or interval.get("rate") is None:
         return "-"
@@ -31,42 +32,42 @@ def planted_text(effect: Any) -> str:
     return f"{effect:+.3f}"
 
 
-def print_summary(result: Dict[str, Any]) -> None:
-    """The strata table, events and recommendation (also for results saved by older versions)."""
-    label = MODE_LABEL.get(result["test_mode"], result["test_mode"].upper())
-    cs_title = f"{1 - result['strata'][0]['alpha']:.0%} CS" if result["strata"] else "CS"
+def print_summary(result: GauntletResult, run: Optional[Mapping[str, Any]] = None) -> None:
+    """The strata table, events and recommendation (also for results saved by older versions:
+    GauntletResult.from_json); `run`: what publish recorded (the result file, the MLflow run)."""
+    label = MODE_LABEL.get(result.test_mode, result.test_mode.upper())
+    cs_title = f"{1 - result.strata[0].alpha:.0%} CS" if result.strata else "CS"
     cs_title += f" ({label})" if label else ""
-    planted = any(s["planted_effect"] for s in result["strata"])
+    planted = any(s.planted_effect for s in result.strata)
     rows = []
-    approximate = result["test_mode"] != MODE_EXACT
-    for s in result["strata"]:
-        cs = s["confidence_sequence"]
-        rates = s.get("success_rates", {})
-        decided = s["decision"] in (DECISION_PASS, DECISION_REGRESSION)
+    approximate = result.test_mode != MODE_EXACT
+    for s in result.strata:
+        cs = s.confidence_sequence
+        decided = s.decision in (DECISION_PASS, DECISION_REGRESSION)
         rows.append(
-            (s["priority"], s["stratum"], s["data_label"])
-            + ((planted_text(s["planted_effect"]),) if planted else ())
+            (s.priority, s.stratum, s.data_label)
+            + ((planted_text(s.planted_effect),) if planted else ())
             + (
-                f"approximate {s['decision']}" if approximate and decided else s["decision"],
-                f"{s['units_evaluated']}/{s['unit_limit']}",
-                rate(rates.get("baseline")),
-                rate(rates.get("candidate")),
-                f"{s['delta_estimate']:+.4f}" if s["delta_estimate"] is not None else "-",
-                f"[{cs['lower']:+.3f}, {cs['upper']:+.3f}]",
-                evalue(s["e_value_regression"]),
-                evalue(s["e_value_pass"]),
+                f"approximate {s.decision}" if approximate and decided else s.decision,
+                f"{s.units_evaluated}/{s.unit_limit}",
+                rate(s.success_rates.get("baseline")),
+                rate(s.success_rates.get("candidate")),
+                f"{s.delta_estimate:+.4f}" if s.delta_estimate is not None else "-",
+                f"[{cs.lower:+.3f}, {cs.upper:+.3f}]",
+                evalue(s.e_value_regression),
+                evalue(s.e_value_pass),
             )
         )
     width = len(rows[0]) if rows else 11
     before_decision = ("",) * (1 + int(planted))  # the data label (and planted effect) columns
-    for name, status in [(n, "not evaluated") for n in result["not_evaluated"]] + [
-        (n, "absent") for n in result.get("absent_strata", [])
+    for name, status in [(n, "not evaluated") for n in result.not_evaluated] + [
+        (n, "absent") for n in result.absent_strata
     ]:
         row = ("", name, *before_decision, status)
         rows.append(row + ("",) * (width - len(row)))
     console.show(
         console.table(
-            f"Launch gauntlet {result['candidate_version']} vs {result['baseline_version']}"
+            f"Launch gauntlet {result.candidate_version} vs {result.baseline_version}"
             + (f"  [{label} test mode: not exact]" if label else ""),
             ["#", "stratum", "data"]
             + (["planted"] if planted else [])
@@ -74,21 +75,20 @@ def print_summary(result: Dict[str, Any]) -> None:
             rows,
         )
     )
-    for e in result["events"]:
-        console.show(f"  {e['event']}: {e['detail']}")
-    rec = result["recommendation"]
-    scale = result["scale"]
+    for e in result.events:
+        console.show(f"  {e.event}: {e.detail}")
+    rec, scale = result.recommendation, result.scale
     console.show(
-        f"recommendation: {console.styled(rec['recommendation'])}   units evaluated "
-        f"{scale['units_evaluated']:,} of {scale['total_units_defined']:,} defined (budget "
-        f"{scale['budget_units']:,})   lineage {'valid' if result['lineage_valid'] else 'INVALID'}"
+        f"recommendation: {console.styled(rec.recommendation)}   units evaluated "
+        f"{scale.units_evaluated:,} of {scale.total_units_defined:,} defined (budget "
+        f"{scale.budget_units:,})   lineage {'valid' if result.lineage_valid else 'INVALID'}"
     )
-    for line in rec["blockers"]:
+    for line in rec.blockers:
         console.show(f"  blocker: {line}")
-    for line in rec["review_reasons"]:
+    for line in rec.review_reasons:
         console.show(f"  review: {line}")
-    if result.get("result_path"):
+    if run and run.get("result_path"):
         console.show(
-            f"result: {result['result_path']}"
-            + (f"   mlflow run: {result['mlflow_run_id']}" if result.get("mlflow_run_id") else "")
+            f"result: {run['result_path']}"
+            + (f"   mlflow run: {run['mlflow_run_id']}" if run.get("mlflow_run_id") else "")
         )

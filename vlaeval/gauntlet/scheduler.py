@@ -46,6 +46,7 @@ from vlaeval.gauntlet.outcomes import (
     success_rate_effect,
 )
 from vlaeval.gauntlet.recommendation import launch_recommendation
+from vlaeval.gauntlet.result import GauntletEvent, GauntletResult, Scale, StratumResult
 from vlaeval.gauntlet.sources import checked_source
 from vlaeval.gauntlet.strata import alarm_alpha, alarm_count, priority_order
 from vlaeval.seqtest import (
@@ -247,7 +248,7 @@ class Reaction:
     """What the scheduler does after a stratum: its events, whether the candidate is halted, and
     the nominal allowance from now on (the related strata are moved up the queue in place)."""
 
-    events: List[Dict[str, Any]]
+    events: List[GauntletEvent]
     halted: bool
     nominal_allowance: int
 
@@ -265,25 +266,27 @@ def react(
     stratum's PASS."""
     s, estimate = settings, snapshot["delta_estimate"]
     exact = snapshot["test_mode"] == MODE_EXACT
-    events: List[Dict[str, Any]] = []
+    events: List[GauntletEvent] = []
     halt = halt_decision(s, snapshot) if spec.catastrophic_halt else {"halt": False, "signal": False}
     if halt["halt"] or halt["signal"]:
         events.append(
-            {
-                "event": "CATASTROPHIC_HALT" if halt["halt"] else "APPROXIMATE_HALT_SIGNAL",
-                "stratum": name,
-                "delta_estimate": estimate,
-                "halt_rule": str(s.halt_rule),
-                "certified_catastrophic": halt["certified_catastrophic"],
-                "catastrophic_upper_bound": snapshot["catastrophic_bound"]["upper"],
-                "catastrophic_alpha": snapshot["catastrophic_alpha"],
-                "detail": f"{name}: {halt['detail']}; "
+            GauntletEvent(
+                "CATASTROPHIC_HALT" if halt["halt"] else "APPROXIMATE_HALT_SIGNAL",
+                f"{name}: {halt['detail']}; "
                 + (
                     "candidate halted, remaining strata not evaluated"
                     if halt["halt"]
                     else "not a halt: confirm with gauntlet.test_mode=exact"
                 ),
-            }
+                name,
+                {
+                    "delta_estimate": estimate,
+                    "halt_rule": str(s.halt_rule),
+                    "certified_catastrophic": halt["certified_catastrophic"],
+                    "catastrophic_upper_bound": snapshot["catastrophic_bound"]["upper"],
+                    "catastrophic_alpha": snapshot["catastrophic_alpha"],
+                },
+            )
         )
         if halt["halt"]:
             return Reaction(events, True, nominal_allowance)
@@ -294,23 +297,22 @@ def react(
             queue.insert(0, r)
         kind = "certified" if exact else f"approximate ({snapshot['test_mode']}, not certified)"
         events.append(
-            {
-                "event": "REGRESSION_PRIORITIZE_RELATED",
-                "stratum": name,
-                "delta_estimate": estimate,
-                "promoted": promoted,
-                "detail": f"{kind} regression in {name}; related strata promoted: {promoted or 'none pending'}",
-            }
+            GauntletEvent(
+                "REGRESSION_PRIORITIZE_RELATED",
+                f"{kind} regression in {name}; related strata promoted: {promoted or 'none pending'}",
+                name,
+                {"delta_estimate": estimate, "promoted": promoted},
+            )
         )
     elif snapshot["decision"] == DECISION_PASS and name == s.critical_stratum:
         nominal_allowance = int(nominal_allowance * s.nominal_expand_factor)
         events.append(
-            {
-                "event": "CRITICAL_PASS_EXPAND",
-                "stratum": name,
-                "nominal_allowance": nominal_allowance,
-                "detail": f"{name} passed; nominal allowance expanded to {nominal_allowance} units",
-            }
+            GauntletEvent(
+                "CRITICAL_PASS_EXPAND",
+                f"{name} passed; nominal allowance expanded to {nominal_allowance} units",
+                name,
+                {"nominal_allowance": nominal_allowance},
+            )
         )
     return Reaction(events, False, nominal_allowance)
 
@@ -399,7 +401,7 @@ def run_gauntlet(
     required_absent: Sequence[str] = (),
     on_batch: Optional[Callable[[BatchProgress], None]] = None,
     order_seed: Optional[OrderSeed] = None,
-) -> Dict[str, Any]:
+) -> GauntletResult:
     """Run the whole gauntlet on the (resolved) strata; pure apart from the outcome source and its
     cache. `absent`: configured strata the source lacks (reported; `required_absent` need review);
     `order_seed`: the run's cluster-order seed (default: constants.run_order_seed, drawn now)."""
@@ -417,8 +419,8 @@ def run_gauntlet(
     units_evaluated = 0
     halted = False
     shuffled = s.cluster_order == ClusterOrder.shuffled
-    events: List[Dict[str, Any]] = []
-    results: List[Dict[str, Any]] = []
+    events: List[GauntletEvent] = []
+    results: List[StratumResult] = []
     processed: List[str] = []
 
     def request(name: str) -> OutcomeRequest:
@@ -493,30 +495,32 @@ def run_gauntlet(
         units_evaluated += used
         snapshot = test.snapshot()
         results.append(
-            {
-                "stratum": name,
-                "priority": order.index(name) + 1,
-                # A source may say what its units are (rollouts: SIMULATED) whatever the stratum's label.
-                "data_label": stratum_data_label(source, name, spec),
-                "kind": spec.kind,
-                "planted_effect": effect,
-                "units_available": units_available,
-                "clusters_available": int(sizes.size),
-                "unit_limit": unit_limit,
-                **run,
-                "units_saved_by_early_stop": unit_limit - used,
-                # What the source made: on demand, only the units the test asked for.
-                "units_produced": used if on_demand else (units_available if cache_statuses else 0),
-                "cluster_order": (
-                    {"mode": "shuffled", **seed.as_dict(), "stream": f"cluster-order/{name}"}
-                    if shuffled
-                    else {"mode": "as_given", "declared_random_by_user": True}
-                ),
-                "cluster_size_bounds": bounds.as_dict(),
-                "cache": cache_statuses[0] if cache_statuses else "not requested",
-                **snapshot,
-                "trajectory": test.trajectory(),
-            }
+            StratumResult.from_json(
+                {
+                    "stratum": name,
+                    "priority": order.index(name) + 1,
+                    # A source may say what its units are (rollouts: SIMULATED) whatever the stratum's label.
+                    "data_label": stratum_data_label(source, name, spec),
+                    "kind": spec.kind,
+                    "planted_effect": effect,
+                    "units_available": units_available,
+                    "clusters_available": int(sizes.size),
+                    "unit_limit": unit_limit,
+                    **run,
+                    "units_saved_by_early_stop": unit_limit - used,
+                    # What the source made: on demand, only the units the test asked for.
+                    "units_produced": used if on_demand else (units_available if cache_statuses else 0),
+                    "cluster_order": (
+                        {"mode": "shuffled", **seed.as_dict(), "stream": f"cluster-order/{name}"}
+                        if shuffled
+                        else {"mode": "as_given", "declared_random_by_user": True}
+                    ),
+                    "cluster_size_bounds": bounds.as_dict(),
+                    "cache": cache_statuses[0] if cache_statuses else "not requested",
+                    **snapshot,
+                    "trajectory": test.trajectory(),
+                }
+            )
         )
 
         reaction = react(s, name, spec, snapshot, queue, nominal_allowance)
@@ -525,11 +529,11 @@ def run_gauntlet(
     not_evaluated = list(queue)
     if not_evaluated and not halted:
         events.append(
-            {
-                "event": "BUDGET_EXHAUSTED",
-                "not_evaluated": not_evaluated,
-                "detail": f"budget of {s.budget_units} units spent; not evaluated: {not_evaluated}",
-            }
+            GauntletEvent(
+                "BUDGET_EXHAUSTED",
+                f"budget of {s.budget_units} units spent; not evaluated: {not_evaluated}",
+                figures={"not_evaluated": not_evaluated},
+            )
         )
 
     elapsed = time.perf_counter() - started
@@ -542,38 +546,35 @@ def run_gauntlet(
     recommendation = launch_recommendation(
         results, not_evaluated, halted=halted, lineage=lineage, test_mode=s.test_mode, required_absent=required_absent
     )
-    return {
-        "candidate_version": s.candidate_version,
-        "baseline_version": s.baseline_version,
-        "planted_effects": dict(effects),
-        "scale": {
-            "total_units_defined": total_units,  # the units the source holds for the evaluated strata
-            "units_evaluated": units_evaluated,
-            "units_saved": total_units - units_evaluated,
+    return GauntletResult(
+        candidate_version=s.candidate_version,
+        baseline_version=s.baseline_version,
+        planted_effects=dict(effects),
+        scale=Scale(
+            total_units_defined=total_units,  # the units the source holds for the evaluated strata
+            units_evaluated=units_evaluated,
+            units_saved=total_units - units_evaluated,
             # Units the source made: on demand (rollouts), only those evaluated; a whole-stratum
             # source (synthetic, file) makes every unit of a stratum it is asked about.
-            "units_produced": sum(r["units_produced"] for r in results),
-            "produced_on_demand": source.traits.produces_on_demand,
-            "budget_units": int(s.budget_units),
-            "budget_remaining": budget_left,
-            "nominal_allowance_final": nominal_allowance,
-        },
-        "timing": {"wall_s": elapsed, "units_per_second": units_evaluated / elapsed if elapsed > 0 else None},
-        "cache": cache_stats,
-        "priority_order": order,
-        "processed_order": processed,
-        "not_evaluated": not_evaluated,
-        "absent_strata": list(absent),
-        "halted": halted,
-        "status": "halted" if halted else "completed",
-        "events": events,
-        "strata": results,
-        "lineage": dict(lineage),
-        "lineage_valid": bool(lineage.get("valid")),
-        "valid_for_launch": bool(lineage.get("valid")) and not halted,
-        "recommendation": recommendation,
-        "test_mode": s.test_mode,
-        "multiplicity": multiplicity_statement(s, strata, alarm),
-        "statistical_validity": validity_statement(s),
-        "cluster_order": {"mode": "shuffled", **seed.as_dict()} if shuffled else {"mode": "as_given"},
-    }
+            units_produced=sum(r.units_produced for r in results),
+            produced_on_demand=source.traits.produces_on_demand,
+            budget_units=int(s.budget_units),
+            budget_remaining=budget_left,
+            nominal_allowance_final=nominal_allowance,
+        ),
+        strata=tuple(results),
+        events=tuple(events),
+        recommendation=recommendation,
+        halted=halted,
+        test_mode=str(s.test_mode),
+        not_evaluated=tuple(not_evaluated),
+        absent_strata=tuple(absent),
+        priority_order=tuple(order),
+        processed_order=tuple(processed),
+        lineage=dict(lineage),
+        timing={"wall_s": elapsed, "units_per_second": units_evaluated / elapsed if elapsed > 0 else None},
+        cache=cache_stats,
+        multiplicity=multiplicity_statement(s, strata, alarm),
+        statistical_validity=validity_statement(s),
+        cluster_order={"mode": "shuffled", **seed.as_dict()} if shuffled else {"mode": "as_given"},
+    )

@@ -19,6 +19,7 @@ from vlaeval.artifacts import atomic_write_json, read_json
 from vlaeval.errors import require
 from vlaeval.gauntlet.recommendation import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW
 from vlaeval.gauntlet.report import print_summary
+from vlaeval.gauntlet.result import GauntletResult
 from vlaeval.runs import RESULT_FILE, output_dir
 from vlaeval.tracking import PENDING_FILE, resolve_uri
 
@@ -90,7 +91,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         which = "run" if h.run_id is not None else "latest finished run"
         mlflow_id = f" (mlflow {shown['mlflow_run_id']})" if shown["mlflow_run_id"] else ""
         console.show(f"\n{which} {shown['run_id']}{mlflow_id}:")
-        print_summary(result)
+        print_summary(GauntletResult.from_json(result), result)  # a result of any earlier version reads
     history = {
         "tracking_uri": uri,
         "runs": [{k: v for k, v in r.items() if k != "load"} for r in rows],

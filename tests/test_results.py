@@ -1,0 +1,83 @@
+"""Typed results: a gauntlet's result round-trips through result.json unchanged, and results saved
+by earlier versions of vlaeval still read (job=gauntlet_history shows them)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from helpers.configs import REPO, compose_config
+from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet
+from vlaeval.gauntlet.inputs import gauntlet_inputs
+from vlaeval.gauntlet.result import GauntletResult, StratumResult
+
+# result.json files written by earlier versions (the first gauntlet, and the one before typed results).
+OLD_RESULTS = sorted((REPO / "tests" / "data").glob("gauntlet_result_*.json"))
+
+
+@pytest.fixture(scope="module")
+def halted():
+    cfg = compose_config(["strata=small", "effects=catastrophic_safety"])
+    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+    return run_gauntlet(
+        inputs.settings,
+        inputs.strata,
+        inputs.effects,
+        SyntheticOutcomes(),
+        ArrayCache("/none", enabled=False),
+        {"valid": True, "problems": []},
+        order_seed=inputs.order,
+    )
+
+
+def test_a_result_round_trips_through_its_json(halted):
+    data = json.loads(json.dumps(halted.to_json()))  # what result.json holds
+    again = GauntletResult.from_json(data)
+    assert again.to_json() == data
+    assert again.recommendation == halted.recommendation and again.scale == halted.scale
+    assert [s.decision for s in again.strata] == [s.decision for s in halted.strata]
+
+
+def test_typed_fields_say_what_happened(halted):
+    assert halted.halted and halted.status == "halted" and not halted.valid_for_launch
+    assert halted.recommendation.recommendation == "DO_NOT_LAUNCH"
+    [event] = [e for e in halted.events if e.event == "CATASTROPHIC_HALT"]
+    safety = halted.stratum(event.stratum or "")
+    assert safety.halting and safety.decision == "REGRESSION" and (safety.delta_estimate or 0) < -0.05
+    assert safety.confidence_sequence.upper < 0 and event.figures["halt_rule"] == "regression_beyond_margin"
+    assert halted.scale.units_evaluated == sum(s.units_evaluated for s in halted.strata)
+    view = halted.tracking_view()
+    assert view.checks["no_catastrophic_halt"] is False and view.tags["recommendation"] == "DO_NOT_LAUNCH"
+    assert view.metrics[f"stratum.{safety.stratum}.units_evaluated"] == safety.units_evaluated
+    with pytest.raises(KeyError, match="no stratum"):
+        halted.stratum("nowhere")
+
+
+@pytest.mark.parametrize("path", OLD_RESULTS, ids=lambda p: p.stem)
+def test_results_saved_by_earlier_versions_still_read(path):
+    from vlaeval import console
+    from vlaeval.gauntlet.report import print_summary
+
+    data = json.loads(path.read_text())
+    result = GauntletResult.from_json(data)
+    assert result.recommendation.recommendation == data["recommendation"]["recommendation"]
+    assert result.scale.units_evaluated == data["scale"]["units_evaluated"]
+    assert [s.decision for s in result.strata] == [s["decision"] for s in data["strata"]]
+    assert all(isinstance(s, StratumResult) for s in result.strata)
+    buffer = io.StringIO()
+    saved = console.console
+    console.console = Console(file=buffer, width=200, color_system=None, highlight=False)
+    try:
+        print_summary(result)
+    finally:
+        console.console = saved
+    shown = buffer.getvalue()
+    assert f"recommendation: {data['recommendation']['recommendation']}" in shown
+    assert all(s["stratum"] in shown for s in data["strata"])
+
+
+def test_there_are_old_results_to_read():
+    assert len(OLD_RESULTS) >= 2

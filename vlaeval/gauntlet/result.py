@@ -1,0 +1,389 @@
+"""The gauntlet's result as typed objects: what `run_gauntlet` returns and what the report, the plots,
+the recommendation, MLflow and job=gauntlet_history read.
+
+`GauntletResult` holds the run; `StratumResult` one stratum's test, `GauntletEvent` what the
+scheduler did, `Recommendation` the launch decision. Each is frozen, and `to_json()` writes the
+result.json layout (unchanged: readers of earlier results keep working); `from_json()` reads it
+back, from this version or an earlier one (a field an older result lacks takes its default).
+The fields a reader uses are typed; the rest of what a stratum's sequential test reports (its bet
+settings, peak wealth, cluster-order seed, ...) is carried in `details`, written back as it came.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Type
+
+from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION
+
+LAUNCH = "LAUNCH"
+DO_NOT_LAUNCH = "DO_NOT_LAUNCH"
+NEEDS_REVIEW = "NEEDS_REVIEW"
+HISTORY_SERIES = ("e_value_regression", "e_value_pass", "delta_estimate", "cs_lower", "cs_upper")
+
+
+class TrackingView(NamedTuple):
+    """What MLflow shows of a result: metrics, gate checks, tags, and metric history (step, value)."""
+
+    metrics: Dict[str, Any]
+    checks: Dict[str, bool]
+    tags: Dict[str, Any]
+    history: Dict[str, List[Tuple[int, Any]]]
+
+
+def _split(
+    cls: Type[Any], data: Mapping[str, Any], exclude: Sequence[str] = ()
+) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(the typed fields of `cls` present in `data`, everything else)."""
+    names = {f.name for f in dataclasses.fields(cls)} - set(exclude)
+    return {k: v for k, v in data.items() if k in names}, {k: v for k, v in data.items() if k not in names}
+
+
+@dataclass(frozen=True)
+class ConfidenceSequence:
+    """The stratum's running-intersection CS for Δ after its last cluster."""
+
+    lower: float
+    upper: float
+    level: float
+    kind: str
+
+    def to_json(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ConfidenceSequence":
+        return cls(float(data["lower"]), float(data["upper"]), float(data.get("level", 0.0)), str(data.get("kind", "")))
+
+
+@dataclass(frozen=True)
+class StratumResult:
+    """One stratum's evaluation: its plan and budget, what was evaluated, the test's decision and
+    figures, each policy's success rate, and the per-cluster trajectory (columns)."""
+
+    stratum: str
+    priority: int
+    data_label: str
+    kind: str
+    planted_effect: Any  # a success-rate difference, or a rollout degradation (a mapping)
+    units_available: int
+    unit_limit: int
+    units_evaluated: int
+    clusters_evaluated: int
+    units_produced: int
+    decision: str
+    test_mode: str
+    alpha: float
+    alarm_alpha: float
+    margin_delta: float
+    confidence_sequence: ConfidenceSequence
+    delta_estimate: Optional[float] = None
+    decided_at_cluster: Optional[int] = None
+    decided_at_unit: Optional[int] = None
+    decision_wealth: Optional[float] = None
+    e_value_regression: Optional[float] = None
+    e_value_pass: Optional[float] = None
+    success_rates: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # baseline/candidate intervals
+    catastrophic: Optional[str] = None  # CATASTROPHIC / NOT_CATASTROPHIC / UNDECIDED (halting strata)
+    catastrophic_delta: Optional[float] = None
+    catastrophic_alpha: Optional[float] = None
+    catastrophic_bound: Mapping[str, Any] = field(default_factory=dict)
+    trajectory: Mapping[str, List[Any]] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)  # the rest of the test's report, as it came
+
+    @property
+    def halting(self) -> bool:
+        return self.catastrophic_delta is not None
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "details":
+                continue
+            value = getattr(self, f.name)
+            if f.name in ("catastrophic", "catastrophic_delta", "catastrophic_alpha") and not self.halting:
+                continue  # a non-halting stratum's report has no catastrophic keys
+            if f.name == "catastrophic_bound" and not value:
+                continue
+            out[f.name] = value.to_json() if isinstance(value, ConfidenceSequence) else value
+        out.update(self.details)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "StratumResult":
+        known, rest = _split(cls, data, exclude=("details",))
+        known["confidence_sequence"] = ConfidenceSequence.from_json(data["confidence_sequence"])
+        for name in ("units_produced", "clusters_evaluated", "units_available", "unit_limit"):
+            known.setdefault(name, int(data.get("units_evaluated", 0)) if name != "clusters_evaluated" else 0)
+        known.setdefault("data_label", "UNLABELLED")
+        known.setdefault("kind", "")
+        known.setdefault("planted_effect", 0.0)
+        known.setdefault("test_mode", "exact")
+        known.setdefault("alarm_alpha", known.get("alpha", 0.05))
+        known.setdefault("margin_delta", 0.0)
+        return cls(**known, details=rest)
+
+
+@dataclass(frozen=True)
+class GauntletEvent:
+    """What the scheduler did after a stratum (CATASTROPHIC_HALT, APPROXIMATE_HALT_SIGNAL,
+    REGRESSION_PRIORITIZE_RELATED, CRITICAL_PASS_EXPAND, BUDGET_EXHAUSTED), its words and figures."""
+
+    event: str
+    detail: str
+    stratum: Optional[str] = None
+    figures: Mapping[str, Any] = field(default_factory=dict)  # event-specific: delta_estimate, promoted, ...
+
+    def to_json(self) -> Dict[str, Any]:
+        head = {"event": self.event, **({"stratum": self.stratum} if self.stratum is not None else {})}
+        return {**head, **self.figures, "detail": self.detail}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "GauntletEvent":
+        figures = {k: v for k, v in data.items() if k not in ("event", "detail", "stratum")}
+        return cls(str(data["event"]), str(data.get("detail", "")), data.get("stratum"), figures)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """LAUNCH, DO_NOT_LAUNCH or NEEDS_REVIEW, with what blocks it and what needs a human."""
+
+    recommendation: str
+    blockers: Tuple[str, ...] = ()
+    review_reasons: Tuple[str, ...] = ()
+    passed_strata: Tuple[str, ...] = ()
+    data_labels: Tuple[str, ...] = ()
+    demonstration: bool = False
+    rule: str = ""
+
+    def to_json(self) -> Dict[str, Any]:
+        out = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Recommendation":
+        return cls(
+            recommendation=str(data["recommendation"]),
+            blockers=tuple(data.get("blockers", [])),
+            review_reasons=tuple(data.get("review_reasons", [])),
+            passed_strata=tuple(data.get("passed_strata", [])),
+            data_labels=tuple(data.get("data_labels", [])),
+            demonstration=bool(data.get("demonstration", False)),
+            rule=str(data.get("rule", "")),
+        )
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How many units the strata define, how many were evaluated and made, and the budget."""
+
+    total_units_defined: int
+    units_evaluated: int
+    units_saved: int
+    units_produced: int
+    produced_on_demand: bool
+    budget_units: int
+    budget_remaining: int
+    nominal_allowance_final: int
+
+    def to_json(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Scale":
+        evaluated = int(data["units_evaluated"])
+        return cls(
+            int(data["total_units_defined"]),
+            evaluated,
+            int(data.get("units_saved", int(data["total_units_defined"]) - evaluated)),
+            int(data.get("units_produced", evaluated)),
+            bool(data.get("produced_on_demand", False)),
+            int(data.get("budget_units", 0)),
+            int(data.get("budget_remaining", 0)),
+            int(data.get("nominal_allowance_final", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class GauntletResult:
+    """A whole gauntlet: the strata in the order evaluated, the events, the recommendation, the scale
+    and the lineage, and what the job adds (pre-flight plan, notices, the rollouts' record)."""
+
+    candidate_version: str
+    baseline_version: str
+    planted_effects: Mapping[str, Any]
+    scale: Scale
+    strata: Tuple[StratumResult, ...]
+    events: Tuple[GauntletEvent, ...]
+    recommendation: Recommendation
+    halted: bool
+    test_mode: str
+    not_evaluated: Tuple[str, ...] = ()
+    absent_strata: Tuple[str, ...] = ()
+    priority_order: Tuple[str, ...] = ()
+    processed_order: Tuple[str, ...] = ()
+    lineage: Mapping[str, Any] = field(default_factory=dict)
+    timing: Mapping[str, Any] = field(default_factory=dict)
+    cache: Mapping[str, Any] = field(default_factory=dict)
+    multiplicity: Mapping[str, Any] = field(default_factory=dict)
+    statistical_validity: str = ""
+    cluster_order: Mapping[str, Any] = field(default_factory=dict)
+    # Added by job=gauntlet after the run.
+    preflight: Optional[Mapping[str, Any]] = None
+    notices: Tuple[str, ...] = ()
+    rollouts: Optional[Mapping[str, Any]] = None
+
+    @property
+    def status(self) -> str:
+        return "halted" if self.halted else "completed"
+
+    @property
+    def lineage_valid(self) -> bool:
+        return bool(self.lineage.get("valid"))
+
+    @property
+    def valid_for_launch(self) -> bool:
+        return self.lineage_valid and not self.halted
+
+    def stratum(self, name: str) -> StratumResult:
+        for s in self.strata:
+            if s.stratum == name:
+                return s
+        raise KeyError(f"no stratum {name!r} was evaluated")
+
+    def tracking_view(self) -> TrackingView:
+        """Metrics, gate checks, tags and per-batch history (step = batch; result.json keeps every cluster)."""
+        scale, rec = self.scale, self.recommendation
+        metrics: Dict[str, Any] = {
+            "scale.units_evaluated": scale.units_evaluated,
+            "scale.units_saved": scale.units_saved,
+            "scale.budget_remaining": scale.budget_remaining,
+            "cache.hits": self.cache["hits"],
+            "cache.misses": self.cache["misses"],
+            "cache.corrupt_recomputed": self.cache["corrupt_recomputed"],
+            "timing.wall_s": self.timing["wall_s"],
+            "timing.units_per_second": self.timing["units_per_second"],
+            "halted": float(self.halted),
+            "launch": float(rec.recommendation == LAUNCH),
+        }
+        tags: Dict[str, Any] = {
+            "recommendation": rec.recommendation,
+            "halted": str(self.halted).lower(),
+            "gauntlet.processed_order": ",".join(self.processed_order),
+            "gauntlet.test_mode": self.test_mode,
+            "gauntlet.alarm_alpha": f"{self.multiplicity['alarm_alpha']:.6g}",
+        }
+        if "order_seed" in self.cluster_order:  # job=reproduce replays a freshly drawn one
+            tags["gauntlet.order_seed"] = str(self.cluster_order["order_seed"])
+            tags["gauntlet.order_seed_basis"] = self.cluster_order["basis"]
+        if self.rollouts is not None:  # what the rollouts cost, and what early stopping saved
+            for key in ("episodes_run", "episodes_from_cache", "rollouts_saved_by_early_stop", "env_steps_per_s"):
+                metrics[f"rollouts.{key}"] = self.rollouts[key]
+            metrics["rollouts.registry_entries_added"] = self.rollouts["registry_entries_added"]
+        if self.preflight is not None:
+            metrics["preflight.ok"] = float(self.preflight["ok"])
+            metrics["preflight.expected_units"] = self.preflight["expected_units"]
+        history: Dict[str, List[Tuple[int, Any]]] = {}
+        for s in self.strata:
+            key = f"stratum.{s.stratum}"
+            metrics.update(
+                {
+                    f"{key}.units_evaluated": s.units_evaluated,
+                    f"{key}.delta_estimate": s.delta_estimate,
+                    f"{key}.cs_lower": s.confidence_sequence.lower,
+                    f"{key}.cs_upper": s.confidence_sequence.upper,
+                    f"{key}.decision_pass": float(s.decision == DECISION_PASS),
+                    f"{key}.decision_regression": float(s.decision == DECISION_REGRESSION),
+                    f"{key}.baseline_success_rate": s.success_rates["baseline"]["rate"],
+                    f"{key}.candidate_success_rate": s.success_rates["candidate"]["rate"],
+                }
+            )
+            if s.catastrophic_bound:
+                metrics[f"{key}.catastrophic_upper_bound"] = s.catastrophic_bound["upper"]
+            tags[f"{key}.decision"] = s.decision
+            drift_z = s.details.get("drift", {}).get("z")
+            if drift_z is not None:
+                metrics[f"{key}.drift_z"] = drift_z
+            ends = [clusters - 1 for clusters in s.trajectory["looks"]]
+            for series in HISTORY_SERIES:
+                if series in s.trajectory:  # the approximate modes have no e-values
+                    history[f"{key}.{series}"] = [(b, s.trajectory[series][i]) for b, i in enumerate(ends, start=1)]
+        for name in self.absent_strata:
+            tags[f"stratum.{name}.decision"] = "ABSENT"
+        evaluated = {s.stratum for s in self.strata}
+        checks = {
+            "no_catastrophic_halt": not self.halted,
+            "lineage_valid": self.lineage_valid,
+            "no_stratum_regression": all(s.decision != DECISION_REGRESSION for s in self.strata),
+            "all_strata_evaluated": not self.not_evaluated and evaluated == set(self.priority_order),
+            "all_strata_pass": all(s.decision == DECISION_PASS for s in self.strata),
+            "replayed_data_evaluated": "REPLAYED" in rec.data_labels,
+        }
+        return TrackingView(metrics, checks, tags, history)
+
+    def with_job_record(
+        self, *, preflight: Optional[Mapping[str, Any]], notices: Sequence[str], rollouts: Optional[Mapping[str, Any]]
+    ) -> "GauntletResult":
+        return dataclasses.replace(self, preflight=preflight, notices=tuple(notices), rollouts=rollouts)
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {
+            "candidate_version": self.candidate_version,
+            "baseline_version": self.baseline_version,
+            "planted_effects": dict(self.planted_effects),
+            "scale": self.scale.to_json(),
+            "timing": dict(self.timing),
+            "cache": dict(self.cache),
+            "priority_order": list(self.priority_order),
+            "processed_order": list(self.processed_order),
+            "not_evaluated": list(self.not_evaluated),
+            "absent_strata": list(self.absent_strata),
+            "halted": self.halted,
+            "status": self.status,
+            "events": [e.to_json() for e in self.events],
+            "strata": [s.to_json() for s in self.strata],
+            "lineage": dict(self.lineage),
+            "lineage_valid": self.lineage_valid,
+            "valid_for_launch": self.valid_for_launch,
+            "recommendation": self.recommendation.to_json(),
+            "test_mode": self.test_mode,
+            "multiplicity": dict(self.multiplicity),
+            "statistical_validity": self.statistical_validity,
+            "cluster_order": dict(self.cluster_order),
+        }
+        if self.preflight is not None:
+            out["preflight"] = self.preflight
+        if self.notices or self.preflight is not None:
+            out["notices"] = list(self.notices)
+        if self.rollouts is not None:
+            out["rollouts"] = dict(self.rollouts)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "GauntletResult":
+        """A saved result.json (this version's or an earlier one's); run keys (run_id, metrics, ...) are ignored."""
+        return cls(
+            candidate_version=str(data.get("candidate_version", "")),
+            baseline_version=str(data.get("baseline_version", "")),
+            planted_effects=dict(data.get("planted_effects", {})),
+            scale=Scale.from_json(data["scale"]),
+            strata=tuple(StratumResult.from_json(s) for s in data.get("strata", [])),
+            events=tuple(GauntletEvent.from_json(e) for e in data.get("events", [])),
+            recommendation=Recommendation.from_json(data["recommendation"]),
+            halted=bool(data.get("halted", False)),
+            test_mode=str(data.get("test_mode", "exact")),
+            not_evaluated=tuple(data.get("not_evaluated", [])),
+            absent_strata=tuple(data.get("absent_strata", [])),
+            priority_order=tuple(data.get("priority_order", [])),
+            processed_order=tuple(data.get("processed_order", [])),
+            lineage=dict(data.get("lineage", {"valid": data.get("lineage_valid", False)})),
+            timing=dict(data.get("timing", {})),
+            cache=dict(data.get("cache", {})),
+            multiplicity=dict(data.get("multiplicity", {})),
+            statistical_validity=str(data.get("statistical_validity", "")),
+            cluster_order=dict(data.get("cluster_order", {})),
+            preflight=data.get("preflight"),
+            notices=tuple(data.get("notices", [])),
+            rollouts=data.get("rollouts"),
+        )
