@@ -215,21 +215,20 @@ def _gate_inputs(n, rho_rep, rho_align, ratio):
 def test_gate_logic_and_derived_check_names():
     formal = compose_config(["gate=formal"]).gate
     ok = gate_decision(**_gate_inputs(64, 0.95, 0.7, 0.9), gate=formal)
-    assert ok["pass"] and ok["eligible_for_500_step_ablation"] and ok["status"] == "formal_64_anchor_gate"
-    assert "score_repeatability_spearman_at_least_0_90" in ok["checks"] and "sample_count_at_least_64" in ok["checks"]
+    assert ok.passed and ok.eligible_for_500_step_ablation and ok.status == "formal_64_anchor_gate"
+    assert "score_repeatability_spearman_at_least_0_90" in ok.checks and "sample_count_at_least_64" in ok.checks
     weak = gate_decision(**_gate_inputs(64, 0.89, 0.7, 0.9), gate=formal)
-    assert not weak["pass"] and weak["checks"]["score_repeatability_spearman_at_least_0_90"] is False
+    assert not weak.passed and weak.checks["score_repeatability_spearman_at_least_0_90"] is False
     worse_than_uniform = gate_decision(**_gate_inputs(64, 0.95, 0.7, 0.99), gate=formal)
-    assert not worse_than_uniform["checks"]["second_moment_ratio_at_most_0_98"]
+    assert not worse_than_uniform.checks["second_moment_ratio_at_most_0_98"]
     smoke = compose_config(["gate=smoke"]).gate
     small = gate_decision(**_gate_inputs(16, 0.95, 0.7, 0.9), gate=smoke)
-    assert small["pass"] and not small["eligible_for_500_step_ablation"]
-    assert small["status"] == "smoke_not_a_gate_certificate"
+    assert small.passed and not small.eligible_for_500_step_ablation
+    assert small.status == "smoke_not_a_gate_certificate"
     custom = copy.deepcopy(formal)
     custom.score_gradient_spearman = 0.65
     assert (
-        "score_gradient_spearman_at_least_0_65"
-        in gate_decision(**_gate_inputs(64, 0.95, 0.7, 0.9), gate=custom)["checks"]
+        "score_gradient_spearman_at_least_0_65" in gate_decision(**_gate_inputs(64, 0.95, 0.7, 0.9), gate=custom).checks
     )
 
 
@@ -602,14 +601,13 @@ def test_strict_gate_requires_beating_the_training_loss_and_formal_reports_it():
     inputs = _gate_inputs(64, 0.95, 0.7, 0.9)
     inputs["alignment"]["baseline_comparison"] = {"score_beats_training_loss": False}
     formal = gate_decision(**inputs, gate=compose_config(["gate=formal"]).gate)
-    assert formal["pass"] and formal["informational"] == {"score_beats_training_loss": False}
+    assert formal.passed and formal.informational == {"score_beats_training_loss": False}
     strict = gate_decision(**inputs, gate=compose_config(["gate=strict"]).gate)
-    assert not strict["pass"] and strict["checks"]["score_beats_training_loss"] is False
-    assert strict["preset"] == "strict" and "score_repeatability_spearman_at_least_0_90" in strict["checks"]
+    assert not strict.passed and strict.checks["score_beats_training_loss"] is False
+    assert strict.preset == "strict" and "score_repeatability_spearman_at_least_0_90" in strict.checks
     inputs["alignment"]["baseline_comparison"] = {"available": False, "reason": "no per-seed values"}
     assert (
-        gate_decision(**inputs, gate=compose_config(["gate=strict"]).gate)["checks"]["score_beats_training_loss"]
-        is False
+        gate_decision(**inputs, gate=compose_config(["gate=strict"]).gate).checks["score_beats_training_loss"] is False
     )
 
 
@@ -669,11 +667,12 @@ def test_a_given_artifact_and_checkpoint_that_disagree_are_refused_before_any_re
 def test_the_audit_gate_can_block_ci(audit_run):
     """audit.exit_code_from_gate=true: 0 for a formal pass, 12 when a check fails, 13 for a smoke run
     (every check passed on too few anchors for a certificate); the result is saved either way."""
-    from vlaeval.jobs.residual_audit import gate_exit_code
+    from vlaeval.audit.result import GateDecision
 
-    assert gate_exit_code({"eligible_for_500_step_ablation": True, "pass": True}) == 0
-    assert gate_exit_code({"eligible_for_500_step_ablation": False, "pass": False}) == 12
-    assert gate_exit_code({"eligible_for_500_step_ablation": False, "pass": True}) == 13
+    def exit_code(passed: bool, eligible: bool) -> int:
+        return GateDecision({}, passed, eligible, "", "").exit_code
+
+    assert (exit_code(True, True), exit_code(False, False), exit_code(True, False)) == (0, 12, 13)
     work, env, _, _ = audit_run
     failing = run_main(
         [

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from vlaeval.audit.result import GateDecision
+
 
 def threshold_name(value: float) -> str:
     return f"{value:.2f}".replace(".", "_").replace("-", "minus_")
@@ -22,7 +24,7 @@ def gate_decision(
     alignment: Dict[str, Any],
     robustness: Dict[str, Any],
     gate: Any,
-) -> Dict[str, Any]:
+) -> GateDecision:
     permutation = alignment["random_permutation_control"]
     ratio = alignment["proposal"]["information_to_baseline_ratio"]
     checks = {
@@ -61,11 +63,11 @@ def gate_decision(
         informational["score_beats_training_loss"] = beats
     passed = all(checks.values())
     formal = sample_count >= int(gate.formal_min_anchors)
-    return {
-        "checks": checks,
-        "informational": informational,
-        "pass": passed,
-        "eligible_for_500_step_ablation": passed and formal,
-        "status": (f"formal_{sample_count}_anchor_gate" if formal else "smoke_not_a_gate_certificate"),
-        "preset": str(gate.name),
-    }
+    return GateDecision(
+        checks=checks,
+        passed=passed,
+        eligible_for_500_step_ablation=passed and formal,
+        status=f"formal_{sample_count}_anchor_gate" if formal else "smoke_not_a_gate_certificate",
+        preset=str(gate.name),
+        informational=informational,
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping
 
 import numpy as np
 from omegaconf import DictConfig
@@ -22,6 +22,7 @@ from vlaeval import console
 from vlaeval.artifacts import sha256_file
 from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
 from vlaeval.audit.plots import plot_audit
+from vlaeval.audit.result import AnchorScore, AuditResult, ScoreDefinition
 from vlaeval.choices import CheckpointKind
 from vlaeval.config import POLICY_SECTIONS
 from vlaeval.errors import UserInputError, require
@@ -184,158 +185,91 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                 output_dir(cfg) / "residual_audit.png",
             )
         )
-    result = {
-        "schema_version": RESULT_SCHEMA_VERSION,
-        "status": gate["status"],
-        "checkpoint": str(handle.path),
-        "checkpoint_sha256": handle.sha256,
-        "gradient_artifact": metadata,
-        "sample_count": int(anchor_index.size),
-        "score_definition": {
-            "name": "frozen_flow_matching_residual",
-            "estimator": str(cfg.estimator.kind),
-            "unbiased": UNBIASED[str(cfg.estimator.kind)],
-            "variance_reduction": DESCRIPTIONS[str(cfg.estimator.kind)]
-            + ["one shared conditioning encode per anchor", "action head batched across anchors"],
-            "model_mode": "eval",
-            "estimator_seeds": estimator_seeds,
-            "samples_per_estimator": int(cfg.estimator.samples_per_estimator),
-            "head_evaluations_per_anchor": int(cfg.estimator.samples_per_estimator) * len(estimator_seeds),
-            "proposal_power": float(a.proposal_power),
-            "forbidden_labels": ["likelihood", "entropy", "surprisal"],
-        },
-        "score_runtime": {
+    audit = AuditResult(
+        schema_version=RESULT_SCHEMA_VERSION,
+        checkpoint=str(handle.path),
+        checkpoint_sha256=handle.sha256,
+        gradient_artifact=metadata,
+        score_definition=ScoreDefinition(
+            name="frozen_flow_matching_residual",
+            estimator=str(cfg.estimator.kind),
+            unbiased=UNBIASED[str(cfg.estimator.kind)],
+            variance_reduction=(
+                *DESCRIPTIONS[str(cfg.estimator.kind)],
+                "one shared conditioning encode per anchor",
+                "action head batched across anchors",
+            ),
+            model_mode="eval",
+            estimator_seeds=tuple(estimator_seeds),
+            samples_per_estimator=int(cfg.estimator.samples_per_estimator),
+            head_evaluations_per_anchor=int(cfg.estimator.samples_per_estimator) * len(estimator_seeds),
+            proposal_power=float(a.proposal_power),
+        ),
+        score_runtime={
             "elapsed_seconds": elapsed,
             "seconds_per_anchor": elapsed / anchor_index.size,
             "anchors_per_second": anchor_index.size / elapsed,
             "device": str(cfg.device),
             **peak.report(),
         },
-        "repeatability": rep,
-        "alignment": alignment,
-        "leave_one_out_robustness": robustness,
-        "gate": gate,
-        "anchors": [
-            {
-                "anchor_position": i,
-                "estimator_residuals": matrix[:, i].tolist(),
-                "sample_losses": scores.sample_losses[:, i].tolist(),
-                "time_values": scores.time_values[:, i].tolist(),
-                "mean_residual": float(score[i]),
-                "episode": int(artifact_anchors[i]["episode"]),
-                "frame": int(artifact_anchors[i]["frame"]),
-                "sampling_trace": traces[i],
-                "gradient_rms": float(gradient_rms[i]),
-                "mean_gradient_loss": float(mean_losses[i]),
-            }
+        repeatability=rep,
+        alignment=alignment,
+        leave_one_out_robustness=robustness,
+        gate=gate,
+        anchors=tuple(
+            AnchorScore(
+                anchor_position=i,
+                episode=int(artifact_anchors[i]["episode"]),
+                frame=int(artifact_anchors[i]["frame"]),
+                mean_residual=float(score[i]),
+                estimator_residuals=tuple(matrix[:, i].tolist()),
+                gradient_rms=float(gradient_rms[i]),
+                mean_gradient_loss=float(mean_losses[i]),
+                sample_losses=tuple(scores.sample_losses[:, i].tolist()),
+                time_values=tuple(scores.time_values[:, i].tolist()),
+                sampling_trace=traces[i],
+            )
             for i in range(anchor_index.size)
-        ],
-    }
-    metrics = headline_metrics(result)
-    tags = {
-        "gate.status": gate["status"],
-        "gate.eligible_for_500_step_ablation": str(gate["eligible_for_500_step_ablation"]).lower(),
-        "estimator.kind": str(cfg.estimator.kind),
-        "estimator.unbiased": str(UNBIASED[str(cfg.estimator.kind)]).lower(),
-        "checkpoint.sha256": handle.sha256,
-        "data.manifest_sha256": data.demonstrations.manifest_sha256,
-    }
-    result = publish(
+        ),
+    )
+    published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result=result,
+            result=audit.to_json(),
             started_ms=started_ms,
             run_name=f"audit {cfg.estimator.kind} {handle.sha256[:8]}",
-            metrics=metrics,
-            checks=gate["checks"],
-            tags=tags,
+            metrics=audit.metrics(),
+            checks=gate.checks,
+            tags=audit.tags(data.demonstrations.manifest_sha256),
             plots=plots,
-            gate_pass=gate["eligible_for_500_step_ablation"],
+            gate_pass=gate.eligible_for_500_step_ablation,
         ),
     )
-    print_summary(result)
+    print_summary(audit, published)
     if a.exit_code_from_gate:
-        result["exit_code"] = gate_exit_code(gate)
-    return result
+        published["exit_code"] = gate.exit_code
+    return published
 
 
-GATE_EXIT_CODES = {"pass": 0, "fail": 12, "smoke": 13}  # audit.exit_code_from_gate
-
-
-def gate_exit_code(gate: Dict[str, Any]) -> int:
-    """0: eligible (a formal pass); 12: a check failed; 13: every check passed on too few anchors for a
-    certificate (a smoke run)."""
-    if gate["eligible_for_500_step_ablation"]:
-        return GATE_EXIT_CODES["pass"]
-    return GATE_EXIT_CODES["fail"] if not gate["pass"] else GATE_EXIT_CODES["smoke"]
-
-
-def headline_metrics(result: Dict[str, Any]) -> Dict[str, float]:
-    al, rep, loo = result["alignment"], result["repeatability"], result["leave_one_out_robustness"]
-    perm, prop = al["random_permutation_control"], al["proposal"]
-    metrics = {
-        "repeatability.spearman": rep["spearman"],
-        "repeatability.kendall": rep["kendall"],
-        "repeatability.mean_anchor_cv": rep["mean_anchor_cv"],
-        "alignment.spearman_residual_vs_gradient_rms": al["spearman_residual_vs_gradient_rms"],
-        "alignment.kendall_residual_vs_gradient_rms": al["kendall_residual_vs_gradient_rms"],
-        "alignment.top25_overlap": al["top25_overlap"],
-        "alignment.attenuation_corrected_spearman": al["reliability"].get("attenuation_corrected_spearman"),
-        "proposal.information_to_baseline_ratio": prop["information_to_baseline_ratio"],
-        "proposal.oracle_ratio": prop["oracle_ratio"],
-        "proposal.fraction_of_oracle_gain": prop["fraction_of_oracle_gain"],
-        "proposal.attainable_oracle_ratio": prop.get("attainable_oracle_ratio"),
-        "proposal.fraction_of_attainable_oracle_gain": prop.get("fraction_of_attainable_oracle_gain"),
-        "proposal.raw_score_ratio": al["raw_score_proposal"]["information_to_baseline_ratio"],
-        "permutation.p_spearman": perm["one_sided_pvalue_rho_at_least_observed"],
-        "permutation.p_second_moment": perm["one_sided_pvalue_second_moment_at_most_observed"],
-        "leave_one_out.min_spearman": loo["min_spearman"],
-        "leave_one_out.max_second_moment_ratio": loo["max_second_moment_ratio"],
-        "score.mean_residual": float(np.mean([x["mean_residual"] for x in result["anchors"]])),
-        "eligible_for_500_step_ablation": float(result["gate"]["eligible_for_500_step_ablation"]),
-        "timing.score_seconds": result["score_runtime"]["elapsed_seconds"],
-        "timing.anchors_per_second": result["score_runtime"]["anchors_per_second"],
-    }
-    baseline = al["baseline_comparison"]
-    if baseline.get("available", True):
-        metrics.update(
-            {
-                "baseline.residual_spearman": baseline["residual"]["spearman"],
-                "baseline.training_loss_spearman": baseline["training_loss"]["spearman"],
-                "baseline.training_loss_spearman_shared_draws": baseline["training_loss_shared_draws"]["spearman"],
-                "baseline.residual_ratio": baseline["residual"]["second_moment_ratio"],
-                "baseline.training_loss_ratio": baseline["training_loss"]["second_moment_ratio"],
-                "baseline.training_loss_ratio_shared_draws": baseline["training_loss_shared_draws"][
-                    "second_moment_ratio"
-                ],
-                "baseline.score_beats_training_loss": float(baseline["score_beats_training_loss"]),
-            }
-        )
-    return metrics
-
-
-def print_summary(result: Dict[str, Any]) -> None:
-    gate = result["gate"]
+def print_summary(audit: AuditResult, run: Mapping[str, Any]) -> None:
+    """The gate's checks, the headline figures, the baseline comparison and where the result is."""
+    gate, definition = audit.gate, audit.score_definition
     console.print_checks(
-        f"Residual audit gate ({gate['preset']}, {result['sample_count']} anchors, "
-        f"estimator {result['score_definition']['estimator']}"
-        f"{'' if result['score_definition']['unbiased'] else ', BIASED'})",
-        gate["checks"],
+        f"Residual audit gate ({gate.preset}, {audit.sample_count} anchors, estimator {definition.estimator}"
+        f"{'' if definition.unbiased else ', BIASED'})",
+        gate.checks,
     )
-    m = result["metrics"]
+    m = audit.metrics()
+    attainable = m.get("proposal.attainable_oracle_ratio")
     console.show(
         f"repeatability rho {m['repeatability.spearman']:.3f} | residual vs gradient RMS rho "
         f"{m['alignment.spearman_residual_vs_gradient_rms']:.3f} | second-moment ratio "
         f"{m['proposal.information_to_baseline_ratio']:.3f} (in-sample oracle {m['proposal.oracle_ratio']:.3f}"
-        + (
-            f", attainable oracle {m['proposal.attainable_oracle_ratio']:.3f}"
-            if m.get("proposal.attainable_oracle_ratio")
-            else ""
-        )
+        + (f", attainable oracle {attainable:.3f}" if attainable else "")
         + ")"
     )
-    baseline = result["alignment"]["baseline_comparison"]
+    baseline = audit.alignment["baseline_comparison"]
     if baseline.get("available", True):
         console.show(
             f"baseline on independent draws (cross-fitted seed halves): residual rho {baseline['residual']['spearman']:.3f} "
@@ -346,16 +280,16 @@ def print_summary(result: Dict[str, Any]) -> None:
         )
     else:
         console.show(f"baseline: {baseline['reason']}")
-    for name, value in gate.get("informational", {}).items():  # reported, not required by this preset
+    for name, value in gate.informational.items():  # reported, not required by this preset
         console.show(
             f"  informational (not a gate check here): {name} = {'unknown' if value is None else str(value).lower()}"
         )
     console.show(
-        f"status: {gate['status']}   eligible for the 500-step ablation: "
-        f"{console.styled('PASS' if gate['eligible_for_500_step_ablation'] else 'FAIL')}"
+        f"status: {gate.status}   eligible for the 500-step ablation: "
+        f"{console.styled('PASS' if gate.eligible_for_500_step_ablation else 'FAIL')}"
     )
-    if result.get("result_path"):
+    if run.get("result_path"):
         console.show(
-            f"result: {result['result_path']}"
-            + (f"   mlflow run: {result['mlflow_run_id']}" if result.get("mlflow_run_id") else "")
+            f"result: {run['result_path']}"
+            + (f"   mlflow run: {run['mlflow_run_id']}" if run.get("mlflow_run_id") else "")
         )

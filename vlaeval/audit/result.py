@@ -1,0 +1,252 @@
+"""The residual audit's result as typed objects: the gate's decision, what the score is, each
+anchor's scores, and the whole audit with the metrics, checks and tags it publishes.
+
+Frozen; `to_json()` writes the result.json layout (unchanged, so readers of earlier results keep
+working) and `from_json()` reads it back. The statistics' own reports (repeatability, alignment,
+leave-one-out robustness) are carried as the mappings their pure functions return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+GATE_EXIT_CODES = {"pass": 0, "fail": 12, "smoke": 13}  # audit.exit_code_from_gate
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """checks: named after their thresholds; pass: all of them; eligible: pass on enough anchors for a
+    certificate (formal); informational: reported, not required by this preset (None: unknown)."""
+
+    checks: Mapping[str, bool]
+    passed: bool
+    eligible_for_500_step_ablation: bool
+    status: str
+    preset: str
+    informational: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """0: eligible (a formal pass); 12: a check failed; 13: every check passed on too few anchors
+        for a certificate (a smoke run)."""
+        if self.eligible_for_500_step_ablation:
+            return GATE_EXIT_CODES["pass"]
+        return GATE_EXIT_CODES["fail"] if not self.passed else GATE_EXIT_CODES["smoke"]
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "checks": dict(self.checks),
+            "informational": dict(self.informational),
+            "pass": self.passed,
+            "eligible_for_500_step_ablation": self.eligible_for_500_step_ablation,
+            "status": self.status,
+            "preset": self.preset,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "GateDecision":
+        return cls(
+            checks={str(k): bool(v) for k, v in data["checks"].items()},
+            passed=bool(data["pass"]),
+            eligible_for_500_step_ablation=bool(data["eligible_for_500_step_ablation"]),
+            status=str(data["status"]),
+            preset=str(data.get("preset", "formal")),
+            informational=dict(data.get("informational", {})),
+        )
+
+
+@dataclass(frozen=True)
+class ScoreDefinition:
+    """What the score is: the estimator (and whether it is unbiased), its seeds and draws."""
+
+    name: str
+    estimator: str
+    unbiased: bool
+    variance_reduction: Tuple[str, ...]
+    model_mode: str
+    estimator_seeds: Tuple[int, ...]
+    samples_per_estimator: int
+    head_evaluations_per_anchor: int
+    proposal_power: float
+    forbidden_labels: Tuple[str, ...] = ("likelihood", "entropy", "surprisal")
+
+    def to_json(self) -> Dict[str, Any]:
+        out = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ScoreDefinition":
+        return cls(
+            name=str(data["name"]),
+            estimator=str(data["estimator"]),
+            unbiased=bool(data.get("unbiased", True)),
+            variance_reduction=tuple(data.get("variance_reduction", [])),
+            model_mode=str(data.get("model_mode", "eval")),
+            estimator_seeds=tuple(int(s) for s in data.get("estimator_seeds", [])),
+            samples_per_estimator=int(data.get("samples_per_estimator", 0)),
+            head_evaluations_per_anchor=int(data.get("head_evaluations_per_anchor", 0)),
+            proposal_power=float(data.get("proposal_power", 1.0)),
+            forbidden_labels=tuple(data.get("forbidden_labels", ())),
+        )
+
+
+@dataclass(frozen=True)
+class AnchorScore:
+    """One anchor: its residual per estimator seed, the draws behind them, and its gradient figures."""
+
+    anchor_position: int
+    episode: int
+    frame: int
+    mean_residual: float
+    estimator_residuals: Tuple[float, ...]
+    gradient_rms: float
+    mean_gradient_loss: float
+    sample_losses: Tuple[Any, ...] = ()
+    time_values: Tuple[Any, ...] = ()
+    sampling_trace: Any = None
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "anchor_position": self.anchor_position,
+            "estimator_residuals": list(self.estimator_residuals),
+            "sample_losses": list(self.sample_losses),
+            "time_values": list(self.time_values),
+            "mean_residual": self.mean_residual,
+            "episode": self.episode,
+            "frame": self.frame,
+            "sampling_trace": self.sampling_trace,
+            "gradient_rms": self.gradient_rms,
+            "mean_gradient_loss": self.mean_gradient_loss,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "AnchorScore":
+        return cls(
+            anchor_position=int(data["anchor_position"]),
+            episode=int(data["episode"]),
+            frame=int(data["frame"]),
+            mean_residual=float(data["mean_residual"]),
+            estimator_residuals=tuple(data["estimator_residuals"]),
+            gradient_rms=float(data["gradient_rms"]),
+            mean_gradient_loss=float(data.get("mean_gradient_loss", float("nan"))),
+            sample_losses=tuple(data.get("sample_losses", ())),
+            time_values=tuple(data.get("time_values", ())),
+            sampling_trace=data.get("sampling_trace"),
+        )
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """A residual audit: the checkpoint and gradient artifact it judged, what the score is and what
+    computing it cost, the statistics' reports, the gate, and every anchor."""
+
+    schema_version: int
+    checkpoint: str
+    checkpoint_sha256: str
+    gradient_artifact: Mapping[str, Any]
+    score_definition: ScoreDefinition
+    score_runtime: Mapping[str, Any]
+    repeatability: Mapping[str, Any]
+    alignment: Mapping[str, Any]
+    leave_one_out_robustness: Mapping[str, Any]
+    gate: GateDecision
+    anchors: Tuple[AnchorScore, ...]
+
+    @property
+    def sample_count(self) -> int:
+        return len(self.anchors)
+
+    @property
+    def status(self) -> str:
+        return self.gate.status
+
+    def metrics(self) -> Dict[str, Optional[float]]:
+        """The headline figures MLflow shows (literal keys: grep finds where each is made)."""
+        al, rep, loo = self.alignment, self.repeatability, self.leave_one_out_robustness
+        perm, prop = al["random_permutation_control"], al["proposal"]
+        metrics: Dict[str, Optional[float]] = {
+            "repeatability.spearman": rep["spearman"],
+            "repeatability.kendall": rep["kendall"],
+            "repeatability.mean_anchor_cv": rep["mean_anchor_cv"],
+            "alignment.spearman_residual_vs_gradient_rms": al["spearman_residual_vs_gradient_rms"],
+            "alignment.kendall_residual_vs_gradient_rms": al["kendall_residual_vs_gradient_rms"],
+            "alignment.top25_overlap": al["top25_overlap"],
+            "alignment.attenuation_corrected_spearman": al["reliability"].get("attenuation_corrected_spearman"),
+            "proposal.information_to_baseline_ratio": prop["information_to_baseline_ratio"],
+            "proposal.oracle_ratio": prop["oracle_ratio"],
+            "proposal.fraction_of_oracle_gain": prop["fraction_of_oracle_gain"],
+            "proposal.attainable_oracle_ratio": prop.get("attainable_oracle_ratio"),
+            "proposal.fraction_of_attainable_oracle_gain": prop.get("fraction_of_attainable_oracle_gain"),
+            "proposal.raw_score_ratio": al["raw_score_proposal"]["information_to_baseline_ratio"],
+            "permutation.p_spearman": perm["one_sided_pvalue_rho_at_least_observed"],
+            "permutation.p_second_moment": perm["one_sided_pvalue_second_moment_at_most_observed"],
+            "leave_one_out.min_spearman": loo["min_spearman"],
+            "leave_one_out.max_second_moment_ratio": loo["max_second_moment_ratio"],
+            "score.mean_residual": float(np.mean([a.mean_residual for a in self.anchors])),
+            "eligible_for_500_step_ablation": float(self.gate.eligible_for_500_step_ablation),
+            "timing.score_seconds": self.score_runtime["elapsed_seconds"],
+            "timing.anchors_per_second": self.score_runtime["anchors_per_second"],
+        }
+        baseline = al["baseline_comparison"]
+        if baseline.get("available", True):
+            shared = baseline["training_loss_shared_draws"]
+            metrics.update(
+                {
+                    "baseline.residual_spearman": baseline["residual"]["spearman"],
+                    "baseline.training_loss_spearman": baseline["training_loss"]["spearman"],
+                    "baseline.training_loss_spearman_shared_draws": shared["spearman"],
+                    "baseline.residual_ratio": baseline["residual"]["second_moment_ratio"],
+                    "baseline.training_loss_ratio": baseline["training_loss"]["second_moment_ratio"],
+                    "baseline.training_loss_ratio_shared_draws": shared["second_moment_ratio"],
+                    "baseline.score_beats_training_loss": float(baseline["score_beats_training_loss"]),
+                }
+            )
+        return metrics
+
+    def tags(self, data_manifest_sha256: str) -> Dict[str, str]:
+        return {
+            "gate.status": self.gate.status,
+            "gate.eligible_for_500_step_ablation": str(self.gate.eligible_for_500_step_ablation).lower(),
+            "estimator.kind": self.score_definition.estimator,
+            "estimator.unbiased": str(self.score_definition.unbiased).lower(),
+            "checkpoint.sha256": self.checkpoint_sha256,
+            "data.manifest_sha256": data_manifest_sha256,
+        }
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "status": self.status,
+            "checkpoint": self.checkpoint,
+            "checkpoint_sha256": self.checkpoint_sha256,
+            "gradient_artifact": dict(self.gradient_artifact),
+            "sample_count": self.sample_count,
+            "score_definition": self.score_definition.to_json(),
+            "score_runtime": dict(self.score_runtime),
+            "repeatability": dict(self.repeatability),
+            "alignment": dict(self.alignment),
+            "leave_one_out_robustness": dict(self.leave_one_out_robustness),
+            "gate": self.gate.to_json(),
+            "anchors": [a.to_json() for a in self.anchors],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "AuditResult":
+        anchors: List[AnchorScore] = [AnchorScore.from_json(a) for a in data.get("anchors", [])]
+        return cls(
+            schema_version=int(data.get("schema_version", 1)),
+            checkpoint=str(data.get("checkpoint", "")),
+            checkpoint_sha256=str(data.get("checkpoint_sha256", "")),
+            gradient_artifact=dict(data.get("gradient_artifact", {})),
+            score_definition=ScoreDefinition.from_json(data["score_definition"]),
+            score_runtime=dict(data.get("score_runtime", {})),
+            repeatability=dict(data["repeatability"]),
+            alignment=dict(data["alignment"]),
+            leave_one_out_robustness=dict(data.get("leave_one_out_robustness", {})),
+            gate=GateDecision.from_json(data["gate"]),
+            anchors=tuple(anchors),
+        )
