@@ -9,6 +9,7 @@ from typing import Any, Dict
 import numpy as np
 
 from vlaeval.artifacts import atomic_write_bytes
+from vlaeval.audit.result import AblationResult
 
 
 def plot_audit(
@@ -67,7 +68,7 @@ def plot_audit(
     return path
 
 
-def plot_ablation(result: Dict[str, Any], path: Path) -> Path:
+def plot_ablation(result: AblationResult, path: Path) -> Path:
     """Left: held-out flow-matching loss along fine-tuning per proposal (mean and the range across
     seeds). Right: realized second-moment ratio per proposal at each measured step (mean and 95%
     interval across seeds) against the audit's prediction."""
@@ -77,10 +78,10 @@ def plot_ablation(result: Dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(1, 2, figsize=(13, 5))
-    names = list(result["summary"])
+    names = list(result.summary)
     colors = {name: f"C{k}" for k, name in enumerate(names)}
     for name in names:
-        curves = [r["heldout_loss"] for r in result["runs"] if r["proposal"] == name and r["heldout_loss"]]
+        curves = [r["heldout_loss"] for r in result.runs if r["proposal"] == name and r["heldout_loss"]]
         if curves:
             steps = np.array([s for s, _ in curves[0]])
             values = np.array([[v for _, v in c] for c in curves])
@@ -90,9 +91,9 @@ def plot_ablation(result: Dict[str, Any], path: Path) -> Path:
     if ax[0].has_data():
         ax[0].legend()
     offset = np.linspace(-0.25, 0.25, len(names)) if len(names) > 1 else np.zeros(1)
-    measured = [int(s) for s in result["settings"]["measure_steps"]]
+    measured = result.measure_steps
     for k, name in enumerate(names):
-        cells = result["summary"][name]["realized_ratio"]
+        cells = result.summary[name].realized_ratio
         mean = np.array([cells[str(s)]["mean"] for s in measured])
         low = np.array([cells[str(s)]["low"] for s in measured])
         high = np.array([cells[str(s)]["high"] for s in measured])
@@ -100,7 +101,7 @@ def plot_ablation(result: Dict[str, Any], path: Path) -> Path:
         ax[1].errorbar(x, mean, yerr=[mean - low, high - mean], fmt="o", capsize=3, color=colors[name], label=name)
     ax[1].axhline(1.0, color="black", linewidth=1)
     ax[1].axhline(
-        result["prediction"]["predicted_ratio"], color="red", linestyle="--", label="audit's prediction (residual)"
+        result.prediction["predicted_ratio"], color="red", linestyle="--", label="audit's prediction (residual)"
     )
     ax[1].set_xticks(np.arange(len(measured)), [str(s) for s in measured])
     ax[1].set(title="realized second-moment ratio vs uniform (95% across seeds)", xlabel="step", ylabel="ratio")

@@ -250,3 +250,114 @@ class AuditResult:
             gate=GateDecision.from_json(data["gate"]),
             anchors=tuple(anchors),
         )
+
+
+@dataclass(frozen=True)
+class ProposalSummary:
+    """One proposal across training seeds (each figure a seed interval: mean, low, high, values):
+    the realized second-moment ratio at each measured step, whether its gain is real, the held-out
+    loss (and its paired difference from uniform), closed-loop success, and the time a run took."""
+
+    realized_ratio: Mapping[str, Mapping[str, Any]]  # step -> seed interval
+    gain_is_real: bool
+    wall_seconds: float
+    train_seconds: float
+    minibatch_variance_ratio: Optional[Mapping[str, Mapping[str, Any]]] = None
+    final_heldout_loss: Optional[Mapping[str, Any]] = None
+    heldout_loss_minus_uniform: Optional[Mapping[str, Any]] = None
+    success_rate: Optional[Mapping[str, Any]] = None
+    predicted_ratio: Optional[float] = None  # the residual proposal: the audit's prediction
+    prediction_within_interval: Optional[bool] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ProposalSummary":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class AblationResult:
+    """job=ablation: the audit's predicted ratio, and per proposal what fine-tuning under it realized."""
+
+    schema_version: int
+    checkpoint: str
+    checkpoint_sha256: str
+    dataset_manifest_sha256: str
+    anchors: int
+    heldout_anchors: int
+    trainable: str  # which parameters fine-tuning moves
+    score: Mapping[str, Any]
+    prediction: Mapping[str, Any]
+    proposals: Mapping[str, Mapping[str, Any]]
+    settings: Mapping[str, Any]
+    summary: Mapping[str, ProposalSummary]
+    runs: Tuple[Mapping[str, Any], ...]
+    base_success: Optional[Mapping[str, Any]] = None
+
+    @property
+    def measure_steps(self) -> List[int]:
+        return [int(s) for s in self.settings["measure_steps"]]
+
+    def metrics(self) -> Dict[str, Optional[float]]:
+        last = str(self.measure_steps[-1])
+        metrics: Dict[str, Optional[float]] = {
+            "prediction.residual_ratio": self.prediction["predicted_ratio"],
+            "score.anchors_per_second": self.score.get("anchors_per_second"),
+        }
+        for name, row in self.summary.items():
+            metrics[f"realized_ratio.{name}"] = row.realized_ratio[last]["mean"]
+            metrics[f"realized_ratio_high.{name}"] = row.realized_ratio[last]["high"]
+            if row.final_heldout_loss is not None:
+                metrics[f"heldout_loss.{name}"] = row.final_heldout_loss["mean"]
+            if row.success_rate is not None:
+                metrics[f"success_rate.{name}"] = row.success_rate["mean"]
+        return metrics
+
+    def checks(self) -> Dict[str, bool]:
+        residual = self.summary.get("residual")
+        if residual is None:
+            return {}
+        return {
+            "residual_gain_is_real": residual.gain_is_real,
+            "prediction_within_interval": bool(residual.prediction_within_interval),
+        }
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "checkpoint": self.checkpoint,
+            "checkpoint_sha256": self.checkpoint_sha256,
+            "dataset_manifest_sha256": self.dataset_manifest_sha256,
+            "anchors": self.anchors,
+            "heldout_anchors": self.heldout_anchors,
+            "trainable": self.trainable,
+            "score": dict(self.score),
+            "prediction": dict(self.prediction),
+            "proposals": {k: dict(v) for k, v in self.proposals.items()},
+            "settings": dict(self.settings),
+            "base_success": self.base_success,
+            "summary": {k: v.to_json() for k, v in self.summary.items()},
+            "runs": [dict(r) for r in self.runs],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "AblationResult":
+        return cls(
+            schema_version=int(data.get("schema_version", 1)),
+            checkpoint=str(data.get("checkpoint", "")),
+            checkpoint_sha256=str(data.get("checkpoint_sha256", "")),
+            dataset_manifest_sha256=str(data.get("dataset_manifest_sha256", "")),
+            anchors=int(data["anchors"]),
+            heldout_anchors=int(data.get("heldout_anchors", 0)),
+            trainable=str(data.get("trainable", "")),
+            score=dict(data.get("score", {})),
+            prediction=dict(data["prediction"]),
+            proposals=dict(data.get("proposals", {})),
+            settings=dict(data["settings"]),
+            summary={k: ProposalSummary.from_json(v) for k, v in data["summary"].items()},
+            runs=tuple(data.get("runs", [])),
+            base_success=data.get("base_success"),
+        )

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -33,6 +33,7 @@ from vlaeval.audit.proposals import (
     uniform_proposal,
     variance_ratio_interval,
 )
+from vlaeval.audit.result import AblationResult, ProposalSummary
 from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
 from vlaeval.choices import AblationProposal, Optimizer
 from vlaeval.config import POLICY_SECTIONS, to_plain
@@ -418,44 +419,40 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     if success is not None:
         for record, row in zip(runs, success["runs"]):
             record["success"] = row
-    summary = summarise(runs, names, prediction, measured, success)
-    result: Dict[str, Any] = {
-        "schema_version": RESULT_SCHEMA_VERSION,
-        "checkpoint": str(handle.path),
-        "checkpoint_sha256": handle.sha256,
-        "dataset_manifest_sha256": data.demonstrations.manifest_sha256,
-        "anchors": n,
-        "heldout_anchors": len(heldout.anchors) if heldout is not None else 0,
-        "trainable": trainable,
-        "score": score_runtime,
-        "prediction": prediction,
-        "proposals": {
-            name: {**p.describe(), "ratio_on_build_draws": built_from[name]} for name, p in proposals.items()
-        },
-        "settings": {
+    result = AblationResult(
+        schema_version=RESULT_SCHEMA_VERSION,
+        checkpoint=str(handle.path),
+        checkpoint_sha256=handle.sha256,
+        dataset_manifest_sha256=data.demonstrations.manifest_sha256,
+        anchors=n,
+        heldout_anchors=len(heldout.anchors) if heldout is not None else 0,
+        trainable=trainable,
+        score=score_runtime,
+        prediction=prediction,
+        proposals={name: {**p.describe(), "ratio_on_build_draws": built_from[name]} for name, p in proposals.items()},
+        settings={
             **{k: v for k, v in dataclasses.asdict(settings).items() if k != "seed"},
             "measure_steps": measured,
             "judge_draws": int(a.judge_draws),
         },
-        "base_success": None if success is None else success["base"],
-        "summary": summary,
-        "runs": runs,
-    }
+        summary=summarise(runs, names, prediction, measured, success),
+        runs=tuple(runs),
+        base_success=None if success is None else success["base"],
+    )
     plots = []
     if a.plot:
         from vlaeval.audit.plots import plot_ablation
 
         plots.append(plot_ablation(result, output_dir(cfg) / "ablation.png"))
-    metrics, checks = headline(result)
-    result = publish(
+    published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result=result,
+            result=result.to_json(),
             started_ms=started_ms,
             run_name=f"ablation {handle.sha256[:8]} {len(names)}x{len(seeds)}",
-            metrics=metrics,
-            checks=checks,
+            metrics=result.metrics(),
+            checks=result.checks(),
             tags={
                 "checkpoint.sha256": handle.sha256,
                 "data.manifest_sha256": data.demonstrations.manifest_sha256,
@@ -465,8 +462,8 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             children=[child_run(record) for record in runs],
         ),
     )
-    print_summary(result)
-    return result
+    print_summary(result, published)
+    return published
 
 
 def closed_loop_success(cfg: DictConfig, data: Any, handle: Any, models: List[Any]) -> Dict[str, Any]:
@@ -503,12 +500,12 @@ def summarise(
     prediction: Dict[str, Any],
     measured: List[int],
     success: Optional[Dict[str, Any]],
-) -> Dict[str, Any]:
+) -> Dict[str, ProposalSummary]:
     """Per proposal, across seeds: the realized ratio at each measured step, the final held-out
     loss (and its difference from uniform's, paired by seed), success, minibatch check, time."""
     by = {(r["proposal"], r["seed"]): r for r in runs}
     seeds = sorted({r["seed"] for r in runs})
-    out: Dict[str, Any] = {}
+    out: Dict[str, ProposalSummary] = {}
     for name in names:
         mine = [by[(name, s)] for s in seeds]
         row: Dict[str, Any] = {
@@ -548,7 +545,7 @@ def summarise(
             predicted = prediction["predicted_ratio"]
             row["predicted_ratio"] = predicted
             row["prediction_within_interval"] = bool(final["low"] <= predicted <= final["high"])
-        out[name] = row
+        out[name] = ProposalSummary.from_json(row)
     return out
 
 
@@ -580,54 +577,34 @@ def child_run(record: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def headline(result: Dict[str, Any]) -> tuple:
-    summary = result["summary"]
-    last = str(result["settings"]["measure_steps"][-1])
-    metrics: Dict[str, Optional[float]] = {
-        "prediction.residual_ratio": result["prediction"]["predicted_ratio"],
-        "score.anchors_per_second": result["score"].get("anchors_per_second"),
-    }
-    for name, row in summary.items():
-        metrics[f"realized_ratio.{name}"] = row["realized_ratio"][last]["mean"]
-        metrics[f"realized_ratio_high.{name}"] = row["realized_ratio"][last]["high"]
-        if "final_heldout_loss" in row:
-            metrics[f"heldout_loss.{name}"] = row["final_heldout_loss"]["mean"]
-        if "success_rate" in row:
-            metrics[f"success_rate.{name}"] = row["success_rate"]["mean"]
-    checks: Dict[str, bool] = {}
-    if AblationProposal.residual in summary:
-        checks["residual_gain_is_real"] = summary["residual"]["gain_is_real"]
-        checks["prediction_within_interval"] = summary["residual"]["prediction_within_interval"]
-    return metrics, checks
-
-
-def print_summary(result: Dict[str, Any]) -> None:
-    last = str(result["settings"]["measure_steps"][-1])
-    first = str(result["settings"]["measure_steps"][0])
-    p = result["prediction"]
+def print_summary(result: AblationResult, run: Mapping[str, Any]) -> None:
+    measured = result.measure_steps
+    first, last = str(measured[0]), str(measured[-1])
+    p = result.prediction
     console.show(
         f"audit's predicted ratio (residual, {p['anchors']} anchors): {p['predicted_ratio']:.3f}"
         + (f"  gate {p['gate_status']}" if p.get("gate_status") else "")
     )
     rows = []
-    for name, row in result["summary"].items():
-        r0, r1 = row["realized_ratio"][first], row["realized_ratio"][last]
-        cells = [
-            name,
-            f"{r0['mean']:.3f} [{r0['low']:.3f}, {r0['high']:.3f}]",
-            f"{r1['mean']:.3f} [{r1['low']:.3f}, {r1['high']:.3f}]",
-            "yes" if row["gain_is_real"] else "no",
-        ]
-        h = row.get("final_heldout_loss")
-        cells.append(f"{h['mean']:.4f} ± {(h['high'] - h['mean']):.4f}" if h else "-")
-        s = row.get("success_rate")
-        cells.append(f"{s['mean']:.3f}" if s else "-")
-        cells.append(f"{row['wall_seconds']:.1f}")
-        rows.append(cells)
+    for name, row in result.summary.items():
+        r0, r1 = row.realized_ratio[first], row.realized_ratio[last]
+        h, s = row.final_heldout_loss, row.success_rate
+        rows.append(
+            [
+                name,
+                f"{r0['mean']:.3f} [{r0['low']:.3f}, {r0['high']:.3f}]",
+                f"{r1['mean']:.3f} [{r1['low']:.3f}, {r1['high']:.3f}]",
+                "yes" if row.gain_is_real else "no",
+                f"{h['mean']:.4f} ± {(h['high'] - h['mean']):.4f}" if h else "-",
+                f"{s['mean']:.3f}" if s else "-",
+                f"{row.wall_seconds:.1f}",
+            ]
+        )
+    seeds = len(next(iter(result.summary.values())).realized_ratio[last]["values"])
     console.show(
         console.table(
-            f"Importance-sampling ablation ({result['anchors']} anchors, {result['settings']['steps']} steps, "
-            f"{len(next(iter(result['summary'].values()))['realized_ratio'][last]['values'])} seeds; 95% intervals across seeds)",
+            f"Importance-sampling ablation ({result.anchors} anchors, {result.settings['steps']} steps, "
+            f"{seeds} seeds; 95% intervals across seeds)",
             [
                 "proposal",
                 f"ratio at step {first}",
@@ -640,8 +617,8 @@ def print_summary(result: Dict[str, Any]) -> None:
             rows,
         )
     )
-    if result.get("result_path"):
+    if run.get("result_path"):
         console.show(
-            f"result: {result['result_path']}"
-            + (f"   mlflow run: {result['mlflow_run_id']}" if result.get("mlflow_run_id") else "")
+            f"result: {run['result_path']}"
+            + (f"   mlflow run: {run['mlflow_run_id']}" if run.get("mlflow_run_id") else "")
         )
