@@ -6,7 +6,7 @@ per episode -- same process, same episodes, environment creation and reset inclu
     python benchmarks/rollout_throughput.py [--episodes-per-task 5] [--max-steps 150] [--workers 2] [--no-ray]
 
 With Ray installed, the same episodes also run as Ray tasks on a local instance with as many CPUs
-as workers (gauntlet.executor=ray): local pool vs Ray on the same machine, same outcomes.
+as workers (rollout.executor=ray): local pool vs Ray on the same machine, same outcomes.
 
 The simulator-alone figure opens the same scenes and steps each for as many steps as the lockstep
 run took there, with zero actions, on the same number of processes: the physical bound of any

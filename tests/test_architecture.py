@@ -28,7 +28,8 @@ LAYERS: List[Set[str]] = [
     {"gauntlet", "residual"},
     {"runs"},
     {"jobs"},
-    {"cli", "callbacks", "help"},
+    {"help"},
+    {"cli", "callbacks"},
 ]
 PURE_STATISTICS = ("seqtest", "audit")
 

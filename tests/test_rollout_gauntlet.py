@@ -20,7 +20,13 @@ from vlaeval.envs.metaworld import Episode, Perturbation
 from vlaeval.policy.tiny_vla import TinyVLA
 from vlaeval.rollouts.engine import plain_flow, rollout_episodes, rollout_lockstep
 
-QUIET = ["tracking=disabled", "gauntlet.plot=false", "gauntlet.preflight=off"]
+QUIET = [
+    "tracking=disabled",
+    "gauntlet.plot=false",
+    "gauntlet.preflight=off",
+    "rollout.workers=1",
+    "rollout.lockstep_group=8",
+]
 
 
 def _gauntlet(tmp: Path, name: str, *extra: str) -> dict:
@@ -348,8 +354,8 @@ def test_a_rollout_gauntlet_on_ray_matches_the_local_one(three_runs, ray_head):
     on_ray = _gauntlet(
         tmp,
         "ray",
-        "gauntlet.executor=ray",
-        f"gauntlet.ray_address={address}",
+        "rollout.executor=ray",
+        f"rollout.ray_address={address}",
         "outcomes.use_cache=false",
         f"reproduce.replay_order_seed={third['cluster_order']['order_seed']}",
     )

@@ -78,8 +78,8 @@ class ClusterOrder(Choice):
 
 class Executor(Choice):
     # Where rollouts run (outcomes=rollout): the outcomes do not depend on it.
-    local = "local"  # a process pool on this machine (outcomes.workers processes)
-    ray = "ray"  # Ray tasks: a local instance, or the cluster at gauntlet.ray_address
+    local = "local"  # a process pool on this machine (rollout.workers processes)
+    ray = "ray"  # Ray tasks: a local instance, or the cluster at rollout.ray_address
 
 
 class StrataFrom(Choice):

@@ -144,10 +144,6 @@ class GauntletConfig:
     use_cache: bool = True
     require_clean_code: bool = False  # lineage invalid when the git tree has uncommitted changes
     plot: bool = True
-    # Where a source that runs policies (outcomes=rollout) runs them. ray_address: null starts a
-    # local Ray instance for the run; "auto" joins the running cluster; ray://host:10001 a remote one.
-    executor: Executor = Executor.local
-    ray_address: Optional[str] = None
     # A CI launch gate: exit 0 for LAUNCH, 10 for NEEDS_REVIEW, 11 for DO_NOT_LAUNCH (README "Exit codes").
     exit_code_from_recommendation: bool = False
 
@@ -192,10 +188,22 @@ class EvaluateConfig:
     seed: int = 1
     execute_actions: int = 1  # actions of each sampled chunk executed before re-planning
     max_steps: int = 150
-    # Episodes run in lockstep groups of this many (one batched policy call per control step); the
-    # groups, not the worker count, decide the numbers, so `workers` changes only the speed.
-    lockstep_group: int = 32
-    workers: int = 1  # rollout processes
+
+
+@dataclass
+class RolloutConfig:
+    """Where and how fast closed-loop episodes run, wherever they run -- job=evaluate, job=train's
+    evaluation, the ablation's closed loop, outcomes=rollout -- and never what they give: an
+    episode's outcome depends on the episode alone (vlaeval/rollouts/engine.py), so these change only
+    the speed. What an episode is (its steps, the actions executed per chunk) belongs to what it
+    evaluates: evaluate.* for the held-out evaluation, the scenario families' source for rollouts."""
+
+    lockstep_group: int = 32  # episodes advanced together, one batched policy call per control step
+    workers: int = 2  # processes (executor=local) or concurrent Ray tasks (executor=ray)
+    # ray_address: null starts a local Ray instance for the run; "auto" joins the running cluster;
+    # ray://host:10001 a remote one.
+    executor: Executor = Executor.local
+    ray_address: Optional[str] = None
 
 
 @dataclass
@@ -358,6 +366,7 @@ class VlaevalConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     gradients: GradientsConfig = field(default_factory=GradientsConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
@@ -386,7 +395,7 @@ register_configs()
 SHARED_SECTIONS = ("job", "paths", "tracking")
 # What building or loading a policy reads: the jobs that train, score or run one, and a gauntlet
 # whose outcome source runs policies (outcomes=rollout).
-POLICY_SECTIONS = ("data", "model", "flow", "train", "checkpoint", "evaluate", "device")
+POLICY_SECTIONS = ("data", "model", "flow", "train", "checkpoint", "evaluate", "rollout", "device")
 
 
 def job_config(cfg: DictConfig, sections: Sequence[str]) -> DictConfig:

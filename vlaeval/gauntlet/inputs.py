@@ -81,9 +81,8 @@ def run_context(cfg: DictConfig) -> Optional[RunContext]:
         flow=cfg.flow,
         train=cfg.train,
         tracking=cfg.tracking,
+        rollout=cfg.rollout,
         cache_dir=str(cfg.paths.cache_dir),
-        executor=str(cfg.gauntlet.executor),
-        ray_address=cfg.gauntlet.ray_address,
     )
 
 

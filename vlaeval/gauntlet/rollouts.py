@@ -61,8 +61,6 @@ class RolloutOutcomes:
         scenarios: Any = None,
         execute_actions: int = 1,
         max_steps: int = 150,
-        lockstep_group: int = 24,
-        workers: int = 2,
         batch_units: int = 48,
         registry: Optional[str] = None,
         use_cache: bool = True,
@@ -73,12 +71,10 @@ class RolloutOutcomes:
         self.references = {"baseline": str(baseline), "candidate": str(candidate)}
         self.recipes: Dict[str, Any] = dict(policies or {})
         self.execute_actions, self.max_steps = int(execute_actions), int(max_steps)
-        self.lockstep_group, self.workers, self.batch_units = int(lockstep_group), int(workers), int(batch_units)
+        self.batch_units = int(batch_units)
         self.use_cache = bool(use_cache)
         require(self.execute_actions >= 1, f"outcomes.execute_actions={execute_actions} must be >= 1")
         require(self.max_steps >= 1, f"outcomes.max_steps={max_steps} must be >= 1")
-        require(self.lockstep_group >= 1, f"outcomes.lockstep_group={lockstep_group} must be >= 1")
-        require(self.workers >= 1, f"outcomes.workers={workers} must be >= 1")
         require(self.batch_units >= 1, f"outcomes.batch_units={batch_units} must be >= 1")
         require(scenarios, "outcomes.scenarios is empty; give each stratum a scenario family")
         default_tasks = [str(t) for t in (context.data.get("tasks") or [])]
@@ -91,11 +87,14 @@ class RolloutOutcomes:
         self._scenes: Dict[str, List[Scene]] = {}
         self._built: set = set()  # strata whose scenes' benchmarks are built in this process
         self.timing = {"rollout_s": 0.0, "episodes_run": 0, "episodes_from_cache": 0, "env_steps": 0}
+        from vlaeval.rollouts.evaluation import validate_rollout
         from vlaeval.rollouts.executors import make_executor
 
-        # gauntlet.executor: where the rollouts run (local processes or Ray); never what they give.
+        # rollout.*: where the rollouts run (local processes or Ray) and how many at once; never what they give.
+        validate_rollout(context.rollout)
+        self.lockstep_group = int(context.rollout.lockstep_group)
         self.executor = make_executor(
-            getattr(context, "executor", "local"), self.workers, getattr(context, "ray_address", None)
+            str(context.rollout.executor), int(context.rollout.workers), context.rollout.ray_address
         )
 
     # ------------------------------------------------------------------ checks before any work

@@ -98,9 +98,8 @@ class RunContext:
     flow: DictConfig
     train: DictConfig
     tracking: DictConfig
+    rollout: DictConfig  # where and how fast episodes run (RolloutConfig)
     cache_dir: str
-    executor: str
-    ray_address: Optional[str]
 
 
 class CheckedSource:

@@ -471,13 +471,14 @@ def closed_loop_success(cfg: DictConfig, data: Any, handle: Any, models: List[An
     from vlaeval.data.metaworld import HELD_OUT_VARIANTS, episode_plan
     from vlaeval.envs.metaworld import Episode
     from vlaeval.rollouts.engine import RolloutJob, rollout_jobs
-    from vlaeval.rollouts.executors import LocalExecutor
+    from vlaeval.rollouts.executors import make_executor
 
     e = cfg.evaluate
     plan = episode_plan(data.demonstrations.tasks, int(e.episodes_per_task), int(e.seed), HELD_OUT_VARIANTS)
     episodes = [Episode(p["task"], p["task_index"], p["variant"], p["seed"]) for p in plan]
     jobs = [RolloutJob(m, episodes, data.instruction_table, cfg.flow) for m in [handle.model.cpu(), *models]]
-    executor = LocalExecutor(int(e.workers))
+    r = cfg.rollout
+    executor = make_executor(str(r.executor), int(r.workers), r.ray_address)
     try:
         with console.unit_progress("closed-loop episodes", len(jobs) * len(episodes)) as update:
             outs = rollout_jobs(
@@ -485,7 +486,7 @@ def closed_loop_success(cfg: DictConfig, data: Any, handle: Any, models: List[An
                 executor,
                 execute_actions=int(e.execute_actions),
                 max_steps=int(e.max_steps),
-                group_size=int(e.lockstep_group),
+                group_size=int(r.lockstep_group),
                 progress=lambda done, total: update(completed=done),
             )
     finally:

@@ -44,6 +44,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             data.instruction_table,
             cfg.evaluate,
             cfg.flow,
+            cfg.rollout,
             lambda done, total, task: update(completed=done, total=total, description=task),
         )
     metrics, checks = evaluation_view(evaluation)

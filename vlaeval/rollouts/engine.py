@@ -270,21 +270,30 @@ def evaluate_closed_loop(
     instruction_table: torch.Tensor,
     evaluate: Any,
     flow: Any,
+    rollout: Any,
     progress: Optional[Callable[[int, int, str], None]] = None,
 ) -> Dict[str, Any]:
+    """The held-out evaluation (evaluate.*: episodes per task, their seed, steps, actions per chunk),
+    run where rollout.* says (local processes or Ray), beside the scripted expert on the same episodes."""
+    from vlaeval.rollouts.executors import make_executor
+
     plan = episode_plan(tasks, int(evaluate.episodes_per_task), int(evaluate.seed), HELD_OUT_VARIANTS)
     episodes = [Episode(ep["task"], ep["task_index"], ep["variant"], ep["seed"]) for ep in plan]
-    policy = rollout_episodes(
-        model,
-        episodes,
-        instruction_table,
-        flow,
-        execute_actions=int(evaluate.execute_actions),
-        max_steps=int(evaluate.max_steps),
-        group_size=int(evaluate.lockstep_group),
-        workers=int(evaluate.workers),
-        progress=None if progress is None else (lambda done, total: progress(done, total, "policy episodes")),
-    )["success"]
+    executor = make_executor(str(rollout.executor), int(rollout.workers), rollout.ray_address)
+    try:
+        policy = rollout_episodes(
+            model,
+            episodes,
+            instruction_table,
+            flow,
+            execute_actions=int(evaluate.execute_actions),
+            max_steps=int(evaluate.max_steps),
+            group_size=int(rollout.lockstep_group),
+            executor=executor,
+            progress=None if progress is None else (lambda done, total: progress(done, total, "policy episodes")),
+        )["success"]
+    finally:
+        executor.close()
     expert = expert_successes(episodes, int(evaluate.max_steps))
     rows = {}
     for task in tasks:

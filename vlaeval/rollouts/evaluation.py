@@ -21,9 +21,14 @@ def validate_evaluate(cfg: DictConfig) -> None:
         f"evaluate.execute_actions={e.execute_actions} must be in [1, data.horizon={cfg.data.horizon}]",
     )
     require(e.max_steps >= 1, f"evaluate.max_steps={e.max_steps} must be >= 1")
-    require(e.lockstep_group >= 1, f"evaluate.lockstep_group={e.lockstep_group} must be >= 1")
-    require(e.workers >= 1, f"evaluate.workers={e.workers} must be >= 1")
     require(cfg.flow.sampling_steps >= 1, f"flow.sampling_steps={cfg.flow.sampling_steps} must be >= 1")
+    validate_rollout(cfg.rollout)
+
+
+def validate_rollout(rollout: Any) -> None:
+    """rollout.*: one-line errors before any episode runs."""
+    require(rollout.lockstep_group >= 1, f"rollout.lockstep_group={rollout.lockstep_group} must be >= 1")
+    require(rollout.workers >= 1, f"rollout.workers={rollout.workers} must be >= 1")
 
 
 def evaluation_view(evaluation: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, bool]]:

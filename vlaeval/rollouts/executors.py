@@ -68,7 +68,7 @@ class RayExecutor:
             import ray
         except ImportError:
             raise UserInputError(
-                "gauntlet.executor=ray needs Ray: pip install 'vlaeval[ray]' (or use gauntlet.executor=local)"
+                "rollout.executor=ray needs Ray: pip install 'vlaeval[ray]' (or use rollout.executor=local)"
             ) from None
         if not ray.is_initialized():
             try:
@@ -77,7 +77,7 @@ class RayExecutor:
                 )
             except (ConnectionError, RuntimeError, ValueError) as error:
                 raise UserInputError(
-                    f"gauntlet.ray_address={self.address}: cannot join the Ray cluster ({type(error).__name__}: "
+                    f"rollout.ray_address={self.address}: cannot join the Ray cluster ({type(error).__name__}: "
                     f"{str(error).splitlines()[0][:160]}); start it (`ray start --head`) or leave ray_address null "
                     "for a local instance"
                 ) from None

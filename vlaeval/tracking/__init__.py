@@ -37,7 +37,8 @@ VOLATILE_SECTIONS = (
     "paths",
     "tracking",
     "reproduce",
-)  # where a run writes and how it was asked for, not what it computes
+    "rollout",
+)  # where a run writes, how it was asked for and where its episodes ran, not what it computes
 
 
 class TrackingError(RuntimeError):
