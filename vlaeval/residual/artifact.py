@@ -206,29 +206,17 @@ def load_gradient_artifact(path: Path) -> Tuple[Dict[str, Any], List[Dict[str, A
         f"gradient artifact {path} does not match its content_sha256 (modified or corrupted after it was "
         "written); rebuild it with job=gradients",
     )
-    version = payload.get("schema_version")
-    require(
-        version == ARTIFACT_SCHEMA_VERSION,
-        f"gradient artifact {path} has schema_version {version!r}; this vlaeval reads version "
-        f"{ARTIFACT_SCHEMA_VERSION} ({SCHEMA_DOC}): rebuild it with job=gradients or update your writer",
-    )
-    anchors = payload.get("anchors")
-    require(
-        isinstance(anchors, list) and len(anchors) >= 4,
-        f"gradient artifact {path} must contain at least four anchors (found "
-        f"{len(anchors) if isinstance(anchors, list) else 'none'})",
-    )
-    for index, anchor in enumerate(anchors):
-        missing = [f for f in REQUIRED_ANCHOR_FIELDS if not isinstance(anchor, dict) or f not in anchor]
-        require(not missing, f"gradient artifact {path}: anchor {index} lacks {', '.join(missing)}")
-        rms, loss = anchor["gradient_rms"], anchor["mean_gradient_loss"]
-        ok = isinstance(rms, (int, float)) and math.isfinite(rms) and rms > 0
-        require(ok, f"gradient artifact {path}: anchor {index} has gradient_rms={rms!r}; it must be finite and > 0")
-        require(
-            isinstance(loss, (int, float)) and math.isfinite(loss),
-            f"gradient artifact {path}: anchor {index} has mean_gradient_loss={loss!r}; it must be finite",
-        )
+    # One source for the structure: the JSON Schema (docs/gradient_artifact.schema.json). JSON
+    # Schema cannot say "finite" (Python's JSON reads NaN and Infinity), so that is checked after it.
     check_schema(payload, path)
+    for index, anchor in enumerate(payload["anchors"]):
+        for name in ("gradient_rms", "mean_gradient_loss"):
+            require(
+                math.isfinite(anchor[name]),
+                f"gradient artifact {path}: anchor {index} has {name}={anchor[name]!r}; it must be finite"
+                + (" and > 0" if name == "gradient_rms" else ""),
+            )
+    anchors = payload["anchors"]
     metadata = {
         "path": str(path.resolve()),
         "sha256": sha256_file(path),
@@ -244,16 +232,36 @@ def load_gradient_artifact(path: Path) -> Tuple[Dict[str, Any], List[Dict[str, A
 
 
 def check_schema(payload: Dict[str, Any], path: Path) -> None:
-    """The artifact against its JSON Schema: the first violation, in one line with where it is."""
+    """The artifact against its JSON Schema: the first violation, in one line saying where and what
+    to do (the common ones in words: the version, too few anchors, a missing or out-of-range field)."""
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(ARTIFACT_JSON_SCHEMA)
     error = next(iter(sorted(validator.iter_errors(payload), key=lambda e: list(e.absolute_path))), None)
     if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise UserInputError(
-            f"gradient artifact {path} does not follow {SCHEMA_DOC} at {where}: {first_line(error.message, 160)}"
+        raise UserInputError(schema_message(error, path))
+
+
+def schema_message(error: Any, path: Path) -> str:
+    where = list(error.absolute_path)
+    kind = error.validator
+    if where == ["schema_version"]:
+        return (
+            f"gradient artifact {path} has schema_version {error.instance!r}; this vlaeval reads version "
+            f"{ARTIFACT_SCHEMA_VERSION} ({SCHEMA_DOC}): rebuild it with job=gradients or update your writer"
         )
+    if where == ["anchors"] and kind == "minItems":
+        return f"gradient artifact {path} must contain at least four anchors (found {len(error.instance)})"
+    if len(where) == 2 and where[0] == "anchors" and kind == "required":
+        missing = [f for f in error.validator_value if f not in error.instance]
+        return f"gradient artifact {path}: anchor {where[1]} lacks {', '.join(missing)}"
+    if len(where) == 3 and where[0] == "anchors" and where[2] == "gradient_rms":
+        return (
+            f"gradient artifact {path}: anchor {where[1]} has gradient_rms={error.instance!r}; "
+            "it must be finite and > 0"
+        )
+    located = "/".join(str(p) for p in where) or "(top level)"
+    return f"gradient artifact {path} does not follow {SCHEMA_DOC} at {located}: {first_line(error.message, 160)}"
 
 
 def recover_anchors(
