@@ -220,3 +220,14 @@ def test_presets_name_only_what_differs_from_the_schema():
             )
             checked += 1
     assert checked > 40
+
+
+def test_an_episode_means_the_same_in_evaluation_and_in_rollout_gauntlets():
+    """The rollout source's signature is its schema (read without importing it), so it cannot name
+    EvaluateConfig's defaults: they are written twice, and this keeps the two the same."""
+    from vlaeval.components import static_parameters
+    from vlaeval.config import EvaluateConfig
+
+    defaults = {name: default for name, _, default in static_parameters("vlaeval.gauntlet.rollouts.RolloutOutcomes")}
+    assert defaults["execute_actions"] == EvaluateConfig.execute_actions
+    assert defaults["max_steps"] == EvaluateConfig.max_steps

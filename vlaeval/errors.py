@@ -17,6 +17,11 @@ def require(condition: bool, message: str) -> None:
         raise UserInputError(message)
 
 
+def require_at_least(name: str, value: float, low: float) -> None:
+    """`name`=value must be >= low: the one-line range error every count and size setting shares."""
+    require(value >= low, f"{name}={value} must be >= {low}")
+
+
 def first_line(error: BaseException | str, limit: int | None = None) -> str:
     """The first non-empty line of an error's message (its type name when the message is empty),
     cut at a word boundary to `limit` characters with an ellipsis."""

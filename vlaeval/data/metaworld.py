@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, cast
 import numpy as np
 
 from vlaeval.artifacts import atomic_write_json, atomic_write_npz, read_json, sha256_json, stable_seed
-from vlaeval.errors import UserInputError, require
+from vlaeval.errors import UserInputError, require, require_at_least
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def validate_data_config(data: Any) -> None:
         if task not in known:
             close = sorted(known, key=lambda k: (_distance(k, task), k))[:3]  # ties by name: same text in every process
             raise UserInputError(f"data.tasks: unknown Meta-World task {task!r}; did you mean {', '.join(close)}?")
-    require(data.episodes_per_task >= 1, f"data.episodes_per_task={data.episodes_per_task} must be >= 1")
+    require_at_least("data.episodes_per_task", data.episodes_per_task, 1)
     require(data.max_steps >= 2, f"data.max_steps={data.max_steps} must be >= 2")
     require(data.action_noise >= 0.0, f"data.action_noise={data.action_noise} must be >= 0")
     require(data.horizon >= 1, f"data.horizon={data.horizon} must be >= 1 (the action chunk length H)")

@@ -19,6 +19,8 @@ import numpy as np
 from vlaeval.artifacts import stable_seed
 from vlaeval.data.metaworld import quiet_metaworld
 
+DEFAULT_OBSTACLE = ("wall",)  # the bodies whose contact force makes an episode unsafe, unless a family names others
+
 
 @dataclass(frozen=True)
 class Perturbation:
@@ -81,7 +83,7 @@ class Episode:
     perturbation: Perturbation = NO_PERTURBATION
     degradation: Perturbation = NO_PERTURBATION
     unsafe_contact_force: Optional[float] = None
-    obstacle: Tuple[str, ...] = field(default=("wall",))
+    obstacle: Tuple[str, ...] = field(default=DEFAULT_OBSTACLE)
 
 
 def task_benchmark(task: str, family: int = 0) -> Any:

@@ -31,7 +31,7 @@ import numpy as np
 from vlaeval.artifacts import sha256_json, stable_seed
 from vlaeval.config import StratumConfig
 from vlaeval.envs.metaworld import NO_PERTURBATION, Episode, Perturbation
-from vlaeval.errors import require
+from vlaeval.errors import require, require_at_least
 from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes
 from vlaeval.gauntlet.registry import FailureRegistry, registry_path
 from vlaeval.rollouts.scenarios import (
@@ -59,7 +59,7 @@ class RolloutOutcomes:
         candidate: str = "builtin:worse",
         policies: Any = None,
         scenarios: Any = None,
-        execute_actions: int = 1,
+        execute_actions: int = 1,  # = EvaluateConfig (tests/test_config.py checks: components are parsed, not imported)
         max_steps: int = 150,
         batch_units: int = 48,
         registry: Optional[str] = None,
@@ -73,9 +73,9 @@ class RolloutOutcomes:
         self.execute_actions, self.max_steps = int(execute_actions), int(max_steps)
         self.batch_units = int(batch_units)
         self.use_cache = bool(use_cache)
-        require(self.execute_actions >= 1, f"outcomes.execute_actions={execute_actions} must be >= 1")
-        require(self.max_steps >= 1, f"outcomes.max_steps={max_steps} must be >= 1")
-        require(self.batch_units >= 1, f"outcomes.batch_units={batch_units} must be >= 1")
+        require_at_least("outcomes.execute_actions", self.execute_actions, 1)
+        require_at_least("outcomes.max_steps", self.max_steps, 1)
+        require_at_least("outcomes.batch_units", self.batch_units, 1)
         require(scenarios, "outcomes.scenarios is empty; give each stratum a scenario family")
         default_tasks = [str(t) for t in (context.data.get("tasks") or [])]
         self.families = {str(k): ScenarioFamily.parse(str(k), v, default_tasks) for k, v in dict(scenarios).items()}

@@ -34,7 +34,7 @@ import numpy as np
 
 from vlaeval.choices import AlarmFwer, ClusterOrder, HaltRule
 from vlaeval.config import GauntletConfig, StratumConfig
-from vlaeval.errors import require
+from vlaeval.errors import require, require_at_least
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.constants import ClusterSizeBounds, OrderSeed, cluster_size_bounds, run_order_seed
 from vlaeval.gauntlet.outcomes import (
@@ -95,8 +95,8 @@ def validate_gauntlet(
         s.margin_delta <= s.catastrophic_delta < 1.0,
         f"gauntlet.catastrophic_delta={s.catastrophic_delta} must be in [margin_delta={s.margin_delta}, 1)",
     )
-    require(s.batch_units >= 1, f"gauntlet.batch_units={s.batch_units} must be >= 1")
-    require(s.budget_units >= 1, f"gauntlet.budget_units={s.budget_units} must be >= 1")
+    require_at_least("gauntlet.batch_units", s.batch_units, 1)
+    require_at_least("gauntlet.budget_units", s.budget_units, 1)
     require(s.nominal_base_allowance >= 0, f"gauntlet.nominal_base_allowance={s.nominal_base_allowance} must be >= 0")
     require(s.nominal_expand_factor >= 1.0, f"gauntlet.nominal_expand_factor={s.nominal_expand_factor} must be >= 1")
     require(

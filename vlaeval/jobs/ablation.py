@@ -37,7 +37,7 @@ from vlaeval.audit.result import AblationResult, ProposalSummary
 from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
 from vlaeval.choices import AblationProposal, Optimizer
 from vlaeval.config import POLICY_SECTIONS, to_plain
-from vlaeval.errors import UserInputError, require
+from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.residual.ablation import (
@@ -68,8 +68,8 @@ def validate_ablation(cfg: DictConfig) -> None:
     seeds = [int(s) for s in a.seeds]
     require(len(seeds) >= 2, f"ablation.seeds has {len(seeds)} seed(s); give >= 2 (intervals are across seeds)")
     require(len(set(seeds)) == len(seeds), f"ablation.seeds repeats a seed: {seeds}")
-    require(a.steps >= 1, f"ablation.steps={a.steps} must be >= 1")
-    require(a.batch_size >= 1, f"ablation.batch_size={a.batch_size} must be >= 1")
+    require_at_least("ablation.steps", a.steps, 1)
+    require_at_least("ablation.batch_size", a.batch_size, 1)
     require(a.learning_rate > 0, f"ablation.learning_rate={a.learning_rate} must be > 0")
     require(1 <= a.measure_every <= a.steps, f"ablation.measure_every={a.measure_every} must be in [1, ablation.steps]")
     require(a.judge_draws >= 2, f"ablation.judge_draws={a.judge_draws} must be >= 2")
@@ -77,8 +77,8 @@ def validate_ablation(cfg: DictConfig) -> None:
     require(a.minibatches == 0 or a.minibatches >= 2, f"ablation.minibatches={a.minibatches} must be 0 (off) or >= 2")
     require(a.time_bins >= 2, f"ablation.time_bins={a.time_bins} must be >= 2")
     require(0.0 < a.time_alpha <= 1.0, f"ablation.time_alpha={a.time_alpha} must be in (0, 1]")
-    require(a.heldout_every >= 1, f"ablation.heldout_every={a.heldout_every} must be >= 1")
-    require(a.heldout_draws >= 1, f"ablation.heldout_draws={a.heldout_draws} must be >= 1")
+    require_at_least("ablation.heldout_every", a.heldout_every, 1)
+    require_at_least("ablation.heldout_draws", a.heldout_draws, 1)
     require(
         a.heldout_episodes_per_task >= 0,
         f"ablation.heldout_episodes_per_task={a.heldout_episodes_per_task} must be >= 0 (0: no held-out loss)",

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from vlaeval import console
 from vlaeval.config import POLICY_SECTIONS
 from vlaeval.data.lerobot import read_lerobot, write_lerobot
-from vlaeval.errors import require
+from vlaeval.errors import require, require_at_least
 from vlaeval.runs import RunReport, load_data, now_ms, output_dir, publish
 
 JOB = "export_lerobot"
@@ -29,7 +29,7 @@ READS = ("export", *POLICY_SECTIONS)
 def run(cfg: DictConfig) -> Dict[str, Any]:
     started_ms = now_ms()
     e = cfg.export
-    require(e.fps >= 1, f"export.fps={e.fps} must be >= 1")
+    require_at_least("export.fps", e.fps, 1)
     root = Path(str(e.root)) if e.root is not None else output_dir(cfg) / "lerobot"
     require(
         not root.exists() or not any(root.iterdir()),

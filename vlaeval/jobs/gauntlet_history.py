@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_json, read_json
-from vlaeval.errors import require
+from vlaeval.errors import require, require_at_least
 from vlaeval.gauntlet.recommendation import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW
 from vlaeval.gauntlet.report import print_summary
 from vlaeval.gauntlet.result import GauntletResult
@@ -33,7 +33,7 @@ RECOMMENDATIONS = (LAUNCH, DO_NOT_LAUNCH, NEEDS_REVIEW)
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
     h = cfg.history
-    require(h.limit >= 1, f"history.limit={h.limit} must be >= 1")
+    require_at_least("history.limit", h.limit, 1)
     require(
         h.recommendation is None or h.recommendation in RECOMMENDATIONS,
         f"history.recommendation={h.recommendation!r} is unknown; use one of {', '.join(RECOMMENDATIONS)}",

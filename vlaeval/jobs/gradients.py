@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.config import POLICY_SECTIONS
-from vlaeval.errors import require
+from vlaeval.errors import require, require_at_least
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.residual.artifact import build_gradient_artifact
@@ -41,7 +41,7 @@ def validate_gradients(cfg: DictConfig) -> None:
     duplicated = sorted({s for s in seeds if seeds.count(s) > 1})
     require(not duplicated, f"gradients.seeds repeats {duplicated}; each gradient seed must be unique")
     require(g.num_anchors >= 4, f"gradients.num_anchors={g.num_anchors} must be >= 4 (the audit needs at least four)")
-    require(g.batch_size >= 1, f"gradients.batch_size={g.batch_size} must be >= 1")
+    require_at_least("gradients.batch_size", g.batch_size, 1)
     require(g.verify_pairs >= 0, f"gradients.verify_pairs={g.verify_pairs} must be >= 0")
     FlowConvention.of(cfg.flow).validate()
     validate_checkpoint_config(cfg.checkpoint)

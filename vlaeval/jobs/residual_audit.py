@@ -25,7 +25,7 @@ from vlaeval.audit.plots import plot_audit
 from vlaeval.audit.result import AnchorScore, AuditResult, ScoreDefinition
 from vlaeval.choices import CheckpointKind
 from vlaeval.config import POLICY_SECTIONS
-from vlaeval.errors import UserInputError, require
+from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
@@ -58,7 +58,7 @@ def validate_audit(cfg: DictConfig) -> None:
     require(0.0 <= a.alpha <= 1.0, f"audit.alpha={a.alpha} must be in [0, 1]")
     require(0.0 <= a.percentile_epsilon < 0.5, f"audit.percentile_epsilon={a.percentile_epsilon} must be in [0, 0.5)")
     require(a.proposal_power > 0, f"audit.proposal_power={a.proposal_power} must be > 0")
-    require(a.permutations >= 1, f"audit.permutations={a.permutations} must be >= 1")
+    require_at_least("audit.permutations", a.permutations, 1)
     require(g.min_anchors >= 4, f"gate.min_anchors={g.min_anchors} must be >= 4")
     FlowConvention.of(cfg.flow).validate()
     validate_checkpoint_config(cfg.checkpoint)

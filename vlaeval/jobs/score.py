@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.config import POLICY_SECTIONS, to_plain
-from vlaeval.errors import require
+from vlaeval.errors import require, require_at_least
 from vlaeval.memory import PeakMemory
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import find_shards, merge_shards, scoring_settings, shard_range, write_shard
@@ -39,7 +39,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     if s.merge is not None:
         return merge(cfg, started_ms)
     validate_estimator_config(cfg.estimator)
-    require(s.shard_count >= 1, f"score.shard_count={s.shard_count} must be >= 1")
+    require_at_least("score.shard_count", s.shard_count, 1)
     require(
         0 <= s.shard_index < s.shard_count,
         f"score.shard_index={s.shard_index} must be in [0, score.shard_count={s.shard_count})",

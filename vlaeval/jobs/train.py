@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes
 from vlaeval.config import POLICY_SECTIONS
-from vlaeval.errors import require
+from vlaeval.errors import require, require_at_least
 from vlaeval.policy.builtin import PolicySpec, checkpoint_key, train_and_save
 from vlaeval.policy.checkpoint import sidecar_path
 from vlaeval.policy.flow import FlowConvention
@@ -33,10 +33,10 @@ READS = ("train", "evaluate", *POLICY_SECTIONS)
 
 def validate_train(cfg: DictConfig) -> None:
     t = cfg.train
-    require(t.steps >= 1, f"train.steps={t.steps} must be >= 1")
-    require(t.batch_size >= 1, f"train.batch_size={t.batch_size} must be >= 1")
+    require_at_least("train.steps", t.steps, 1)
+    require_at_least("train.batch_size", t.batch_size, 1)
     require(t.learning_rate > 0, f"train.learning_rate={t.learning_rate} must be > 0")
-    require(t.log_every >= 1, f"train.log_every={t.log_every} must be >= 1")
+    require_at_least("train.log_every", t.log_every, 1)
     FlowConvention.of(cfg.flow).validate()
 
 

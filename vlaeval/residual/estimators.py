@@ -111,7 +111,7 @@ def _per_draw(x: torch.Tensor, seeds: int, samples: int) -> torch.Tensor:
 @torch.no_grad()
 def validate_estimator_config(e: Any) -> None:
     """The estimator section, checked before any work (the audit and the ablation score alike)."""
-    from vlaeval.errors import require
+    from vlaeval.errors import require, require_at_least
 
     m = int(e.samples_per_estimator)
     require(m >= 2 and m % 2 == 0, f"estimator.samples_per_estimator={m} must be an even number >= 2")
@@ -122,7 +122,7 @@ def validate_estimator_config(e: Any) -> None:
     )
     duplicated = sorted({s for s in seeds if seeds.count(s) > 1})
     require(not duplicated, f"estimator.seeds repeats {duplicated}; estimator seeds must be unique")
-    require(e.anchor_batch_size >= 1, f"estimator.anchor_batch_size={e.anchor_batch_size} must be >= 1")
+    require_at_least("estimator.anchor_batch_size", e.anchor_batch_size, 1)
 
 
 def estimator_arguments(e: Any) -> Dict[str, Any]:

@@ -17,14 +17,14 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 import numpy as np
 
 from vlaeval.artifacts import atomic_write_json, atomic_write_npz, sha256_file, sha256_json
-from vlaeval.errors import UserInputError, require
+from vlaeval.errors import UserInputError, require, require_at_least
 
 SCORES_SCHEMA_VERSION = 1
 
 
 def shard_range(total: int, index: int, count: int) -> Tuple[int, int]:
     """Anchors [start, stop) of shard `index` of `count`: contiguous, sizes differing by at most one."""
-    require(count >= 1, f"score.shard_count={count} must be >= 1")
+    require_at_least("score.shard_count", count, 1)
     require(0 <= index < count, f"score.shard_index={index} must be in [0, score.shard_count={count})")
     return total * index // count, total * (index + 1) // count
 

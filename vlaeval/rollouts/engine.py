@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from vlaeval.artifacts import stable_seed
+from vlaeval.config import RolloutConfig
 from vlaeval.data.metaworld import HELD_OUT_VARIANTS, VARIANTS_PER_TASK, EpisodeRunner, episode_plan
 from vlaeval.envs.metaworld import (
     Episode,
@@ -33,6 +34,7 @@ from vlaeval.envs.metaworld import (
 )
 from vlaeval.policy.flow import FlowConvention, sample_actions
 
+DEFAULT_LOCKSTEP_GROUP = RolloutConfig.lockstep_group  # one default: the rollout section's
 MIN_POLICY_BATCH = 8  # rows of every batched policy call (padded): see the module docstring
 ROLLOUT_ENGINE_VERSION = 2  # bump when what an episode's seed and spec produce changes (cache keys)
 
@@ -95,7 +97,7 @@ def rollout_jobs(
     *,
     execute_actions: int,
     max_steps: int,
-    group_size: int = 32,
+    group_size: int = DEFAULT_LOCKSTEP_GROUP,
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> List[Dict[str, np.ndarray]]:
     """Every job's episodes in lockstep groups of `group_size`, all groups of all jobs handed to the
@@ -137,7 +139,7 @@ def rollout_episodes(
     *,
     execute_actions: int,
     max_steps: int,
-    group_size: int = 32,
+    group_size: int = DEFAULT_LOCKSTEP_GROUP,
     workers: int = 1,
     executor: Any = None,
     progress: Optional[Callable[[int, int], None]] = None,

@@ -10,25 +10,25 @@ from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes, atomic_write_text
-from vlaeval.errors import require
+from vlaeval.errors import require, require_at_least
 
 
 def validate_evaluate(cfg: DictConfig) -> None:
     e = cfg.evaluate
-    require(e.episodes_per_task >= 1, f"evaluate.episodes_per_task={e.episodes_per_task} must be >= 1")
+    require_at_least("evaluate.episodes_per_task", e.episodes_per_task, 1)
     require(
         1 <= e.execute_actions <= cfg.data.horizon,
         f"evaluate.execute_actions={e.execute_actions} must be in [1, data.horizon={cfg.data.horizon}]",
     )
-    require(e.max_steps >= 1, f"evaluate.max_steps={e.max_steps} must be >= 1")
-    require(cfg.flow.sampling_steps >= 1, f"flow.sampling_steps={cfg.flow.sampling_steps} must be >= 1")
+    require_at_least("evaluate.max_steps", e.max_steps, 1)
+    require_at_least("flow.sampling_steps", cfg.flow.sampling_steps, 1)
     validate_rollout(cfg.rollout)
 
 
 def validate_rollout(rollout: Any) -> None:
     """rollout.*: one-line errors before any episode runs."""
-    require(rollout.lockstep_group >= 1, f"rollout.lockstep_group={rollout.lockstep_group} must be >= 1")
-    require(rollout.workers >= 1, f"rollout.workers={rollout.workers} must be >= 1")
+    require_at_least("rollout.lockstep_group", rollout.lockstep_group, 1)
+    require_at_least("rollout.workers", rollout.workers, 1)
 
 
 def evaluation_view(evaluation: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, bool]]:

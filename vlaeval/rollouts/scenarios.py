@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from vlaeval.envs.metaworld import NO_PERTURBATION, Episode, Perturbation
+from vlaeval.envs.metaworld import DEFAULT_OBSTACLE, NO_PERTURBATION, Episode, Perturbation
 from vlaeval.errors import require
 from vlaeval.rollouts.evaluation import write_paired_outcomes as write_outcome_rows
 
@@ -42,7 +42,7 @@ class ScenarioFamily:
     episodes_per_scene: int = 4
     perturbation: Perturbation = NO_PERTURBATION
     unsafe_contact_force: Optional[float] = None
-    obstacle: Tuple[str, ...] = ("wall",)
+    obstacle: Tuple[str, ...] = DEFAULT_OBSTACLE
     replay: bool = False
 
     @classmethod
@@ -70,7 +70,7 @@ class ScenarioFamily:
             episodes_per_scene=episodes,
             perturbation=Perturbation.parse(values.get("perturbation"), f"{where}.perturbation"),
             unsafe_contact_force=None if force is None else float(force),
-            obstacle=tuple(str(b) for b in values.get("obstacle", ("wall",))),
+            obstacle=tuple(str(b) for b in values.get("obstacle", DEFAULT_OBSTACLE)),
             replay=replay,
         )
 
@@ -120,7 +120,7 @@ def episode_from_spec(spec: Mapping[str, Any], task_index: int, degradation: Per
         perturbation=Perturbation(**dict(spec.get("perturbation") or {})),
         degradation=degradation,
         unsafe_contact_force=spec.get("unsafe_contact_force"),
-        obstacle=tuple(spec.get("obstacle", ("wall",))),
+        obstacle=tuple(spec.get("obstacle", DEFAULT_OBSTACLE)),
     )
 
 
