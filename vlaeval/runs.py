@@ -91,6 +91,12 @@ def typed(node: Any) -> Any:
     return OmegaConf.to_object(node)
 
 
+def lineage_tags(handle: Any, data: Any) -> Dict[str, str]:
+    """The tags that say which checkpoint and which data a run's numbers come from (job=reproduce
+    compares them)."""
+    return {"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256}
+
+
 @dataclass(frozen=True)
 class RunReport:
     """One finished run as its job hands it over: the result (JSON-ready; the job's result object's

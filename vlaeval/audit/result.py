@@ -207,14 +207,12 @@ class AuditResult:
             )
         return metrics
 
-    def tags(self, data_manifest_sha256: str) -> Dict[str, str]:
+    def tags(self) -> Dict[str, str]:
         return {
             "gate.status": self.gate.status,
             "gate.eligible_for_500_step_ablation": str(self.gate.eligible_for_500_step_ablation).lower(),
             "estimator.kind": self.score_definition.estimator,
             "estimator.unbiased": str(self.score_definition.unbiased).lower(),
-            "checkpoint.sha256": self.checkpoint_sha256,
-            "data.manifest_sha256": data_manifest_sha256,
         }
 
     def to_json(self) -> Dict[str, Any]:

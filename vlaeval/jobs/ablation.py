@@ -49,7 +49,7 @@ from vlaeval.residual.ablation import (
 )
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import read_scores, scoring_settings
-from vlaeval.runs import RunReport, load_data, load_policy, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, lineage_tags, load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "ablation"
 COMPONENTS = ("data", "model")
@@ -453,11 +453,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             run_name=f"ablation {handle.sha256[:8]} {len(names)}x{len(seeds)}",
             metrics=result.metrics(),
             checks=result.checks(),
-            tags={
-                "checkpoint.sha256": handle.sha256,
-                "data.manifest_sha256": data.demonstrations.manifest_sha256,
-                "ablation.proposals": ",".join(names),
-            },
+            tags={**lineage_tags(handle, data), "ablation.proposals": ",".join(names)},
             plots=plots,
             children=[child_run(record) for record in runs],
         ),

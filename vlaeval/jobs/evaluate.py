@@ -22,7 +22,7 @@ from vlaeval.rollouts.evaluation import (
     print_evaluation,
     validate_evaluate,
 )
-from vlaeval.runs import RunReport, load_data_and_policy, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, lineage_tags, load_data_and_policy, now_ms, output_dir, publish
 
 JOB = "evaluate"
 # The config sections this job reads besides job, paths and tracking: the only ones it is given,
@@ -68,7 +68,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             run_name=f"evaluate-{handle.sha256[:12]}",
             metrics=metrics,
             checks=checks,
-            tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+            tags=lineage_tags(handle, data),
             plots=[plot],
             artifacts=[(outcomes_path, None)],
         ),

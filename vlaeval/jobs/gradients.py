@@ -20,7 +20,7 @@ from vlaeval.errors import require, require_at_least
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.residual.artifact import build_gradient_artifact
-from vlaeval.runs import RunReport, load_data_and_policy, now_ms, publish
+from vlaeval.runs import RunReport, lineage_tags, load_data_and_policy, now_ms, publish
 
 JOB = "gradients"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
@@ -74,7 +74,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             run_name=f"gradients-{handle.sha256[:12]}",
             metrics=metrics,
             checks={},
-            tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+            tags=lineage_tags(handle, data),
             artifact_file=ARTIFACT_FILE,
         ),
     )

@@ -42,7 +42,7 @@ from vlaeval.residual.estimators import (
     score_anchors,
     validate_estimator_config,
 )
-from vlaeval.runs import RunReport, load_data, load_policy, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, lineage_tags, load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "residual_audit"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
@@ -241,7 +241,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             run_name=f"audit {cfg.estimator.kind} {handle.sha256[:8]}",
             metrics=audit.metrics(),
             checks=gate.checks,
-            tags=audit.tags(data.demonstrations.manifest_sha256),
+            tags={**audit.tags(), **lineage_tags(handle, data)},
             plots=plots,
             gate_pass=gate.eligible_for_500_step_ablation,
         ),

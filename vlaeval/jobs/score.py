@@ -24,7 +24,7 @@ from vlaeval.errors import require, require_at_least
 from vlaeval.memory import PeakMemory
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import find_shards, merge_shards, scoring_settings, shard_range, write_shard
-from vlaeval.runs import RunReport, load_data, load_policy, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, lineage_tags, load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "score"
 COMPONENTS = ("data", "model")
@@ -103,7 +103,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                 "timing.anchors_per_second": runtime["anchors_per_second"],
             },
             checks={},
-            tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+            tags=lineage_tags(handle, data),
             artifacts=[(sidecar, "scores"), (sidecar.with_suffix(".npz"), "scores")],
         ),
     )

@@ -22,7 +22,7 @@ from vlaeval.policy.checkpoint import sidecar_path
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.rollouts.engine import evaluate_closed_loop
 from vlaeval.rollouts.evaluation import evaluation_view, plot_success, print_evaluation, validate_evaluate
-from vlaeval.runs import RunReport, load_data, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, lineage_tags, load_data, now_ms, output_dir, publish
 
 JOB = "train"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
@@ -92,7 +92,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             run_name=f"train-{handle.sha256[:12]}",
             metrics=metrics,
             checks=checks,
-            tags={"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256},
+            tags=lineage_tags(handle, data),
             history=history,
             plots=plots,
             artifacts=[(handle.path, "checkpoint"), (sidecar_path(handle.path), "checkpoint")],
