@@ -18,6 +18,7 @@ PACKAGE = REPO / "vlaeval"
 LAYERS: List[Set[str]] = [
     {"vlaeval"},  # the package's __init__: its version only
     {"errors", "choices", "artifacts", "provenance", "console", "memory"},
+    {"store"},
     {"seqtest", "audit"},
     {"components"},
     {"config"},

@@ -26,9 +26,11 @@ import numpy as np
 
 from vlaeval.artifacts import atomic_write_json, atomic_write_npz, read_json, sha256_json, stable_seed
 from vlaeval.errors import UserInputError, require, require_at_least
+from vlaeval.store import get_or_build
 
 log = logging.getLogger(__name__)
 
+ARRAYS_FILE, MANIFEST_FILE = "arrays.npz", "manifest.json"  # a built dataset in its store entry
 DATASET_SCHEMA_VERSION = 1
 VARIANTS_PER_TASK = 50
 TRAIN_VARIANTS = range(0, 25)
@@ -399,21 +401,21 @@ def load_or_build_demonstrations(
     """(demonstrations, built_now): read the cached build for this config, verified against its
     manifest digest, or build and cache it."""
     validate_data_config(data)
-    folder = Path(cache_dir) / "demonstrations" / dataset_key(data)
-    arrays_path, manifest_path = folder / "arrays.npz", folder / "manifest.json"
-    if arrays_path.is_file() and manifest_path.is_file():
-        try:
-            manifest = read_json(manifest_path)
-            with np.load(arrays_path, allow_pickle=False) as stored:
-                arrays = {k: stored[k] for k in stored.files}
-            if content_sha256(arrays, manifest["tasks"], manifest["instructions"]) == manifest["content_sha256"]:
-                return Demonstrations(
-                    **arrays, tasks=manifest["tasks"], instructions=manifest["instructions"], manifest=manifest
-                ), False
-            log.warning("cached demonstrations in %s do not match their manifest: rebuilding", folder)
-        except Exception as error:
-            log.warning("cached demonstrations in %s are unreadable (%s): rebuilding", folder, error)
-    demos = build_demonstrations(data, progress)
-    atomic_write_npz(arrays_path, demos.arrays())
-    atomic_write_json(manifest_path, demos.manifest)
-    return demos, True
+
+    def read(folder: Path) -> Demonstrations:
+        manifest = read_json(folder / MANIFEST_FILE)
+        with np.load(folder / ARRAYS_FILE, allow_pickle=False) as stored:
+            arrays = {k: stored[k] for k in stored.files}
+        if content_sha256(arrays, manifest["tasks"], manifest["instructions"]) != manifest["content_sha256"]:
+            raise ValueError("the arrays do not match their manifest's content_sha256")
+        return Demonstrations(
+            **arrays, tasks=manifest["tasks"], instructions=manifest["instructions"], manifest=manifest
+        )
+
+    def build(folder: Path) -> Demonstrations:
+        demos = build_demonstrations(data, progress)
+        atomic_write_npz(folder / ARRAYS_FILE, demos.arrays())
+        atomic_write_json(folder / MANIFEST_FILE, demos.manifest)
+        return demos
+
+    return get_or_build(cache_dir, "demonstrations", dataset_key(data), [ARRAYS_FILE, MANIFEST_FILE], read, build)

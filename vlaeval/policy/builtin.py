@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 import torch
-from filelock import FileLock
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -23,11 +22,14 @@ from vlaeval.policy.checkpoint import load_state_dict, save_checkpoint
 from vlaeval.policy.protocol import check_policy
 from vlaeval.policy.tiny_vla import bag_of_words, vocabulary
 from vlaeval.policy.training import train_policy
+from vlaeval.store import get_or_build
 
 log = logging.getLogger(__name__)
 
 # Training settings that do not change the trained weights (left out of the cache key).
 NON_WEIGHT_TRAIN_KEYS = ("log_every", "evaluate_after")
+
+CHECKPOINT_FILE = "model.pt"  # a built-in checkpoint in its store entry
 
 
 @dataclass
@@ -151,13 +153,12 @@ def obtain_policy(
     if checkpoint.kind == CheckpointKind.path:
         require(checkpoint.path not in (None, "", "???"), "checkpoint=path needs checkpoint.path=<file.pt>")
         return load_policy(spec, data, Path(str(checkpoint.path)))
-    folder = Path(cache_dir) / "checkpoints" / checkpoint_key(spec, data)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "model.pt"
-    with FileLock(folder / ".lock"):  # parallel jobs: one trains, the others wait and load
-        if path.is_file():
-            try:
-                return load_policy(spec, data, path)
-            except UserInputError as error:  # a corrupt cached checkpoint is reported and retrained
-                log.warning("cached checkpoint rejected, retraining it: %s", error)
-        return train_and_save(spec, data, path, progress)
+    handle, _ = get_or_build(
+        cache_dir,
+        "checkpoints",
+        checkpoint_key(spec, data),
+        [CHECKPOINT_FILE],
+        read=lambda folder: load_policy(spec, data, folder / CHECKPOINT_FILE),
+        build=lambda folder: train_and_save(spec, data, folder / CHECKPOINT_FILE, progress),
+    )
+    return handle

@@ -17,10 +17,12 @@ from vlaeval.config import to_plain
 from vlaeval.data.anchors import draw
 from vlaeval.errors import UserInputError, first_line, require
 from vlaeval.residual.gradients import gradient_measurements, split_half_reliability
+from vlaeval.store import get_or_build
 
 log = logging.getLogger(__name__)
 
 ARTIFACT_SCHEMA_VERSION = 2  # 2: anchors named by (episode, frame) and the dataset's content digest
+ARTIFACT_FILE = "gradient_artifact.json"  # a cached artifact in its store entry
 REQUIRED_ANCHOR_FIELDS = ("episode", "frame", "gradient_rms", "mean_gradient_loss")
 SCHEMA_DOC = "docs/gradient_artifact.schema.json"
 
@@ -176,14 +178,20 @@ def cached_gradient_artifact(
             "schema": ARTIFACT_SCHEMA_VERSION,
         }
     )
-    path = Path(cache_dir) / "gradients" / f"{key}.json"
-    if path.is_file():
-        try:
-            return load_gradient_artifact(path)
-        except UserInputError as error:  # a damaged cache entry is reported and rebuilt, never trusted
-            log.warning("cached gradient artifact rejected, rebuilding it: %s", error)
-    atomic_write_json(path, build_gradient_artifact(gradients, flow, device, data, handle))
-    return load_gradient_artifact(path)
+
+    def build(folder: Path) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+        atomic_write_json(folder / ARTIFACT_FILE, build_gradient_artifact(gradients, flow, device, data, handle))
+        return load_gradient_artifact(folder / ARTIFACT_FILE)
+
+    artifact, _ = get_or_build(
+        cache_dir,
+        "gradients",
+        key,
+        [ARTIFACT_FILE],
+        read=lambda folder: load_gradient_artifact(folder / ARTIFACT_FILE),
+        build=build,
+    )
+    return artifact
 
 
 def load_gradient_artifact(path: Path) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:

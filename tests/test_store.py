@@ -1,0 +1,60 @@
+"""The content-addressed store behind the built-in data, checkpoints and gradient artifacts: an entry
+is read when whole and verified, rebuilt (and reported) when damaged, built once when absent."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from vlaeval.artifacts import atomic_write_json, read_json
+from vlaeval.store import get_or_build
+
+
+def _reader(folder: Path) -> dict:
+    value = read_json(folder / "value.json")
+    if value.get("check") != value["n"] * 2:
+        raise ValueError("the value does not match its check")
+    return value
+
+
+def _builder(calls: list):
+    def build(folder: Path) -> dict:
+        calls.append(folder)
+        value = {"n": 21, "check": 42}
+        atomic_write_json(folder / "value.json", value)
+        return value
+
+    return build
+
+
+def test_built_once_then_read(tmp_path):
+    calls: list = []
+    first = get_or_build(tmp_path, "things", "a" * 64, ["value.json"], _reader, _builder(calls))
+    second = get_or_build(tmp_path, "things", "a" * 64, ["value.json"], _reader, _builder(calls))
+    assert first == ({"n": 21, "check": 42}, True) and second == ({"n": 21, "check": 42}, False)
+    assert len(calls) == 1 and calls[0] == tmp_path / "things" / ("a" * 64)
+
+
+@pytest.mark.parametrize("damage", ["not json", '{"n": 21, "check": 41}', ""])
+def test_a_damaged_entry_is_reported_and_rebuilt_never_trusted(tmp_path, caplog, damage):
+    calls: list = []
+    get_or_build(tmp_path, "things", "b" * 64, ["value.json"], _reader, _builder(calls))
+    (tmp_path / "things" / ("b" * 64) / "value.json").write_text(damage)
+    with caplog.at_level(logging.WARNING, logger="vlaeval.store"):
+        value, built = get_or_build(tmp_path, "things", "b" * 64, ["value.json"], _reader, _builder(calls))
+    assert built and value["check"] == 42 and len(calls) == 2
+    assert "cached things at" in caplog.text and "rejected" in caplog.text
+    assert json.loads((tmp_path / "things" / ("b" * 64) / "value.json").read_text())["check"] == 42
+
+
+def test_an_entry_missing_one_of_its_files_is_built_without_a_warning(tmp_path, caplog):
+    calls: list = []
+    folder = tmp_path / "things" / ("c" * 64)
+    folder.mkdir(parents=True)
+    (folder / "other.json").write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="vlaeval.store"):
+        _, built = get_or_build(tmp_path, "things", "c" * 64, ["value.json", "other.json"], _reader, _builder(calls))
+    assert built and "rejected" not in caplog.text
