@@ -26,7 +26,7 @@ import importlib
 import inspect
 from dataclasses import field, make_dataclass
 from pathlib import Path
-from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple, cast
+from typing import AbstractSet, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, cast
 
 from vlaeval import choices
 from vlaeval.errors import UserInputError, first_line
@@ -266,11 +266,21 @@ def check_component(node: Any, group: str) -> Dict[str, Any]:
         for n, p in parameters.items()
         if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     ]
-    signature = signature_text(target, path)
-    _check_names(values, group, named, supplied, signature, parameters)
-    _check_types(values, group, annotations_of(target), signature)
-    _check_required(values, group, named, supplied, signature, parameters)
-    return _with_defaults(values, named, supplied, parameters)
+    signature = Signature(signature_text(target, path), parameters, named, supplied)
+    _check_names(values, group, signature)
+    _check_types(values, group, annotations_of(target), signature.text)
+    _check_required(values, group, signature)
+    return _with_defaults(values, signature)
+
+
+class Signature(NamedTuple):
+    """What the checks need of a component's constructor: its text for messages, its parameters, the
+    names a config may set, and the ones vlaeval supplies itself."""
+
+    text: str
+    parameters: Mapping[str, inspect.Parameter]
+    named: Sequence[str]
+    supplied: AbstractSet[str]
 
 
 def _node_values(node: Any, group: str) -> Dict[str, Any]:
@@ -286,27 +296,21 @@ def _node_values(node: Any, group: str) -> Dict[str, Any]:
     return cast(Dict[str, Any], OmegaConf.to_container(node, resolve=True))
 
 
-def _check_names(
-    values: Mapping[str, Any],
-    group: str,
-    named: Sequence[str],
-    supplied: AbstractSet[str],
-    signature: str,
-    parameters: Mapping[str, inspect.Parameter],
-) -> None:
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+def _check_names(values: Mapping[str, Any], group: str, signature: Signature) -> None:
+    named, supplied = signature.named, signature.supplied
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
     for key in values:
         if key in HYDRA_KEYS:
             continue
         if key in supplied:
             raise UserInputError(
                 f"{group}.{key} is supplied by vlaeval when it builds the {group}; remove it from the "
-                f"config ({signature})"
+                f"config ({signature.text})"
             )
         if key not in named and not accepts_any:
             close = difflib.get_close_matches(key, named, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
-            raise UserInputError(f"{group}.{key} is not an argument of {signature}{hint}")
+            raise UserInputError(f"{group}.{key} is not an argument of {signature.text}{hint}")
 
 
 def _check_types(values: Mapping[str, Any], group: str, hints: Mapping[str, Any], signature: str) -> None:
@@ -319,14 +323,8 @@ def _check_types(values: Mapping[str, Any], group: str, hints: Mapping[str, Any]
             )
 
 
-def _check_required(
-    values: Mapping[str, Any],
-    group: str,
-    named: Sequence[str],
-    supplied: AbstractSet[str],
-    signature: str,
-    parameters: Mapping[str, inspect.Parameter],
-) -> None:
+def _check_required(values: Mapping[str, Any], group: str, signature: Signature) -> None:
+    named, supplied, parameters = signature.named, signature.supplied, signature.parameters
     missing = [
         n
         for n in named
@@ -337,22 +335,17 @@ def _check_required(
     ]
     if missing:
         raise UserInputError(
-            f"{group} misses argument {missing[0]} of {signature}; "
+            f"{group} misses argument {missing[0]} of {signature.text}; "
             f"add +{group}.{missing[0]}=... or put it in the {group} config file"
         )
 
 
-def _with_defaults(
-    values: Mapping[str, Any],
-    named: Sequence[str],
-    supplied: AbstractSet[str],
-    parameters: Mapping[str, inspect.Parameter],
-) -> Dict[str, Any]:
+def _with_defaults(values: Mapping[str, Any], signature: Signature) -> Dict[str, Any]:
     """The node's values plus the signature defaults a config can hold (plain values, choices as their value)."""
     complete = dict(values)
-    for name in named:
-        default = parameters[name].default
-        if name in values or name in supplied or default is inspect.Parameter.empty:
+    for name in signature.named:
+        default = signature.parameters[name].default
+        if name in values or name in signature.supplied or default is inspect.Parameter.empty:
             continue
         if isinstance(default, tuple):
             default = list(default)
