@@ -16,6 +16,8 @@ from helpers.reliability import record_outcome
 from helpers.runs import check_sweep, summary_of
 from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
 from vlaeval.audit.statistics import (
+    LeaveOneOut,
+    Repeatability,
     cross_fitted_baseline,
     information_to_baseline_ratio,
     oracle_ratio,
@@ -59,11 +61,12 @@ def test_statistics_match_scipy_on_random_data():
     assert out["baseline_comparison"]["available"] is False  # no per-seed values given
     matrix = scores[None, :] * rng.lognormal(0, 0.3, (6, 40))
     rep = repeatability(matrix)
-    assert rep["spearman"] == pytest.approx(spearmanr(matrix[:3].mean(0), matrix[3:].mean(0)).statistic)
+    assert rep.spearman == pytest.approx(spearmanr(matrix[:3].mean(0), matrix[3:].mean(0)).statistic)
+    assert rep.spearman_brown_reliability == pytest.approx(2 * rep.spearman / (1 + rep.spearman))
     loo = leave_one_out_robustness(scores, r, alpha=0.2, percentile_epsilon=0.1)
-    assert loo["spearman"][7] == pytest.approx(spearmanr(np.delete(scores, 7), np.delete(r, 7)).statistic)
+    assert loo.spearman[7] == pytest.approx(spearmanr(np.delete(scores, 7), np.delete(r, 7)).statistic)
     q = proposal_distribution(np.delete(scores, 7), alpha=0.2, percentile_epsilon=0.1)
-    assert loo["second_moment_ratios"][7] == pytest.approx(float(information_to_baseline_ratio(np.delete(r, 7), q)))
+    assert loo.second_moment_ratios[7] == pytest.approx(float(information_to_baseline_ratio(np.delete(r, 7), q)))
 
 
 def test_vectorised_permutations_equal_a_loop():
@@ -198,7 +201,7 @@ def test_paired_bootstrap_agrees_with_scipys_bootstrap():
 
 
 def _gate_inputs(n, rho_rep, rho_align, ratio):
-    rep = {"spearman": rho_rep}
+    rep = Repeatability(rho_rep, 0.0, rho_rep, 0.0, 2 * rho_rep / (1 + rho_rep), 0.0, 0.0, 1.0, 0.1, 0.1)
     alignment = {
         "spearman_residual_vs_gradient_rms": rho_align,
         "top25_overlap": 0.6,
@@ -208,7 +211,7 @@ def _gate_inputs(n, rho_rep, rho_align, ratio):
             "one_sided_pvalue_second_moment_at_most_observed": 0.001,
         },
     }
-    loo = {"all_spearman_positive": True, "all_second_moment_ratios_below_one": True}
+    loo = LeaveOneOut((0.5,) * n, (0.9,) * n, 0.5, 0.9, True, True)
     return dict(sample_count=n, repeatability=rep, alignment=alignment, robustness=loo)
 
 
@@ -339,6 +342,15 @@ def test_audit_job_end_to_end(audit_run):
     assert "baseline on independent draws" in proc.stdout
     assert al["random_permutation_control"]["permutation_count"] == 500
     assert set(result["gate"]["checks"]) == set(result["checks"]) and "Residual audit gate" in proc.stdout
+    # The saved result reads back as the typed AuditResult it was written from, metrics and all.
+    from vlaeval.audit.result import AuditResult
+
+    typed = AuditResult.from_json(result)
+    assert typed.to_json() == {k: result[k] for k in typed.to_json()}
+    assert {k: v for k, v in typed.metrics().items() if not k.startswith("timing.")} == {
+        k: result["metrics"][k] for k in typed.metrics() if not k.startswith("timing.")
+    }
+    assert typed.gate.exit_code == 13  # a smoke run: every check passed on too few anchors
     memory = result["score_runtime"]
     assert memory["peak_rss_bytes"] > 10_000_000 and memory["scope"] == "sampled while this work ran"
     assert 0 <= memory["peak_rss_increase_bytes"] < memory["peak_rss_bytes"]  # scoring's own peak, not training's

@@ -81,3 +81,12 @@ def test_results_saved_by_earlier_versions_still_read(path):
 
 def test_there_are_old_results_to_read():
     assert len(OLD_RESULTS) >= 2
+
+
+def test_an_audit_result_round_trips_and_reads_without_newer_figures():
+    from vlaeval.audit.statistics import Repeatability
+
+    rep = Repeatability(0.9, 0.001, 0.8, 0.001, 0.947, 0.01, 0.05, 0.75, 0.1, 0.09)
+    assert Repeatability.from_json(rep.as_dict()) == rep
+    older = {k: v for k, v in rep.as_dict().items() if k != "median_anchor_cv"}
+    assert str(Repeatability.from_json(older).median_anchor_cv) == "nan"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from vlaeval.audit.result import GateDecision
+from vlaeval.audit.statistics import LeaveOneOut, Repeatability
 
 
 def threshold_name(value: float) -> str:
@@ -20,18 +21,16 @@ def threshold_name(value: float) -> str:
 def gate_decision(
     *,
     sample_count: int,
-    repeatability: Dict[str, Any],
+    repeatability: Repeatability,
     alignment: Dict[str, Any],
-    robustness: Dict[str, Any],
+    robustness: LeaveOneOut,
     gate: Any,
 ) -> GateDecision:
     permutation = alignment["random_permutation_control"]
     ratio = alignment["proposal"]["information_to_baseline_ratio"]
     checks = {
         f"sample_count_at_least_{int(gate.min_anchors)}": sample_count >= int(gate.min_anchors),
-        f"score_repeatability_spearman_at_least_{threshold_name(gate.repeatability_spearman)}": repeatability[
-            "spearman"
-        ]
+        f"score_repeatability_spearman_at_least_{threshold_name(gate.repeatability_spearman)}": repeatability.spearman
         >= gate.repeatability_spearman,
         f"score_gradient_spearman_at_least_{threshold_name(gate.score_gradient_spearman)}": alignment[
             "spearman_residual_vs_gradient_rms"
@@ -50,8 +49,8 @@ def gate_decision(
         <= gate.second_moment_permutation_p,
     }
     if gate.leave_one_out:
-        checks["leave_one_out_spearman_all_positive"] = robustness["all_spearman_positive"]
-        checks["leave_one_out_second_moment_all_below_one"] = robustness["all_second_moment_ratios_below_one"]
+        checks["leave_one_out_spearman_all_positive"] = robustness.all_spearman_positive
+        checks["leave_one_out_second_moment_all_below_one"] = robustness.all_second_moment_ratios_below_one
     # Does the score beat the training loss it is cheaper than, judged on independent draws? A
     # required check in gate=strict, an informational line otherwise (None: cannot be judged).
     baseline = alignment.get("baseline_comparison", {})

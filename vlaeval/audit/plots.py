@@ -10,6 +10,7 @@ import numpy as np
 
 from vlaeval.artifacts import atomic_write_bytes
 from vlaeval.audit.result import AblationResult
+from vlaeval.audit.statistics import LeaveOneOut
 
 
 def plot_audit(
@@ -17,7 +18,7 @@ def plot_audit(
     gradient_rms: np.ndarray,
     matrix: np.ndarray,
     alignment: Dict[str, Any],
-    robustness: Dict[str, Any],
+    robustness: LeaveOneOut,
     null_spearman: np.ndarray,
     null_ratio: np.ndarray,
     path: Path,
@@ -48,10 +49,10 @@ def plot_audit(
         )
     ax[0, 2].set(title="permutation null: second-moment ratio", xlabel="ratio (1 = uniform)")
     ax[0, 2].legend()
-    ax[1, 0].plot(robustness["spearman"], ".")
+    ax[1, 0].plot(robustness.spearman, ".")
     ax[1, 0].axhline(0, color="black", linewidth=1)
     ax[1, 0].set(title="leave-one-out Spearman", xlabel="anchor left out")
-    ax[1, 1].plot(robustness["second_moment_ratios"], ".")
+    ax[1, 1].plot(robustness.second_moment_ratios, ".")
     ax[1, 1].axhline(1, color="black", linewidth=1)
     ax[1, 1].set(title="leave-one-out second-moment ratio", xlabel="anchor left out")
     order = np.argsort(score)

@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from vlaeval.audit.statistics import LeaveOneOut, Repeatability
+
 GATE_EXIT_CODES = {"pass": 0, "fail": 12, "smoke": 13}  # audit.exit_code_from_gate
 
 
@@ -150,9 +152,9 @@ class AuditResult:
     gradient_artifact: Mapping[str, Any]
     score_definition: ScoreDefinition
     score_runtime: Mapping[str, Any]
-    repeatability: Mapping[str, Any]
+    repeatability: Repeatability
     alignment: Mapping[str, Any]
-    leave_one_out_robustness: Mapping[str, Any]
+    leave_one_out_robustness: LeaveOneOut
     gate: GateDecision
     anchors: Tuple[AnchorScore, ...]
 
@@ -169,9 +171,9 @@ class AuditResult:
         al, rep, loo = self.alignment, self.repeatability, self.leave_one_out_robustness
         perm, prop = al["random_permutation_control"], al["proposal"]
         metrics: Dict[str, Optional[float]] = {
-            "repeatability.spearman": rep["spearman"],
-            "repeatability.kendall": rep["kendall"],
-            "repeatability.mean_anchor_cv": rep["mean_anchor_cv"],
+            "repeatability.spearman": rep.spearman,
+            "repeatability.kendall": rep.kendall,
+            "repeatability.mean_anchor_cv": rep.mean_anchor_cv,
             "alignment.spearman_residual_vs_gradient_rms": al["spearman_residual_vs_gradient_rms"],
             "alignment.kendall_residual_vs_gradient_rms": al["kendall_residual_vs_gradient_rms"],
             "alignment.top25_overlap": al["top25_overlap"],
@@ -184,8 +186,8 @@ class AuditResult:
             "proposal.raw_score_ratio": al["raw_score_proposal"]["information_to_baseline_ratio"],
             "permutation.p_spearman": perm["one_sided_pvalue_rho_at_least_observed"],
             "permutation.p_second_moment": perm["one_sided_pvalue_second_moment_at_most_observed"],
-            "leave_one_out.min_spearman": loo["min_spearman"],
-            "leave_one_out.max_second_moment_ratio": loo["max_second_moment_ratio"],
+            "leave_one_out.min_spearman": loo.min_spearman,
+            "leave_one_out.max_second_moment_ratio": loo.max_second_moment_ratio,
             "score.mean_residual": float(np.mean([a.mean_residual for a in self.anchors])),
             "eligible_for_500_step_ablation": float(self.gate.eligible_for_500_step_ablation),
             "timing.score_seconds": self.score_runtime["elapsed_seconds"],
@@ -225,9 +227,9 @@ class AuditResult:
             "sample_count": self.sample_count,
             "score_definition": self.score_definition.to_json(),
             "score_runtime": dict(self.score_runtime),
-            "repeatability": dict(self.repeatability),
+            "repeatability": self.repeatability.as_dict(),
             "alignment": dict(self.alignment),
-            "leave_one_out_robustness": dict(self.leave_one_out_robustness),
+            "leave_one_out_robustness": self.leave_one_out_robustness.as_dict(),
             "gate": self.gate.to_json(),
             "anchors": [a.to_json() for a in self.anchors],
         }
@@ -242,9 +244,9 @@ class AuditResult:
             gradient_artifact=dict(data.get("gradient_artifact", {})),
             score_definition=ScoreDefinition.from_json(data["score_definition"]),
             score_runtime=dict(data.get("score_runtime", {})),
-            repeatability=dict(data["repeatability"]),
+            repeatability=Repeatability.from_json(data["repeatability"]),
             alignment=dict(data["alignment"]),
-            leave_one_out_robustness=dict(data.get("leave_one_out_robustness", {})),
+            leave_one_out_robustness=LeaveOneOut.from_json(data["leave_one_out_robustness"]),
             gate=GateDecision.from_json(data["gate"]),
             anchors=tuple(anchors),
         )

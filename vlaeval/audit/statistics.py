@@ -10,7 +10,9 @@ second moment of the importance-weighted gradient estimator relative to uniform 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 from scipy.stats import kendalltau, rankdata, spearmanr
@@ -26,8 +28,62 @@ def top_overlap(a: np.ndarray, b: np.ndarray, fraction: float = 0.25) -> float:
     return len(set(np.argsort(a)[-count:]) & set(np.argsort(b)[-count:])) / count
 
 
-def repeatability(estimator_matrix: np.ndarray) -> Dict[str, Any]:
-    """Split the estimator seeds (rows) into halves and compare the half means per anchor."""
+@dataclass(frozen=True)
+class Repeatability:
+    """How well the score repeats across estimator seeds: Spearman and Kendall of the two halves'
+    means (with asymptotic p-values), the Spearman-Brown reliability of the full-length score, the
+    halves' absolute differences and top-25% overlap, and the per-anchor coefficient of variation."""
+
+    spearman: float
+    spearman_pvalue_asymptotic: float
+    kendall: float
+    kendall_pvalue_asymptotic: float
+    spearman_brown_reliability: float
+    mean_absolute_difference: float
+    max_absolute_difference: float
+    top25_overlap: float
+    mean_anchor_cv: float
+    median_anchor_cv: float
+
+    def as_dict(self) -> Dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Repeatability":
+        """A saved report; a figure an older version did not save reads as nan."""
+        return cls(**{f.name: float(data.get(f.name, float("nan"))) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class LeaveOneOut:
+    """The alignment with each anchor left out in turn: one Spearman and one second-moment ratio
+    per left-out anchor (shape (N,)), their extremes, and whether every one keeps its side."""
+
+    spearman: Tuple[float, ...]
+    second_moment_ratios: Tuple[float, ...]
+    min_spearman: float
+    max_second_moment_ratio: float
+    all_spearman_positive: bool
+    all_second_moment_ratios_below_one: bool
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "LeaveOneOut":
+        return cls(
+            spearman=tuple(data["spearman"]),
+            second_moment_ratios=tuple(data["second_moment_ratios"]),
+            min_spearman=float(data["min_spearman"]),
+            max_second_moment_ratio=float(data["max_second_moment_ratio"]),
+            all_spearman_positive=bool(data["all_spearman_positive"]),
+            all_second_moment_ratios_below_one=bool(data["all_second_moment_ratios_below_one"]),
+        )
+
+
+def repeatability(estimator_matrix: np.ndarray) -> Repeatability:
+    """Split the estimator seeds (rows, an even number >= 4; columns are anchors) into halves and
+    compare the half means per anchor."""
     matrix = np.asarray(estimator_matrix, dtype=np.float64)
     seeds, anchors = matrix.shape
     if seeds < 4 or seeds % 2:
@@ -37,18 +93,18 @@ def repeatability(estimator_matrix: np.ndarray) -> Dict[str, Any]:
     rho = spearmanr(first, second)
     tau = kendalltau(first, second)
     cv = matrix.std(axis=0, ddof=1) / matrix.mean(axis=0)
-    return {
-        "spearman": float(rho.statistic),
-        "spearman_pvalue_asymptotic": float(rho.pvalue),
-        "kendall": float(tau.statistic),
-        "kendall_pvalue_asymptotic": float(tau.pvalue),
-        "spearman_brown_reliability": spearman_brown(float(rho.statistic)),
-        "mean_absolute_difference": float(np.mean(np.abs(first - second))),
-        "max_absolute_difference": float(np.max(np.abs(first - second))),
-        "top25_overlap": top_overlap(first, second),
-        "mean_anchor_cv": float(np.mean(cv)),
-        "median_anchor_cv": float(np.median(cv)),
-    }
+    return Repeatability(
+        spearman=float(rho.statistic),
+        spearman_pvalue_asymptotic=float(rho.pvalue),
+        kendall=float(tau.statistic),
+        kendall_pvalue_asymptotic=float(tau.pvalue),
+        spearman_brown_reliability=spearman_brown(float(rho.statistic)),
+        mean_absolute_difference=float(np.mean(np.abs(first - second))),
+        max_absolute_difference=float(np.max(np.abs(first - second))),
+        top25_overlap=top_overlap(first, second),
+        mean_anchor_cv=float(np.mean(cv)),
+        median_anchor_cv=float(np.median(cv)),
+    )
 
 
 def require_proposal_scores(scores: np.ndarray) -> np.ndarray:
@@ -381,7 +437,8 @@ def leave_one_out_robustness(
     alpha: float,
     percentile_epsilon: float,
     proposal_power: float = 1.0,
-) -> Dict[str, Any]:
+) -> LeaveOneOut:
+    """scores and gradient_rms: shape (N,), N >= 3; the proposal's settings as proposal_distribution."""
     scores = np.asarray(scores, dtype=np.float64)
     gradient_rms = np.asarray(gradient_rms, dtype=np.float64)
     n = scores.size
@@ -392,11 +449,11 @@ def leave_one_out_robustness(
     q = proposal_distribution(s, alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power)
     r2 = r**2
     ratios = (r2 / q).sum(axis=1) / (n - 1) / r2.sum(axis=1)
-    return {
-        "spearman": rhos.tolist(),
-        "second_moment_ratios": ratios.tolist(),
-        "min_spearman": float(rhos.min()),
-        "max_second_moment_ratio": float(ratios.max()),
-        "all_spearman_positive": bool(np.all(rhos > 0)),
-        "all_second_moment_ratios_below_one": bool(np.all(ratios < 1.0)),
-    }
+    return LeaveOneOut(
+        spearman=tuple(rhos.tolist()),
+        second_moment_ratios=tuple(ratios.tolist()),
+        min_spearman=float(rhos.min()),
+        max_second_moment_ratio=float(ratios.max()),
+        all_spearman_positive=bool(np.all(rhos > 0)),
+        all_second_moment_ratios_below_one=bool(np.all(ratios < 1.0)),
+    )

@@ -155,7 +155,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         permutation_count=int(a.permutations),
         permutation_seed=int(a.permutation_seed),
         proposal_power=a.proposal_power,
-        score_reliability=rep["spearman_brown_reliability"],
+        score_reliability=rep.spearman_brown_reliability,
         gradient_reliability=gradient_reliability,
         per_seed_gradient_rms=per_seed_rms,
         per_seed_losses=per_seed_losses,
