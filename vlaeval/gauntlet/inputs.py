@@ -73,7 +73,7 @@ def build_source(outcomes: DictConfig, context: Optional[RunContext] = None) -> 
 def run_context(cfg: DictConfig) -> Optional[RunContext]:
     """The run's config sections a source that runs policies needs (outcomes=rollout); None for a
     source whose constructor takes no `context` (its job is then not given those sections)."""
-    if "_target_" not in cfg.outcomes or not accepts_context(cfg.outcomes):
+    if not accepts_context(cfg.outcomes):
         return None
     return RunContext(
         model=cfg.model,
@@ -87,10 +87,14 @@ def run_context(cfg: DictConfig) -> Optional[RunContext]:
 
 
 def accepts_context(outcomes: DictConfig) -> bool:
+    """Whether the outcome source takes the run's context (it runs policies: outcomes=rollout); a
+    group without a `_target_` builds no source and takes none."""
     import inspect
 
     from vlaeval.components import import_target
 
+    if "_target_" not in outcomes:
+        return False
     target = import_target(str(outcomes._target_), "outcomes")
     try:
         return "context" in inspect.signature(target).parameters

@@ -34,7 +34,7 @@ def job_sections(module: ModuleType, cfg: DictConfig) -> Tuple[str, ...]:
     from vlaeval.gauntlet.inputs import accepts_context
 
     sections = tuple(module.READS)
-    if "outcomes" in sections and "_target_" in cfg.outcomes and accepts_context(cfg.outcomes):
+    if "outcomes" in sections and accepts_context(cfg.outcomes):
         sections += POLICY_SECTIONS
     return sections
 
