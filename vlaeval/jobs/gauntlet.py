@@ -53,16 +53,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     for line in inputs.resolved.notices:
         console.show(f"notice: {line}")
     preflight = run_preflight(inputs)
-    if inputs.source.prepares_policies:  # a source that runs policies: loaded or trained now, digests as versions
-        with console.unit_progress("loading the baseline and the candidate", 1) as update:
-            versions = inputs.source.prepare(
-                lambda what, done, total: update(completed=done, total=total, description=what)
-            )
-            settings.baseline_version, settings.candidate_version = versions or (
-                settings.baseline_version,
-                settings.candidate_version,
-            )
-        console.show(f"baseline {settings.baseline_version}, candidate {settings.candidate_version}")
+    prepare_policies(inputs)
 
     plain = to_plain(cfg)
     code = code_version()
@@ -79,34 +70,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         require_clean_code=settings.require_clean_code,
     )
     cache = ArrayCache(cfg.paths.cache_dir, enabled=settings.use_cache, namespace="gauntlet-units")
-
-    with console.strata_progress() as update:
-
-        def on_batch(p: BatchProgress) -> None:
-            e = p.e_values or {}
-            wealth = (
-                f", e(reg) {e['e_value_regression']:.3g}, e(pass) {e['e_value_pass']:.3g}"
-                if e.get("e_value_regression") is not None and e.get("e_value_pass") is not None
-                else ""
-            )
-            detail = f"{p.clusters} clusters{wealth} [{p.decision}]"
-            update(p.stratum, p.units_in_stratum, p.unit_limit, detail, p.final)
-
-        try:
-            result = run_gauntlet(
-                settings,
-                inputs.strata,
-                inputs.effects,
-                inputs.source,
-                cache,
-                lineage,
-                absent=inputs.resolved.absent,
-                required_absent=inputs.required_absent,
-                on_batch=on_batch,
-                order_seed=inputs.order,
-            )
-        finally:
-            inputs.source.close()  # e.g. a Ray instance the rollouts started
+    result = evaluate_strata(inputs, cache, lineage)
     extra: List[Tuple[Path, Optional[str]]] = []
     rollouts = None
     if inputs.source.records_episodes:
@@ -148,6 +112,52 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     if settings.exit_code_from_recommendation:
         published["exit_code"] = RECOMMENDATION_EXIT_CODES[result.recommendation.recommendation]
     return published
+
+
+def prepare_policies(inputs: GauntletInputs) -> None:
+    """A source that runs policies loads or trains them now; their digests become the versions."""
+    if not inputs.source.prepares_policies:
+        return
+    settings = inputs.settings
+    with console.unit_progress("loading the baseline and the candidate", 1) as update:
+        versions = inputs.source.prepare(
+            lambda what, done, total: update(completed=done, total=total, description=what)
+        )
+    if versions is not None:
+        settings.baseline_version, settings.candidate_version = versions
+    console.show(f"baseline {settings.baseline_version}, candidate {settings.candidate_version}")
+
+
+def evaluate_strata(inputs: GauntletInputs, cache: ArrayCache, lineage: Dict[str, Any]) -> GauntletResult:
+    """The strata in priority order, a progress bar each; the source is closed however it ends."""
+    with console.strata_progress() as update:
+
+        def on_batch(p: BatchProgress) -> None:
+            e = p.e_values or {}
+            wealth = (
+                f", e(reg) {e['e_value_regression']:.3g}, e(pass) {e['e_value_pass']:.3g}"
+                if e.get("e_value_regression") is not None and e.get("e_value_pass") is not None
+                else ""
+            )
+            update(
+                p.stratum, p.units_in_stratum, p.unit_limit, f"{p.clusters} clusters{wealth} [{p.decision}]", p.final
+            )
+
+        try:
+            return run_gauntlet(
+                inputs.settings,
+                inputs.strata,
+                inputs.effects,
+                inputs.source,
+                cache,
+                lineage,
+                absent=inputs.resolved.absent,
+                required_absent=inputs.required_absent,
+                on_batch=on_batch,
+                order_seed=inputs.order,
+            )
+        finally:
+            inputs.source.close()  # e.g. a Ray instance the rollouts started
 
 
 def record_rollouts(source: RecordsEpisodes, result: GauntletResult, out: Path) -> Dict[str, Any]:
