@@ -51,7 +51,7 @@ def main() -> None:
         train_s = time.perf_counter() - started
         started = time.perf_counter()
         evaluation = evaluate_closed_loop(
-            handle.model, data.demonstrations.tasks, data.instruction_table, cfg.evaluate, cfg.flow, cfg.rollout
+            data.bind(handle.model, cfg.flow), data.demonstrations.tasks, cfg.evaluate, cfg.rollout
         )
         eval_s = time.perf_counter() - started
     manifest = data.demonstrations.manifest

@@ -33,7 +33,6 @@ from vlaeval.artifacts import atomic_write_json
 from vlaeval.data.anchors import draw
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.flow import FlowConvention
-from vlaeval.policy.training import anchor_batch
 from vlaeval.residual.gradients import PerSampleGradNorms, _LossModule, gradient_draws, split_half_reliability
 
 
@@ -66,12 +65,12 @@ def opacus_norms(model: torch.nn.Module, parameters, flow) -> Optional[Callable]
     return norms
 
 
-def pairs_of(data, index, seeds, flow, dtype):
+def pairs_of(model, data, index, seeds, flow, dtype):
     k = index.size
     draws = [gradient_draws(s, k, data.anchors.horizon, data.anchors.target_actions.shape[-1], flow) for s in seeds]
     t = torch.cat([d[0] for d in draws]).to(dtype)
     noise = torch.cat([d[1] for d in draws]).to(dtype)
-    batch = anchor_batch(data.anchors, np.tile(index, len(seeds)), data.instruction_table)
+    batch = data.bind(model, flow).anchor_batch(data.anchors, np.tile(index, len(seeds)))
     batch = {k_: (v.to(dtype) if v.is_floating_point() else v) for k_, v in batch.items()}
     return batch, t, noise
 
@@ -92,7 +91,7 @@ def measure(name: str, trained: torch.nn.Module, cfg: Any, data: Any, args) -> D
     params = list(model.trainable_parameters("action_head"))  # type: ignore[operator]
     for p in model.parameters():
         p.requires_grad_(any(p is q for q in params))
-    batch, t, noise = pairs_of(data, index, [1, 2, 3, 4], cfg.flow, torch.float64)
+    batch, t, noise = pairs_of(model, data, index, [1, 2, 3, 4], cfg.flow, torch.float64)
     reference = PerSampleGradNorms(model, params, cfg.flow, "loop").loop(batch, t, noise)[0]
     candidates: Dict[str, Callable] = {
         "auto": PerSampleGradNorms(model, params, cfg.flow, "auto"),
@@ -110,7 +109,7 @@ def measure(name: str, trained: torch.nn.Module, cfg: Any, data: Any, args) -> D
     for p in model.parameters():
         p.requires_grad_(any(p is q for q in params))
     seeds = list(range(5000, 5000 + args.seeds))
-    batch, t, noise = pairs_of(data, index, seeds, cfg.flow, torch.float32)
+    batch, t, noise = pairs_of(model, data, index, seeds, cfg.flow, torch.float32)
     auto = PerSampleGradNorms(model, params, cfg.flow, "auto")
     timed: Dict[str, Callable] = {
         "auto": auto,
@@ -201,7 +200,7 @@ def memory_child(spec: str, args) -> None:
     for p in model.parameters():
         p.requires_grad_(any(p is q for q in params))
     seeds = list(range(5000, 5000 + (args.loop_seeds if method == "loop" else args.seeds)))
-    batch, t, noise = pairs_of(data, index, seeds, cfg.flow, torch.float32)
+    batch, t, noise = pairs_of(model, data, index, seeds, cfg.flow, torch.float32)
     fn: Optional[Callable] = (
         opacus_norms(model, params, cfg.flow)
         if method == "opacus_ghost"

@@ -38,7 +38,6 @@ from vlaeval.audit.statistics import (
     proposal_distribution,
 )
 from vlaeval.policy.flow import FlowConvention
-from vlaeval.policy.training import anchor_batch
 from vlaeval.residual.artifact import cached_gradient_artifact, per_seed_values, recover_anchors
 from vlaeval.residual.estimators import UNBIASED, draw_pairs, score_anchors
 
@@ -64,14 +63,15 @@ def cross_fitted_ratio(scores, r, grid, splits=200, seed=0):
     return float(np.mean(held_out)), float(np.median(chosen))
 
 
-def naive_loop(model, anchors, index, table, seeds, m, flow):
+def naive_loop(policy, anchors, index, seeds, m):
     """Re-encode the conditioning for every single (seed, sample) evaluation."""
+    model, flow = policy.model, policy.flow
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
     out = np.empty((len(seeds), index.size))
     draws = [draw_pairs("sobol", seed, index.size, m, chunk, flow) for seed in seeds]
     with torch.no_grad():
         for a, anchor in enumerate(index):
-            batch = anchor_batch(anchors, np.array([anchor]), table)
+            batch = policy.anchor_batch(anchors, np.array([anchor]))
             for s in range(len(seeds)):
                 t, noise = draws[s][0][a], draws[s][1][a]  # the same draws as the batched path
                 total = 0.0
@@ -120,16 +120,15 @@ def main() -> None:
     )
     index = recover_anchors(data.demonstrations, data.anchors, artifact, metadata["dataset_sha256"], metadata["path"])
     r = np.array([a["gradient_rms"] for a in artifact])
+    policy = data.bind(handle.model, cfg.flow)
     score = lambda kind, seeds, m, batch=64: score_anchors(  # noqa: E731
-        handle.model,
+        policy,
         data.anchors,
         index,
-        data.instruction_table,
         kind=kind,
         seeds=seeds,
         samples_per_estimator=m,
         anchor_batch_size=batch,
-        flow=cfg.flow,
     )
 
     reference = score("iid", list(range(90_000, 90_004)), 256).estimator_residuals.mean(axis=0)  # 1024 per anchor
@@ -206,7 +205,7 @@ def main() -> None:
         ("one anchor at a time (the prototype)", lambda: score(str(cfg.estimator.kind), seeds4, m8, 1)),
         (
             "naive: re-encode per sample",
-            lambda: naive_loop(handle.model, data.anchors, index, data.instruction_table, seeds4, m8, cfg.flow),
+            lambda: naive_loop(policy, data.anchors, index, seeds4, m8),
         ),
     ):
         fn()  # warm-up

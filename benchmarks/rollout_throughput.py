@@ -73,7 +73,7 @@ def main() -> None:
 
     def timed(**kwargs):
         started = time.perf_counter()
-        out = rollout_episodes(handle.model, episodes, data.instruction_table, cfg.flow, **common, **kwargs)
+        out = rollout_episodes(data.bind(handle.model, cfg.flow), episodes, **common, **kwargs)
         return out, time.perf_counter() - started
 
     lockstep_1, lockstep_1_s = timed(group_size=group, workers=1)

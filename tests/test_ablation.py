@@ -70,7 +70,7 @@ def test_expected_weighted_gradient_over_every_anchor_and_time_bin_equals_the_un
 
     def gradient(weights: np.ndarray) -> torch.Tensor:
         with only_trainable(model, "action_head") as parameters:
-            loss = weighted_loss(model, sub, data.instruction_table, cfg.flow, {**pairs, "weights": weights}, noise)
+            loss = weighted_loss(data.bind(model, cfg.flow), sub, {**pairs, "weights": weights}, noise)
             return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, parameters)]).double()
 
     probability = proposal.anchor_probabilities[pairs["anchors"]] * np.repeat(
@@ -157,9 +157,7 @@ def test_fine_tuning_is_seeded_and_moves_only_the_trainable_subset(small):
     proposal = skewed_proposal(len(data.anchors), 5)
     settings = dict(steps=6, batch_size=16, learning_rate=1e-3, optimizer="adamw", trainable="action_head", log_every=3)
     runs = [
-        fine_tune(
-            handle.model, data.anchors, data.instruction_table, cfg.flow, proposal, FineTuneSettings(seed=s, **settings)
-        )
+        fine_tune(data.bind(handle.model, cfg.flow), data.anchors, proposal, FineTuneSettings(seed=s, **settings))
         for s in (0, 0, 1)
     ]
     params = [torch.cat([p.detach().reshape(-1) for p in r["model"].parameters()]) for r in runs]
@@ -177,15 +175,12 @@ def test_fine_tuning_is_seeded_and_moves_only_the_trainable_subset(small):
 def test_anchor_gradients_match_the_per_sample_loop(small):
     cfg, data, handle = small
     measured = anchor_gradients(
-        handle.model,
+        data.bind(handle.model, cfg.flow),
         data.anchors,
-        data.instruction_table,
-        cfg.flow,
         trainable="action_head",
         draw_keys=[("t", 0)],
         batch_size=64,
     )
-    from vlaeval.policy.training import anchor_batch
     from vlaeval.residual.ablation import quantile_draws
     from vlaeval.residual.gradients import PerSampleGradNorms
 
@@ -197,9 +192,8 @@ def test_anchor_gradients_match_the_per_sample_loop(small):
     with only_trainable(model, "action_head") as parameters:
         norms = PerSampleGradNorms(model, parameters, cfg.flow, "loop")
         t = torch.from_numpy(FlowConvention.of(cfg.flow).time_quantile(u[:8]).astype(np.float32))
-        sq, _ = norms.loop(
-            anchor_batch(data.anchors, np.arange(8), data.instruction_table), t, torch.from_numpy(noise[:8])
-        )
+        batch = data.bind(model, cfg.flow).anchor_batch(data.anchors, np.arange(8))
+        sq, _ = norms.loop(batch, t, torch.from_numpy(noise[:8]))
     assert np.allclose(measured.sq_norms[0, :8], sq.double().numpy(), rtol=1e-3)
 
 

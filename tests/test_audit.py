@@ -247,12 +247,11 @@ def small_policy(tmp_path_factory):
 def test_unbiased_estimators_agree_with_a_high_sample_iid_reference(small_policy, kind):
     cfg, data, handle = small_policy
     index, _ = draw(data.anchors, 6, 0)
-    common = dict(samples_per_estimator=8, anchor_batch_size=6, flow=cfg.flow)
+    common = dict(samples_per_estimator=8, anchor_batch_size=6)
     reference = score_anchors(
-        handle.model,
+        data.bind(handle.model, cfg.flow),
         data.anchors,
         index,
-        data.instruction_table,
         kind="iid",
         seeds=list(range(50_000, 50_016)),
         **{**common, "samples_per_estimator": 512},
@@ -260,7 +259,7 @@ def test_unbiased_estimators_agree_with_a_high_sample_iid_reference(small_policy
     ref_mean = reference.estimator_residuals.mean(axis=0)
     ref_se = reference.sample_losses.transpose(1, 0, 2).reshape(6, -1).std(axis=1) / np.sqrt(16 * 512)
     estimate = score_anchors(
-        handle.model, data.anchors, index, data.instruction_table, kind=kind, seeds=list(range(1, 401)), **common
+        data.bind(handle.model, cfg.flow), data.anchors, index, kind=kind, seeds=list(range(1, 401)), **common
     )
     est_mean = estimate.estimator_residuals.mean(axis=0)
     est_se = estimate.estimator_residuals.std(axis=0, ddof=1) / np.sqrt(400)
@@ -272,15 +271,13 @@ def test_midpoint_estimator_is_declared_biased_and_repeats_its_times(small_polic
     cfg, data, handle = small_policy
     index, _ = draw(data.anchors, 3, 0)
     out = score_anchors(
-        handle.model,
+        data.bind(handle.model, cfg.flow),
         data.anchors,
         index,
-        data.instruction_table,
         kind="midpoint_antithetic",
         seeds=[1, 2],
         samples_per_estimator=8,
         anchor_batch_size=3,
-        flow=cfg.flow,
     )
     assert not UNBIASED["midpoint_antithetic"]
     np.testing.assert_array_equal(out.time_values[0, 0], out.time_values[1, 2])  # fixed midpoints everywhere
@@ -290,9 +287,9 @@ def test_midpoint_estimator_is_declared_biased_and_repeats_its_times(small_polic
 def test_batched_scoring_equals_one_anchor_at_a_time(small_policy):
     cfg, data, handle = small_policy
     index, _ = draw(data.anchors, 10, 0)
-    kwargs = dict(kind="stratified", seeds=[1, 2, 3, 4], samples_per_estimator=8, flow=cfg.flow)
-    batched = score_anchors(handle.model, data.anchors, index, data.instruction_table, anchor_batch_size=10, **kwargs)
-    single = score_anchors(handle.model, data.anchors, index, data.instruction_table, anchor_batch_size=1, **kwargs)
+    kwargs = dict(kind="stratified", seeds=[1, 2, 3, 4], samples_per_estimator=8)
+    batched = score_anchors(data.bind(handle.model, cfg.flow), data.anchors, index, anchor_batch_size=10, **kwargs)
+    single = score_anchors(data.bind(handle.model, cfg.flow), data.anchors, index, anchor_batch_size=1, **kwargs)
     np.testing.assert_allclose(batched.estimator_residuals, single.estimator_residuals, rtol=1e-5)
 
 

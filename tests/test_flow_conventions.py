@@ -10,34 +10,13 @@ from scipy.stats import kstest
 from torch import nn
 
 from helpers.configs import compose_config
-from vlaeval.data.anchors import build_anchors
-from vlaeval.data.metaworld import Demonstrations
-from vlaeval.policy.flow import FlowConvention, sample_actions
+from helpers.data import fake_anchors
+from vlaeval.policy.bound import bind_policy
+from vlaeval.policy.flow import FlowConvention, flow_matching_losses, sample_actions
 from vlaeval.policy.tiny_vla import TinyVLA
-from vlaeval.policy.training import anchor_batch, flow_matching_losses
 from vlaeval.residual.estimators import score_anchors
 
 VOCAB = ["open", "close", "drawer"]
-
-
-def fake_anchors(seed: int = 0, horizon: int = 4):
-    rng = np.random.default_rng(seed)
-    lengths = np.array([9, 7, 11, 5])
-    steps = int(lengths.sum())
-    demos = Demonstrations(
-        observations=rng.standard_normal((steps, 6)).astype(np.float32),
-        actions=rng.uniform(-1, 1, (steps, 3)).astype(np.float32),
-        episode_start=np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64),
-        episode_length=lengths.astype(np.int64),
-        episode_task=np.array([0, 1, 0, 1]),
-        episode_success=np.ones(4, dtype=bool),
-        episode_variant=np.arange(4),
-        episode_seed=np.arange(4),
-        tasks=["open", "close"],
-        instructions=["open the drawer", "close the drawer"],
-        manifest={"content_sha256": "0" * 64, "name": "fake"},
-    )
-    return build_anchors(demos, horizon)
 
 
 class NoiseAtZero(nn.Module):
@@ -46,6 +25,9 @@ class NoiseAtZero(nn.Module):
     def __init__(self, inner: TinyVLA) -> None:
         super().__init__()
         self.inner, self.horizon, self.action_dim = inner, inner.horizon, inner.action_dim
+
+    def tokenize(self, instructions):
+        return self.inner.tokenize(instructions)
 
     def encode(self, batch):
         return self.inner.encode(batch)
@@ -61,29 +43,32 @@ class NoiseAtZero(nn.Module):
 def setting():
     torch.manual_seed(0)
     anchors = fake_anchors()
-    table = torch.eye(2, len(VOCAB))
     net = TinyVLA(VOCAB, 6, 3, 4, encoder_hidden=16, conditioning_dim=8, head_hidden=16, head_layers=2).eval()
     pi0 = compose_config([]).flow
     zero = compose_config(["flow=noise_at_zero"]).flow
-    return anchors, table, net, pi0, zero
+    return anchors, net, pi0, zero
 
 
 @pytest.mark.parametrize("kind", ["iid", "midpoint_antithetic", "stratified", "sobol"])
 def test_one_network_in_two_conventions_gets_the_same_scores(setting, kind):
-    anchors, table, net, pi0, zero = setting
+    anchors, net, pi0, zero = setting
     index = np.arange(len(anchors))
     kwargs = dict(kind=kind, seeds=[1, 2], samples_per_estimator=8, anchor_batch_size=7)
-    a = score_anchors(net, anchors, index, table, flow=pi0, **kwargs).estimator_residuals
-    b = score_anchors(NoiseAtZero(net), anchors, index, table, flow=zero, **kwargs).estimator_residuals
+    instructions = anchors.demonstrations.instructions
+
+    def scores(model, flow):
+        return score_anchors(bind_policy(model, instructions, flow), anchors, index, **kwargs).estimator_residuals
+
+    a, b = scores(net, pi0), scores(NoiseAtZero(net), zero)
     np.testing.assert_allclose(a, b, rtol=2e-5)
     # Negative control: the rewritten network scored under the wrong convention is another score.
-    wrong = score_anchors(NoiseAtZero(net), anchors, index, table, flow=pi0, **kwargs).estimator_residuals
+    wrong = scores(NoiseAtZero(net), pi0)
     assert np.max(np.abs(wrong - a) / a) > 0.1
 
 
 def test_one_network_in_two_conventions_has_the_same_loss_and_samples_the_same_actions(setting):
-    anchors, table, net, pi0, zero = setting
-    batch = anchor_batch(anchors, np.arange(6), table)
+    anchors, net, pi0, zero = setting
+    batch = bind_policy(net, anchors.demonstrations.instructions, pi0).anchor_batch(anchors, np.arange(6))
     t, noise = torch.rand(6), torch.randn(6, 4, 3)
     torch.testing.assert_close(
         flow_matching_losses(net, batch, t, noise, pi0),

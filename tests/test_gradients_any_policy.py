@@ -91,7 +91,7 @@ def test_linear_over_tokens_takes_the_gram_form_and_equals_the_loop(size):
     batch, t, noise = batch_of(size)
     records = []
     handle = model.tokens.register_forward_hook(lambda m, i, o: records.append((i[0], o)))
-    from vlaeval.policy.training import flow_matching_losses
+    from vlaeval.policy.flow import flow_matching_losses
 
     losses = flow_matching_losses(model, batch, t, noise, FLOW)
     handle.remove()

@@ -209,20 +209,22 @@ def test_v2_1_and_v3_layouts_of_one_dataset_read_the_same(tmp_path):
 def test_camera_features_are_decoded_for_the_anchors_a_batch_uses(tmp_path):
     import torch
 
+    from vlaeval.config import FlowConfig
     from vlaeval.data.anchors import build_anchors
-    from vlaeval.policy.training import anchor_batch
+    from vlaeval.policy.bound import bind_policy
 
     root = foreign_dataset(tmp_path / "d")
     demos = read_lerobot(root, "observation.state", "action", "x", ["observation.images.top"])
     plain = read_lerobot(root, "observation.state", "action", "x")
     assert demos.manifest_sha256 != plain.manifest_sha256  # the images are part of what the digest covers
     anchors = build_anchors(demos, 4)
-    batch = anchor_batch(anchors, np.array([5, 40]), torch.eye(2, 3))
+    policy = bind_policy(torch.nn.Linear(1, 1), ["open the drawer", "close it"], FlowConfig())
+    batch = policy.anchor_batch(anchors, np.array([5, 40]))
     images = batch["observation.images.top"]
     assert images.shape == (2, 3, 6, 8) and images.dtype == torch.float32
     assert torch.allclose(images[:, 0, 0, 0], torch.tensor([5, 40]) / 255.0)  # frame i's red channel is i
     assert torch.allclose(images[:, 2, 0, 0], torch.ones(2)) and float(images[:, 2, 1, 1].abs().max()) == 0.0
-    assert "observation.images.top" not in anchor_batch(build_anchors(plain, 4), np.array([5]), torch.eye(2, 3))
+    assert "observation.images.top" not in policy.anchor_batch(build_anchors(plain, 4), np.array([5]))
 
 
 def _audit_foreign(work, env, root, *extra):
@@ -269,8 +271,7 @@ def test_an_artifact_written_with_the_docs_snippet_is_audited_and_a_mismatched_o
     import torch
 
     from helpers.configs import builtin_policy
-    from vlaeval.policy.flow import FlowConvention
-    from vlaeval.policy.training import anchor_batch, flow_matching_losses
+    from vlaeval.policy.flow import FlowConvention, flow_matching_losses
 
     work, env = work
     root = foreign_dataset(tmp_path / "foreign")
@@ -283,7 +284,7 @@ def test_an_artifact_written_with_the_docs_snippet_is_audited_and_a_mismatched_o
     flow = FlowConvention.of(cfg.flow)
     demos = data.demonstrations
     for anchor in np.random.default_rng(1).choice(len(data.anchors), 12, replace=False):
-        batch = anchor_batch(data.anchors, np.array([anchor]), data.instruction_table)
+        batch = data.bind(model, cfg.flow).anchor_batch(data.anchors, np.array([anchor]))
         draws = []
         for seed in seeds:
             g = np.random.default_rng(seed * 100_003 + int(anchor))

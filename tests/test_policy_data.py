@@ -20,7 +20,6 @@ from vlaeval.policy import FlowMatchingPolicy
 from vlaeval.policy.builtin import PolicySpec, build_model, obtain_policy, prepare_data
 from vlaeval.policy.checkpoint import load_state_dict
 from vlaeval.policy.flow import sample_actions, sample_flow_time
-from vlaeval.policy.training import anchor_batch
 from vlaeval.residual.gradients import (
     PerSampleGradNorms,
     gradient_draws,
@@ -111,7 +110,7 @@ def test_policy_protocol_and_flow_convention(small):
     t = sample_flow_time(np.random.default_rng(0), 100_000, cfg.flow)
     assert t.min() >= 0.001 and t.max() <= 1.0
     assert t.mean() == pytest.approx(0.001 + 0.999 * 1.5 / 2.5, abs=0.005)  # Beta(1.5, 1) mean 0.6
-    batch = anchor_batch(data.anchors, np.arange(5), data.instruction_table)
+    batch = data.bind(model, cfg.flow).anchor_batch(data.anchors, np.arange(5))
     actions = sample_actions(model, model.encode(batch), 4, torch.Generator().manual_seed(0), cfg.flow)
     assert actions.shape == (5, 4, 4)
 
@@ -180,7 +179,7 @@ def test_batched_gradient_norms_equal_a_per_sample_loop(small, trainable):
     index, _ = draw(data.anchors, 12, 0)
     batch = {
         k: (v.double() if v.is_floating_point() else v)
-        for k, v in anchor_batch(data.anchors, index, data.instruction_table).items()
+        for k, v in data.bind(model, cfg.flow).anchor_batch(data.anchors, index).items()
     }
     t, noise = gradient_draws(7, index.size, 4, 4, cfg.flow)
     params = list(model.trainable_parameters(trainable))
@@ -199,10 +198,9 @@ def test_gradient_rms_in_float32_matches_the_loop_to_1e5(small):
     index, _ = draw(data.anchors, 8, 0)
     seeds = [1, 2, 3, 4]
     kwargs = dict(trainable="action_head", batch_size=16)
-    fast = gradient_measurements(handle.model, data.anchors, index, data.instruction_table, seeds, cfg.flow, **kwargs)
-    slow = gradient_measurements(
-        handle.model, data.anchors, index, data.instruction_table, seeds, cfg.flow, method="loop", **kwargs
-    )
+    policy = data.bind(handle.model, cfg.flow)
+    fast = gradient_measurements(policy, data.anchors, index, seeds, **kwargs)
+    slow = gradient_measurements(policy, data.anchors, index, seeds, method="loop", **kwargs)
     np.testing.assert_allclose(fast.rms(), slow.rms(), rtol=1e-5)
 
 

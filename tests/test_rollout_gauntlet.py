@@ -17,8 +17,9 @@ from helpers.processes import run_main
 from vlaeval.artifacts import sha256_file
 from vlaeval.config import FlowConfig
 from vlaeval.envs.metaworld import Episode, Perturbation
+from vlaeval.policy.bound import bind_policy
 from vlaeval.policy.tiny_vla import TinyVLA
-from vlaeval.rollouts.engine import plain_flow, rollout_episodes, rollout_lockstep
+from vlaeval.rollouts.engine import rollout_episodes, rollout_lockstep
 
 QUIET = [
     "tracking=disabled",
@@ -210,15 +211,15 @@ def _policy() -> TinyVLA:
 def test_an_episode_does_not_depend_on_what_shares_its_lockstep_batch():
     """Alone, in a group of three, or in a group of twelve: the same episode's outcome and length
     are identical (policy calls are padded to a row-invariant batch size)."""
-    model, table, flow = _policy(), torch.eye(2), FlowConfig(sampling_steps=3)
+    bound = bind_policy(_policy(), ["reach", "push"], FlowConfig(sampling_steps=3))
     burst = Perturbation(burst_rate=0.2, burst_steps=2, observation_noise=0.05, control_delay=1)
     episodes = [
         Episode("reach-v3", 0, 25 + k, 77 + k, perturbation=burst if k % 2 else Perturbation()) for k in range(12)
     ]
     kwargs = dict(execute_actions=1, max_steps=15)
-    together = rollout_lockstep(model, episodes, table, flow, **kwargs)
-    threes = rollout_episodes(model, episodes, table, flow, group_size=3, **kwargs)
-    alone = [rollout_lockstep(model, [e], table, flow, **kwargs) for e in episodes[:4]]
+    together = rollout_lockstep(bound, episodes, **kwargs)
+    threes = rollout_episodes(bound, episodes, group_size=3, **kwargs)
+    alone = [rollout_lockstep(bound, [e], **kwargs) for e in episodes[:4]]
     assert np.array_equal(together["steps"], threes["steps"]) and np.array_equal(together["success"], threes["success"])
     for k, single in enumerate(alone):
         assert single["steps"][0] == together["steps"][k] and single["success"][0] == together["success"][k]
@@ -259,7 +260,7 @@ def test_perturbations_are_seeded_per_episode_and_change_the_episode():
 
 
 # ----------------------------------------------------------------------------- Ray
-def _kill_first_attempt(model, group, *args):
+def _kill_first_attempt(policy, group, *args):
     """A group function whose first attempt per group kills its Ray worker process mid-task (as the
     OOM killer or a preemption would); later attempts run the real group."""
     import os
@@ -270,7 +271,7 @@ def _kill_first_attempt(model, group, *args):
     if not marker.exists():
         marker.write_text("killed once")
         os._exit(1)
-    return rollout_group(model, group, *args)
+    return rollout_group(policy, group, *args)
 
 
 @pytest.fixture(scope="module")
@@ -322,13 +323,13 @@ def test_ray_gives_the_local_outcomes_and_a_dead_worker_loses_no_episode(ray_hea
 
     address, markers = ray_head
     monkeypatch.setenv("VLAEVAL_TEST_MARKERS", str(markers))
-    model, table, flow = _policy(), torch.eye(2), FlowConfig(sampling_steps=3)
+    bound = bind_policy(_policy(), ["reach", "push"], FlowConfig(sampling_steps=3))
     episodes = [Episode("reach-v3", 0, 25 + k, 300 + k, perturbation=Perturbation(burst_rate=0.1)) for k in range(8)]
     kwargs = dict(execute_actions=1, max_steps=12, group_size=2)
-    local = rollout_episodes(model, episodes, table, flow, workers=2, **kwargs)
+    local = rollout_episodes(bound, episodes, workers=2, **kwargs)
     executor = RayExecutor(address)
     try:
-        on_ray = rollout_episodes(model, episodes, table, flow, executor=executor, **kwargs)
+        on_ray = rollout_episodes(bound, episodes, executor=executor, **kwargs)
         for key in ("success", "steps", "unsafe"):
             assert np.array_equal(local[key], on_ray[key])
         # Every group's first attempt kills its worker: Ray reruns each group, nothing is lost.
@@ -336,7 +337,7 @@ def test_ray_gives_the_local_outcomes_and_a_dead_worker_loses_no_episode(ray_hea
         results = list(
             executor.map_groups(
                 _kill_first_attempt,
-                [(model, episodes[i : i + 2], table, plain_flow(flow), 1, 12) for i in range(0, 8, 2)],
+                [(bound, episodes[i : i + 2], 1, 12) for i in range(0, 8, 2)],
             )
         )
         assert len(list(markers.iterdir())) == 4  # four workers died

@@ -8,6 +8,7 @@ import torch
 
 from vlaeval.config import FlowConfig
 from vlaeval.envs.metaworld import Episode
+from vlaeval.policy.bound import bind_policy
 from vlaeval.policy.tiny_vla import TinyVLA
 from vlaeval.rollouts.engine import rollout_episodes
 
@@ -20,12 +21,12 @@ def policy():
 
 
 def test_workers_change_the_speed_not_the_outcomes():
-    model, table, flow = policy(), torch.eye(2), FlowConfig(sampling_steps=3)
+    bound = bind_policy(policy(), ["reach", "push"], FlowConfig(sampling_steps=3))
     kwargs = dict(execute_actions=2, max_steps=12, group_size=2)
     done = []
-    one = rollout_episodes(model, EPISODES, table, flow, workers=1, progress=lambda d, n: done.append((d, n)), **kwargs)
-    two = rollout_episodes(model, EPISODES, table, flow, workers=2, **kwargs)
-    again = rollout_episodes(model, EPISODES, table, flow, workers=1, **kwargs)
+    one = rollout_episodes(bound, EPISODES, workers=1, progress=lambda d, n: done.append((d, n)), **kwargs)
+    two = rollout_episodes(bound, EPISODES, workers=2, **kwargs)
+    again = rollout_episodes(bound, EPISODES, workers=1, **kwargs)
     for key in ("success", "steps"):
         assert np.array_equal(one[key], two[key]) and np.array_equal(one[key], again[key])
     assert one["steps"].shape == (6,) and int(one["steps"].max()) <= 12 and int(one["steps"].min()) >= 1

@@ -33,21 +33,21 @@ def test_shards_score_every_anchor_as_one_whole_run_does(small, kind):
     run's residuals: an anchor's draws depend on its row, not on its shard."""
     cfg, data, handle = small
     n = len(data.anchors)
-    common = dict(kind=kind, seeds=[1, 2, 3, 4], samples_per_estimator=8, anchor_batch_size=64, flow=cfg.flow)
-    whole = score_anchors(handle.model, data.anchors, np.arange(n), data.instruction_table, **common)
+    common = dict(kind=kind, seeds=[1, 2, 3, 4], samples_per_estimator=8, anchor_batch_size=64)
+    whole = score_anchors(data.bind(handle.model, cfg.flow), data.anchors, np.arange(n), **common)
     parts = []
     for index in range(3):
         start, stop = shard_range(n, index, 3)
         parts.append(
             score_anchors(
-                handle.model, data.anchors, np.arange(start, stop), data.instruction_table, first_row=start, **common
+                data.bind(handle.model, cfg.flow), data.anchors, np.arange(start, stop), first_row=start, **common
             ).estimator_residuals
         )
     joined = np.concatenate(parts, axis=1)
     assert np.allclose(joined, whole.estimator_residuals, rtol=1e-5, atol=0)
     # The negative control: scoring a shard from row 0 (its position in the shard) is not the same.
     start, stop = shard_range(n, 1, 3)
-    wrong = score_anchors(handle.model, data.anchors, np.arange(start, stop), data.instruction_table, **common)
+    wrong = score_anchors(data.bind(handle.model, cfg.flow), data.anchors, np.arange(start, stop), **common)
     assert not np.allclose(wrong.estimator_residuals, parts[1], rtol=1e-3)
 
 
@@ -147,15 +147,13 @@ def test_score_multirun_shards_merge_to_the_single_process_scores(small, tmp_pat
     metadata, joined = read_scores(tmp_path / "merged" / "scores-00000-of-00001.json")
     assert metadata["settings"]["dataset_manifest_sha256"] == data.demonstrations.manifest_sha256
     whole = score_anchors(
-        handle.model,
+        data.bind(handle.model, cfg.flow),
         data.anchors,
         np.arange(len(data.anchors)),
-        data.instruction_table,
         kind=str(cfg.estimator.kind),
         seeds=list(cfg.estimator.seeds),
         samples_per_estimator=int(cfg.estimator.samples_per_estimator),
         anchor_batch_size=int(cfg.estimator.anchor_batch_size),
-        flow=cfg.flow,
     )
     assert np.allclose(joined["estimator_residuals"], whole.estimator_residuals, rtol=1e-5, atol=0)
     # Merging a folder with a shard missing fails in one line, writing nothing.

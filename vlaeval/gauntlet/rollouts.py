@@ -235,7 +235,6 @@ class RolloutOutcomes:
 
         from vlaeval.config import CheckpointConfig
         from vlaeval.policy.builtin import PolicySpec, load_policy, obtain_policy, prepare_data
-        from vlaeval.policy.tiny_vla import vocabulary
 
         ctx = self.context
         sections = {name: getattr(ctx, name) for name in ("model", "data", "flow", "train")}
@@ -277,8 +276,7 @@ class RolloutOutcomes:
             reference,
             f"{label}@{handle.sha256[:12]}",
             handle.sha256,
-            handle.model,
-            vocabulary(data.demonstrations.instructions),
+            data.bind(handle.model, spec.flow),
             spec.flow,
         )
 
@@ -359,7 +357,6 @@ class RolloutOutcomes:
         """Per policy (baseline, candidate): success, unsafe, steps of the episodes `specs`, from the
         cache or rolled out now -- both policies' missing episodes in one executor call."""
         from vlaeval.data.metaworld import instruction_for
-        from vlaeval.policy.tiny_vla import bag_of_words
         from vlaeval.rollouts.engine import RolloutJob, rollout_jobs
         from vlaeval.rollouts.episode_cache import episode_key
 
@@ -375,8 +372,8 @@ class RolloutOutcomes:
             found[role] = cache.get_many(keys[role])
             todo = [i for i, key in enumerate(keys[role]) if key not in found[role]]
             if todo:
-                table = bag_of_words([instruction_for(t) for t in tasks], policy.vocab)
-                jobs.append(RolloutJob(policy.model, [episodes[i] for i in todo], table, policy.flow))
+                bound = policy.bound.for_instructions([instruction_for(t) for t in tasks])
+                jobs.append(RolloutJob(bound, [episodes[i] for i in todo]))
                 missing.append((role, todo))
         if jobs:
             started = time.perf_counter()

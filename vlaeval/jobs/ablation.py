@@ -232,13 +232,10 @@ def residual_scores(cfg: DictConfig, data: Any, handle: Any) -> tuple:
         console.unit_progress(f"scoring every anchor ({cfg.estimator.kind})", n) as update,
     ):
         scores = score_anchors(
-            handle.model,
+            data.bind(handle.model, cfg.flow, str(cfg.device)),
             data.anchors,
             np.arange(n),
-            data.instruction_table,
             **estimator_arguments(cfg.estimator),
-            flow=cfg.flow,
-            device=str(cfg.device),
             progress=lambda done, total: update(completed=done),
         )
     seconds = time.perf_counter() - started
@@ -279,21 +276,19 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     heldout = heldout_data(cfg)
     handle = load_policy(cfg, data)
     n = len(data.anchors)
-    table, flow, device = data.instruction_table, cfg.flow, str(cfg.device)
+    policy = data.bind(handle.model, cfg.flow, str(cfg.device))
+    held_policy = policy.for_instructions(heldout.demonstrations.instructions) if heldout else None
     trainable = str(cfg.gradients.trainable)
 
     residual, score_runtime = residual_scores(cfg, data, handle)
 
     def gradients_on(model: Any, keys: List[tuple]) -> Any:
         return anchor_gradients(
-            model,
+            policy.with_model(model),
             data.anchors,
-            table,
-            flow,
             trainable=trainable,
             draw_keys=keys,
             batch_size=int(cfg.gradients.batch_size),
-            device=device,
             method=str(cfg.gradients.method),
         )
 
@@ -330,18 +325,15 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                     record: Dict[str, Any] = record,
                     seed: int = seed,
                 ) -> None:
-                    if step in held_at and heldout is not None:
+                    if step in held_at and heldout is not None and held_policy is not None:
                         record["heldout_loss"].append(
                             (
                                 step,
                                 mean_loss(
-                                    model,
+                                    held_policy.with_model(model),
                                     heldout.anchors,
-                                    heldout.instruction_table,
-                                    flow,
                                     draws_per_anchor=int(a.heldout_draws),
                                     key=("heldout",),
-                                    device=device,
                                 ),
                             )
                         )
@@ -369,16 +361,13 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                     if int(a.minibatches) > 0:
                         mine, base = (
                             minibatch_gradients(
-                                model,
+                                policy.with_model(model),
                                 data.anchors,
-                                table,
-                                flow,
                                 sampler,
                                 key=(label, seed, step, proposal.name),
                                 trainable=trainable,
                                 count=int(a.minibatches),
                                 batch_size=int(a.batch_size),
-                                device=device,
                             )
                             for label, sampler in (("mine", proposal), ("uniform", uniform))
                         )
@@ -396,15 +385,12 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
 
                 run_started = time.perf_counter()
                 tuned = fine_tune(
-                    handle.model,
+                    policy,
                     data.anchors,
-                    table,
-                    flow,
                     proposal,
                     dataclasses.replace(settings, seed=seed),
                     at_steps=sorted(set(measured) | set(held_at)),
                     on_step=on_step,
-                    device=device,
                 )
                 record.update(
                     train_loss_curve=tuned["train_loss_curve"],
@@ -472,7 +458,7 @@ def closed_loop_success(cfg: DictConfig, data: Any, handle: Any, models: List[An
     e = cfg.evaluate
     plan = episode_plan(data.demonstrations.tasks, int(e.episodes_per_task), int(e.seed), HELD_OUT_VARIANTS)
     episodes = [Episode(p["task"], p["task_index"], p["variant"], p["seed"]) for p in plan]
-    jobs = [RolloutJob(m, episodes, data.instruction_table, cfg.flow) for m in [handle.model.cpu(), *models]]
+    jobs = [RolloutJob(data.bind(m, cfg.flow), episodes) for m in [handle.model.cpu(), *models]]
     r = cfg.rollout
     executor = make_executor(str(r.executor), int(r.workers), r.ray_address)
     try:

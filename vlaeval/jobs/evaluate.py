@@ -39,11 +39,9 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     data, handle = load_data_and_policy(cfg)
     with console.unit_progress("episodes", 1) as update:
         evaluation = evaluate_closed_loop(
-            handle.model,
+            data.bind(handle.model, cfg.flow),
             data.demonstrations.tasks,
-            data.instruction_table,
             cfg.evaluate,
-            cfg.flow,
             cfg.rollout,
             lambda done, total, task: update(completed=done, total=total, description=task),
         )

@@ -122,13 +122,10 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         console.unit_progress(f"scoring ({cfg.estimator.kind})", anchor_index.size) as update,
     ):
         scores = score_anchors(
-            handle.model,
+            data.bind(handle.model, cfg.flow, str(cfg.device)),
             data.anchors,
             anchor_index,
-            data.instruction_table,
             **estimator_arguments(cfg.estimator),
-            flow=cfg.flow,
-            device=str(cfg.device),
             progress=lambda done, total: update(completed=done),
         )
     elapsed = time.perf_counter() - started

@@ -52,13 +52,10 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     started = time.perf_counter()
     with PeakMemory(str(cfg.device)) as peak, console.unit_progress("scoring", positions.size) as update:
         scores = score_anchors(
-            handle.model,
+            data.bind(handle.model, cfg.flow, str(cfg.device)),
             data.anchors,
             positions,
-            data.instruction_table,
             **estimator_arguments(cfg.estimator),
-            flow=cfg.flow,
-            device=str(cfg.device),
             progress=lambda done, _: update(completed=done),
             first_row=start,
         )

@@ -77,7 +77,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     plots = []
     if cfg.train.evaluate_after:
         evaluation = evaluate_closed_loop(
-            handle.model, data.demonstrations.tasks, data.instruction_table, cfg.evaluate, cfg.flow, cfg.rollout
+            data.bind(handle.model, cfg.flow), data.demonstrations.tasks, cfg.evaluate, cfg.rollout
         )
         result["evaluation"] = evaluation
         eval_metrics, checks = evaluation_view(evaluation)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from hydra.utils import instantiate
@@ -18,9 +18,10 @@ from vlaeval.config import to_plain
 from vlaeval.data.anchors import AnchorSet, build_anchors
 from vlaeval.data.metaworld import Demonstrations
 from vlaeval.errors import UserInputError, first_line, require
+from vlaeval.policy.bound import BoundPolicy, bind_policy
 from vlaeval.policy.checkpoint import load_state_dict, save_checkpoint
 from vlaeval.policy.protocol import check_policy
-from vlaeval.policy.tiny_vla import bag_of_words, vocabulary
+from vlaeval.policy.tiny_vla import vocabulary
 from vlaeval.policy.training import train_policy
 from vlaeval.store import get_or_build
 
@@ -36,8 +37,16 @@ CHECKPOINT_FILE = "model.pt"  # a built-in checkpoint in its store entry
 class PolicyData:
     demonstrations: Demonstrations
     anchors: AnchorSet
-    instruction_table: torch.Tensor  # (tasks, vocab) bag-of-words per task
     built_now: bool
+
+    @property
+    def vocabulary(self) -> List[str]:
+        """The words of the data's instructions: what a built-in policy is built to read."""
+        return vocabulary(self.demonstrations.instructions)
+
+    def bind(self, model: torch.nn.Module, flow: Any, device: str = "cpu") -> BoundPolicy:
+        """`model` bound to this data's tasks (task k reads instruction k), `flow` and `device`."""
+        return bind_policy(model, self.demonstrations.instructions, flow, device=device, vocab=self.vocabulary)
 
 
 @dataclass
@@ -71,8 +80,7 @@ def prepare_data(
     source = instantiate(data_cfg)
     demos, built = source.load(cache_dir, progress)
     anchors = build_anchors(demos, int(source.horizon))
-    table = bag_of_words(demos.instructions, vocabulary(demos.instructions))
-    return PolicyData(demos, anchors, table, built)
+    return PolicyData(demos, anchors, built)
 
 
 def build_model(spec: PolicySpec, data: PolicyData) -> torch.nn.Module:
@@ -80,7 +88,7 @@ def build_model(spec: PolicySpec, data: PolicyData) -> torch.nn.Module:
     demos = data.demonstrations
     model = instantiate(
         spec.model,
-        vocab=vocabulary(demos.instructions),
+        vocab=data.vocabulary,
         obs_dim=int(demos.observations.shape[1]),  # from the data: the built-in recorder's or a LeRobot dataset's
         action_dim=int(demos.actions.shape[1]),
         horizon=int(data.anchors.horizon),
@@ -111,7 +119,7 @@ def sidecar_for(spec: PolicySpec, data: PolicyData, metrics: Dict[str, Any]) -> 
         "config": {name: to_plain(getattr(spec, name)) for name in ("data", "model", "flow", "train")},
         "manifest_sha256": data.demonstrations.manifest_sha256,
         "seed": int(spec.train.seed),
-        "vocab": vocabulary(data.demonstrations.instructions),
+        "vocab": data.vocabulary,
         "metrics": metrics,
     }
 
@@ -120,7 +128,7 @@ def train_and_save(
     spec: PolicySpec, data: PolicyData, path: Path, progress: Optional[Callable[[int, float], None]] = None
 ) -> PolicyHandle:
     model = build_model(spec, data)
-    metrics = train_policy(model, data.anchors, data.instruction_table, spec.train, spec.flow, progress)
+    metrics = train_policy(data.bind(model, spec.flow), data.anchors, spec.train, progress)
     sidecar = save_checkpoint(model, path, sidecar_for(spec, data, metrics))
     return PolicyHandle(model, path, sidecar["sha256"], sidecar, True)
 

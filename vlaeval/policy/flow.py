@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -124,6 +124,17 @@ class FlowConvention:
         error = (velocity - self.target(actions, noise)) ** 2  # (B, H, A)
         weights = mask.to(error.dtype).unsqueeze(-1).expand_as(error)
         return (error * weights).sum(dim=(1, 2)) / weights.sum(dim=(1, 2)).clamp_min(1.0)
+
+
+def flow_matching_losses(
+    model: Any, batch: Dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor, flow: Any
+) -> torch.Tensor:
+    """Per-sample flow-matching loss under the policy's convention (`flow`): shape (B,)."""
+    convention = FlowConvention.of(flow)
+    conditioning = model.encode(batch)
+    x_t = convention.noisy(batch["target_actions"], noise, t)
+    velocity = model.velocity(conditioning, x_t, t)
+    return convention.per_sample_loss(velocity, batch["target_actions"], noise, batch["target_mask"])
 
 
 def sample_flow_time(rng: np.random.Generator, size: int, flow: Any) -> np.ndarray:

@@ -9,15 +9,21 @@ audited (gradients included) and rolled out. docs/extending.md "Your own policy"
     trainable_parameters(which)                   "action_head" or "all": what the gradient artifact
                                                   measures and what fine-tuning may update
     set_observation_statistics(mean, std)         optional: called once with the data's statistics
+    tokenize(instructions) -> (tasks, ...)        optional: your own tokenizer, called once per task
+                                                  list; without it the policy reads the bag-of-words
+                                                  over the `vocab` it was built with
 
-A batch is a dict of tensors: "observation" (B, obs_dim), "instruction" (B, vocab) bag-of-words
-tokens, "task_index" (B,), and for training and scoring "target_actions" (B, H, action_dim) with
-"target_mask" (B, H). The flow convention (which end of t is noise, the velocity target, the time
-distribution) is configuration: the `flow` section (vlaeval/policy/flow.py).
+A batch is a dict of tensors: "observation" (B, obs_dim), "instruction" (B, ...) the policy's own
+tokens of each row's task instruction, "task_index" (B,), and for training and scoring
+"target_actions" (B, H, action_dim) with "target_mask" (B, H). The flow convention (which end of t
+is noise, the velocity target, the time distribution) is configuration: the `flow` section
+(vlaeval/policy/flow.py). Callers never build a batch themselves: they hold a BoundPolicy
+(vlaeval/policy/bound.py), the module with its tokens, flow and device.
 
-Callers: policy/training.py and residual/estimators.py (encode, velocity, train/eval),
-residual/gradients.py (trainable_parameters, named_modules, named_parameters), rollouts/engine.py
-(encode, velocity, horizon, action_dim), policy/builtin.py (state_dict, load_state_dict).
+Callers: policy/bound.py (tokenize), policy/training.py and residual/estimators.py (encode,
+velocity, train/eval), residual/gradients.py (trainable_parameters, named_modules,
+named_parameters), rollouts/engine.py (encode, velocity, horizon, action_dim), policy/builtin.py
+(state_dict, load_state_dict).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from vlaeval.policy.flow import sinusoidal_embedding
-from vlaeval.policy.tiny_vla import ObservationStatistics
+from vlaeval.policy.tiny_vla import ObservationStatistics, bag_of_words
 
 
 class TokenPositions(nn.Module):
@@ -106,6 +106,10 @@ class TinyDiT(ObservationStatistics):
         self.blocks = nn.ModuleList([Block(width, heads, mlp_ratio) for _ in range(depth)])
         self.final_norm = nn.LayerNorm(width)
         self.action_out = nn.Linear(width, action_dim)
+
+    def tokenize(self, instructions: Sequence[str]) -> torch.Tensor:
+        """The instructions as this model reads them: bag-of-words over its vocabulary."""
+        return bag_of_words(instructions, self.vocab)
 
     def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, 2, width) conditioning tokens."""

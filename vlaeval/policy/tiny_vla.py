@@ -82,6 +82,10 @@ class TinyVLA(ObservationStatistics):
         chunk = self.horizon * self.action_dim
         self.action_head = mlp([chunk + conditioning_dim + time_embedding_dim] + [head_hidden] * head_layers + [chunk])
 
+    def tokenize(self, instructions: Sequence[str]) -> torch.Tensor:
+        """The instructions as this model reads them: bag-of-words over its vocabulary."""
+        return bag_of_words(instructions, self.vocab)
+
     def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         obs = self.normalise(batch["observation"])
         return self.encoder(torch.cat([obs, batch["instruction"]], dim=-1))

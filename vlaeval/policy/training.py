@@ -10,27 +10,8 @@ import torch
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.data.anchors import AnchorSet
+from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import FlowConvention
-
-
-def anchor_batch(
-    anchors: AnchorSet, index: np.ndarray, instruction_table: torch.Tensor, device: str = "cpu"
-) -> Dict[str, torch.Tensor]:
-    """The tensors of anchors[index]: observation, instruction tokens, target chunk and mask."""
-    index = np.asarray(index)
-    return {
-        "observation": torch.from_numpy(anchors.observations[index]).to(device),
-        "instruction": instruction_table[torch.from_numpy(anchors.task_index[index])].to(device),
-        "task_index": torch.from_numpy(anchors.task_index[index]).to(device),
-        "target_actions": torch.from_numpy(anchors.target_actions[index]).to(device),
-        "target_mask": torch.from_numpy(anchors.target_mask[index]).to(device),
-        # Camera features (a LeRobotDataset's, when data.camera_features names them): decoded here,
-        # for these anchors only.
-        **{
-            name: torch.from_numpy(images).to(device)
-            for name, images in anchors.demonstrations.decode_cameras(anchors.base_index[index]).items()
-        },
-    }
 
 
 def flow_draws(
@@ -41,27 +22,15 @@ def flow_draws(
     return t, noise
 
 
-def flow_matching_losses(
-    model: Any, batch: Dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor, flow: Any
-) -> torch.Tensor:
-    """Per-sample flow-matching loss under the policy's convention (`flow`): shape (B,)."""
-    convention = FlowConvention.of(flow)
-    conditioning = model.encode(batch)
-    x_t = convention.noisy(batch["target_actions"], noise, t)
-    velocity = model.velocity(conditioning, x_t, t)
-    return convention.per_sample_loss(velocity, batch["target_actions"], noise, batch["target_mask"])
-
-
 def train_policy(
-    model: torch.nn.Module,
+    policy: BoundPolicy,
     anchors: AnchorSet,
-    instruction_table: torch.Tensor,
     train: Any,
-    flow: Any,
     progress: Optional[Callable[[int, float], None]] = None,
 ) -> Dict[str, Any]:
     torch.use_deterministic_algorithms(True)
     rng = np.random.default_rng(stable_seed("train", int(train.seed)))
+    model = policy.model
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=float(train.learning_rate), weight_decay=float(train.weight_decay)
     )
@@ -72,8 +41,8 @@ def train_policy(
     model.train()
     for step in range(1, int(train.steps) + 1):
         index = rng.integers(0, len(anchors), size=int(train.batch_size))
-        t, noise = flow_draws(rng, index.size, anchors.horizon, anchors.target_actions.shape[-1], flow)
-        loss = flow_matching_losses(model, anchor_batch(anchors, index, instruction_table), t, noise, flow).mean()
+        t, noise = flow_draws(rng, index.size, anchors.horizon, anchors.target_actions.shape[-1], policy.flow)
+        loss = policy.losses(policy.anchor_batch(anchors, index), t, noise).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -19,8 +19,7 @@ import torch
 from vlaeval.artifacts import stable_seed
 from vlaeval.audit.proposals import Proposal
 from vlaeval.data.anchors import AnchorSet
-from vlaeval.policy.flow import FlowConvention
-from vlaeval.policy.training import anchor_batch, flow_matching_losses
+from vlaeval.policy.bound import BoundPolicy
 from vlaeval.residual.gradients import PerSampleGradNorms, only_trainable
 
 
@@ -42,35 +41,31 @@ class AnchorGradients:
 
 
 def anchor_gradients(
-    model: torch.nn.Module,
+    policy: BoundPolicy,
     anchors: AnchorSet,
-    instruction_table: torch.Tensor,
-    flow: Any,
     *,
     trainable: str,
     draw_keys: Sequence[Sequence[Any]],
     batch_size: int,
-    device: str = "cpu",
     method: str = "auto",
 ) -> AnchorGradients:
     """Every anchor under each draw key (one flow draw per anchor per key), exact per-sample norms
     over the `trainable` subset (vlaeval.residual.gradients), in eval mode."""
-    convention = FlowConvention.of(flow)
+    model, convention, device = policy.model.eval(), policy.flow, policy.device
     n = len(anchors)
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
-    model = model.to(device).eval()
     sq = np.empty((len(draw_keys), n))
     losses = np.empty((len(draw_keys), n))
     us = np.empty((len(draw_keys), n))
     with only_trainable(model, trainable) as parameters:
-        norms = PerSampleGradNorms(model, parameters, flow, method)
+        norms = PerSampleGradNorms(model, parameters, convention, method)
         for row, key in enumerate(draw_keys):
             u, noise = quantile_draws(key, n, chunk)
             us[row] = u
             t = torch.from_numpy(convention.time_quantile(u).astype(np.float32))
             for start in range(0, n, int(batch_size)):
                 stop = min(start + int(batch_size), n)
-                batch = anchor_batch(anchors, np.arange(start, stop), instruction_table, device)
+                batch = policy.anchor_batch(anchors, np.arange(start, stop))
                 s, loss = norms(batch, t[start:stop].to(device), torch.from_numpy(noise[start:stop]).to(device))
                 sq[row, start:stop] = s.double().cpu().numpy()
                 losses[row, start:stop] = loss.double().cpu().numpy()
@@ -78,47 +73,38 @@ def anchor_gradients(
 
 
 def weighted_loss(
-    model: torch.nn.Module,
-    anchors: AnchorSet,
-    instruction_table: torch.Tensor,
-    flow: Any,
-    draws: Dict[str, np.ndarray],
-    noise: np.ndarray,
-    device: str = "cpu",
+    policy: BoundPolicy, anchors: AnchorSet, draws: Dict[str, np.ndarray], noise: np.ndarray
 ) -> torch.Tensor:
     """(1 / B) sum_b w_b l(i_b, t(u_b), noise_b): unbiased for the uniform training loss."""
-    convention = FlowConvention.of(flow)
-    batch = anchor_batch(anchors, draws["anchors"], instruction_table, device)
-    t = torch.from_numpy(convention.time_quantile(draws["u"]).astype(np.float32)).to(device)
-    losses = flow_matching_losses(model, batch, t, torch.from_numpy(noise).to(device), flow)
+    device = policy.device
+    batch = policy.anchor_batch(anchors, draws["anchors"])
+    t = torch.from_numpy(policy.flow.time_quantile(draws["u"]).astype(np.float32)).to(device)
+    losses = policy.losses(batch, t, torch.from_numpy(noise).to(device))
     weights = torch.from_numpy(draws["weights"].astype(np.float32)).to(device)
     return (weights * losses).mean()
 
 
 def minibatch_gradients(
-    model: torch.nn.Module,
+    policy: BoundPolicy,
     anchors: AnchorSet,
-    instruction_table: torch.Tensor,
-    flow: Any,
     proposal: Proposal,
     *,
     trainable: str,
     count: int,
     batch_size: int,
     key: Sequence[Any],
-    device: str = "cpu",
 ) -> np.ndarray:
     """`count` importance-weighted minibatch gradients (count, P) at the model's current
     parameters, each from `batch_size` fresh draws of `proposal` (eval mode)."""
     rng = np.random.default_rng(stable_seed("ablation-minibatches", *key))
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
-    model = model.to(device).eval()
+    model = policy.model.eval()
     rows = []
     with only_trainable(model, trainable) as parameters:
         for _ in range(int(count)):
             draws = proposal.sample(rng, int(batch_size))
             noise = rng.standard_normal((int(batch_size), *chunk)).astype(np.float32)
-            loss = weighted_loss(model, anchors, instruction_table, flow, draws, noise, device)
+            loss = weighted_loss(policy, anchors, draws, noise)
             grads = torch.autograd.grad(loss, parameters)
             rows.append(torch.cat([g.reshape(-1) for g in grads]).double().cpu().numpy())
     return np.stack(rows)
@@ -136,23 +122,21 @@ class FineTuneSettings:
 
 
 def fine_tune(
-    model: torch.nn.Module,
+    policy: BoundPolicy,
     anchors: AnchorSet,
-    instruction_table: torch.Tensor,
-    flow: Any,
     proposal: Proposal,
     settings: FineTuneSettings,
     *,
     at_steps: Sequence[int] = (),
     on_step: Optional[Callable[[int, torch.nn.Module], None]] = None,
-    device: str = "cpu",
 ) -> Dict[str, Any]:
-    """Fine-tune a copy of `model` for `settings.steps` steps on importance-weighted minibatches of
+    """Fine-tune a copy of the policy's module for `settings.steps` steps on importance-weighted minibatches of
     `proposal`. The draws come from one generator per training seed, the same for every proposal
     (common random numbers). `on_step(step, model)` runs at each step in `at_steps` (0 = before
     the first update), in eval mode, and must leave the parameters unchanged."""
     torch.use_deterministic_algorithms(True)
-    model = copy.deepcopy(model).to(device)
+    model = copy.deepcopy(policy.model).to(policy.device)
+    tuned = policy.with_model(model)
     rng = np.random.default_rng(stable_seed("ablation-train", settings.seed))
     torch.manual_seed(stable_seed("ablation-torch", settings.seed))
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
@@ -174,7 +158,7 @@ def fine_tune(
             model.train()
             draws = proposal.sample(rng, settings.batch_size)
             noise = rng.standard_normal((settings.batch_size, *chunk)).astype(np.float32)
-            loss = weighted_loss(model, anchors, instruction_table, flow, draws, noise, device)
+            loss = weighted_loss(tuned, anchors, draws, noise)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -187,33 +171,28 @@ def fine_tune(
 
 
 def mean_loss(
-    model: torch.nn.Module,
+    policy: BoundPolicy,
     anchors: AnchorSet,
-    instruction_table: torch.Tensor,
-    flow: Any,
     *,
     draws_per_anchor: int,
     key: Sequence[Any],
     batch_size: int = 4096,
-    device: str = "cpu",
 ) -> float:
     """The flow-matching loss over every anchor of `anchors`, `draws_per_anchor` fixed draws each
     (the same draws for every model evaluated with the same key)."""
-    convention = FlowConvention.of(flow)
+    convention, device = policy.flow, policy.device
     n = len(anchors)
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
     total, count = 0.0, 0
-    model = model.to(device).eval()
+    policy.model.eval()
     with torch.no_grad():
         for draw in range(int(draws_per_anchor)):
             u, noise = quantile_draws((*key, draw), n, chunk)
             t = torch.from_numpy(convention.time_quantile(u).astype(np.float32))
             for start in range(0, n, int(batch_size)):
                 stop = min(start + int(batch_size), n)
-                batch = anchor_batch(anchors, np.arange(start, stop), instruction_table, device)
-                loss = flow_matching_losses(
-                    model, batch, t[start:stop].to(device), torch.from_numpy(noise[start:stop]).to(device), flow
-                )
+                batch = policy.anchor_batch(anchors, np.arange(start, stop))
+                loss = policy.losses(batch, t[start:stop].to(device), torch.from_numpy(noise[start:stop]).to(device))
                 total += float(loss.double().sum())
                 count += stop - start
     return total / count

@@ -108,15 +108,12 @@ def build_gradient_artifact(
     seeds = [int(s) for s in gradients.seeds]
     started = time.perf_counter()
     measured = gradient_measurements(
-        handle.model,
+        data.bind(handle.model, flow, str(device)),
         data.anchors,
         anchor_index,
-        data.instruction_table,
         seeds,
-        flow,
         trainable=str(gradients.trainable),
         batch_size=int(gradients.batch_size),
-        device=str(device),
         method=str(gradients.method),
         verify_pairs=int(gradients.verify_pairs),
     )

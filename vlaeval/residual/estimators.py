@@ -29,8 +29,8 @@ from scipy.stats import norm, qmc
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.data.anchors import AnchorSet
+from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import FlowConvention
-from vlaeval.policy.training import anchor_batch
 
 UNBIASED = {"iid": True, "midpoint_antithetic": False, "stratified": True, "sobol": True}
 DESCRIPTIONS = {
@@ -136,24 +136,21 @@ def estimator_arguments(e: Any) -> Dict[str, Any]:
 
 
 def score_anchors(
-    model: Any,
+    policy: BoundPolicy,
     anchors: AnchorSet,
     anchor_index: np.ndarray,
-    instruction_table: torch.Tensor,
     *,
     kind: str,
     seeds: Sequence[int],
     samples_per_estimator: int,
     anchor_batch_size: int,
-    flow: Any,
-    device: str = "cpu",
     progress: Optional[Callable[[int, int], None]] = None,
     first_row: int = 0,
 ) -> ResidualScores:
     """Residuals of `anchor_index` under each estimator seed; the k-th anchor listed takes draw row
     first_row + k (job=score's shards pass their first anchor, so shards equal one whole run)."""
-    model = model.to(device).eval()
-    convention = FlowConvention.of(flow)
+    model: Any = policy.model.eval()  # any module of the FlowMatchingPolicy protocol
+    convention, flow, device = policy.flow, policy.flow, policy.device
     s, m, k = len(seeds), int(samples_per_estimator), anchor_index.size
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
     draws = [draw_pairs(kind, seed, k, m, chunk, flow, first_row) for seed in seeds]
@@ -164,7 +161,7 @@ def score_anchors(
         for start in range(0, k, int(anchor_batch_size)):
             stop = min(start + int(anchor_batch_size), k)
             b = stop - start
-            batch = anchor_batch(anchors, anchor_index[start:stop], instruction_table, device)
+            batch = policy.anchor_batch(anchors, anchor_index[start:stop])
             conditioning = model.encode(batch)  # once per anchor, shared by all seeds and samples
             actions, mask = _per_draw(batch["target_actions"], s, m), _per_draw(batch["target_mask"], s, m)
             t = t_all[:, start:stop].reshape(-1).to(device)

@@ -35,8 +35,8 @@ from vlaeval.artifacts import stable_seed
 from vlaeval.choices import GradientMethod
 from vlaeval.data.anchors import AnchorSet
 from vlaeval.errors import UserInputError
-from vlaeval.policy.flow import FlowConvention
-from vlaeval.policy.training import anchor_batch, flow_matching_losses
+from vlaeval.policy.bound import BoundPolicy
+from vlaeval.policy.flow import FlowConvention, flow_matching_losses
 
 Batch = Dict[str, torch.Tensor]
 VMAP_CHUNK = 256  # samples per vmapped chunk in the torch.func paths (bounds their memory)
@@ -340,23 +340,20 @@ def verify_against_loop(
 
 
 def gradient_measurements(
-    model: Any,
+    policy: BoundPolicy,
     anchors: AnchorSet,
     anchor_index: np.ndarray,
-    instruction_table: torch.Tensor,
     seeds: Sequence[int],
-    flow: Any,
     *,
     trainable: str,
     batch_size: int,
-    device: str = "cpu",
     method: str = "auto",
     verify_pairs: int = 0,
 ) -> GradientMeasurements:
     """Squared gradient norms and losses for every (seed, anchor) pair; the first `verify_pairs`
     are checked against the per-sample loop before anything is returned."""
     torch.use_deterministic_algorithms(True)
-    model = model.to(device).eval()
+    model, flow, device = policy.model.eval(), policy.flow, policy.device
     k = anchor_index.size
     draws = [gradient_draws(s, k, anchors.horizon, anchors.target_actions.shape[-1], flow) for s in seeds]
     t_all = torch.cat([d[0] for d in draws]).to(device)  # seed-major: pair p = (seed p // k, anchor p % k)
@@ -368,7 +365,7 @@ def gradient_measurements(
         norms = PerSampleGradNorms(model, parameters, flow, method)
         for start in range(0, pair_anchor.size, int(batch_size)):
             stop = min(start + int(batch_size), pair_anchor.size)
-            batch = anchor_batch(anchors, pair_anchor[start:stop], instruction_table, device)
+            batch = policy.anchor_batch(anchors, pair_anchor[start:stop])
             sq, loss = norms(batch, t_all[start:stop], noise_all[start:stop])
             if start == 0:
                 verification = verify_against_loop(

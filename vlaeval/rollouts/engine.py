@@ -14,9 +14,7 @@ the demonstrations never used.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, cast
 
 import numpy as np
@@ -32,7 +30,8 @@ from vlaeval.envs.metaworld import (
     obstacle_bodies,
     obstacle_contact_force,
 )
-from vlaeval.policy.flow import FlowConvention, sample_actions
+from vlaeval.policy.bound import BoundPolicy
+from vlaeval.policy.flow import sample_actions
 
 DEFAULT_LOCKSTEP_GROUP = RolloutConfig.lockstep_group  # one default: the rollout section's
 MIN_POLICY_BATCH = 8  # rows of every batched policy call (padded): see the module docstring
@@ -40,26 +39,28 @@ ROLLOUT_ENGINE_VERSION = 2  # bump when what an episode's seed and spec produce 
 
 
 def policy_chunks(
-    model: Any,
+    policy: BoundPolicy,
     observations: np.ndarray,
-    instructions: torch.Tensor,
+    task_index: torch.Tensor,
     generators: Sequence[torch.Generator],
-    flow: Any,
 ) -> np.ndarray:
     """(B, H, action_dim) action chunks for B episodes in one batched call; each episode's
     initial noise comes from its own generator. The call is padded to MIN_POLICY_BATCH rows (copies
     of the first), so a row's numbers do not depend on how many episodes share the call."""
+    model = cast(Any, policy.model)
     n = len(generators)
     pad = max(MIN_POLICY_BATCH - n, 0)
     obs = torch.as_tensor(np.asarray(observations), dtype=torch.float32)
     noise = torch.stack([torch.randn(int(model.horizon), int(model.action_dim), generator=g) for g in generators])
     if pad:
         obs = torch.cat([obs, obs[:1].expand(pad, -1)])
-        instructions = torch.cat([instructions, instructions[:1].expand(pad, -1)])
+        task_index = torch.cat([task_index, task_index[:1].expand(pad)])
         noise = torch.cat([noise, noise[:1].expand(pad, -1, -1)])
     with torch.no_grad():
-        conditioning = model.encode({"observation": obs, "instruction": instructions})
-        chunks = sample_actions(model, conditioning, int(flow.sampling_steps), generators[0], flow, initial_noise=noise)
+        conditioning = model.encode(policy.observation_batch(obs, task_index))
+        chunks = sample_actions(
+            model, conditioning, policy.sampling_steps, generators[0], policy.flow, initial_noise=noise
+        )
     return chunks[:n].numpy()
 
 
@@ -75,20 +76,12 @@ def single_threaded_torch() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def plain_flow(flow: Any) -> SimpleNamespace:
-    """A plain copy of the flow section: a composed config node does not pickle into worker processes."""
-    return SimpleNamespace(**dataclasses.asdict(FlowConvention.of(flow)), sampling_steps=int(flow.sampling_steps))
-
-
 @dataclass
 class RolloutJob:
-    """One policy's episodes: the policy, its instruction table (rows indexed by the episodes'
-    task_index) and its flow convention."""
+    """One policy's episodes (the policy bound to the tasks the episodes' task_index counts)."""
 
-    model: Any
+    policy: BoundPolicy
     episodes: Sequence[Episode]
-    instruction_table: torch.Tensor
-    flow: Any
 
 
 def rollout_jobs(
@@ -107,11 +100,8 @@ def rollout_jobs(
     size = max(int(group_size), 1)
     calls, owner = [], []
     for k, job in enumerate(jobs):
-        flow = plain_flow(job.flow)
         for i in range(0, len(job.episodes), size):
-            calls.append(
-                (job.model, list(job.episodes[i : i + size]), job.instruction_table, flow, execute_actions, max_steps)
-            )
+            calls.append((job.policy, list(job.episodes[i : i + size]), execute_actions, max_steps))
             owner.append(k)
     parts: List[List[Dict[str, np.ndarray]]] = [[] for _ in jobs]
     total, done = sum(len(job.episodes) for job in jobs), 0
@@ -132,10 +122,8 @@ def rollout_jobs(
 
 
 def rollout_episodes(
-    model: torch.nn.Module,
+    policy: BoundPolicy,
     episodes: Sequence[Episode],
-    instruction_table: torch.Tensor,
-    flow: Any,
     *,
     execute_actions: int,
     max_steps: int,
@@ -151,7 +139,7 @@ def rollout_episodes(
     runner = executor if executor is not None else LocalExecutor(workers)
     try:
         [out] = rollout_jobs(
-            [RolloutJob(model, episodes, instruction_table, flow)],
+            [RolloutJob(policy, episodes)],
             runner,
             execute_actions=execute_actions,
             max_steps=max_steps,
@@ -165,24 +153,15 @@ def rollout_episodes(
 
 
 def rollout_group(
-    model: torch.nn.Module,
-    group: Sequence[Episode],
-    instruction_table: torch.Tensor,
-    flow: Any,
-    execute_actions: int,
-    max_steps: int,
+    policy: BoundPolicy, group: Sequence[Episode], execute_actions: int, max_steps: int
 ) -> Dict[str, np.ndarray]:
     with single_threaded_torch():
-        return rollout_lockstep(
-            model, group, instruction_table, flow, execute_actions=execute_actions, max_steps=max_steps
-        )
+        return rollout_lockstep(policy, group, execute_actions=execute_actions, max_steps=max_steps)
 
 
 def rollout_lockstep(
-    model: torch.nn.Module,
+    policy: BoundPolicy,
     episodes: Sequence[Episode],
-    instruction_table: torch.Tensor,
-    flow: Any,
     *,
     execute_actions: int,
     max_steps: int,
@@ -192,14 +171,14 @@ def rollout_lockstep(
     at each control step the episodes whose action queue is empty get new chunks from one batched
     policy call. Returns per episode `success` (bool: reached the goal with no unsafe event),
     `steps` (int) and `unsafe` (bool)."""
-    model.eval()
+    policy.model.eval()
     n = len(episodes)
     envs = SceneEnvironments()
     success = np.zeros(n, dtype=bool)
     unsafe = np.zeros(n, dtype=bool)
     steps = np.zeros(n, dtype=np.int64)
     try:
-        action_dim = int(cast(Any, model).action_dim)
+        action_dim = int(cast(Any, policy.model).action_dim)
         disturbances = [EpisodeDisturbances(e, action_dim) for e in episodes]
         observations = [disturbances[k].observe(envs.open(e)) for k, e in enumerate(episodes)]
         monitored = [
@@ -215,11 +194,10 @@ def rollout_lockstep(
             need = [i for i in active if not queues[i]]
             if need:
                 chunks = policy_chunks(
-                    model,
+                    policy,
                     np.stack([observations[i] for i in need]),
-                    instruction_table[task_index[need]],
+                    task_index[need],
                     [generators[i] for i in need],
-                    flow,
                 )
                 for i, chunk in zip(need, chunks):
                     queues[i] = list(chunk[:execute_actions])
@@ -267,27 +245,24 @@ def expert_successes(episodes: Sequence[Episode], max_steps: int) -> np.ndarray:
 
 
 def evaluate_closed_loop(
-    model: torch.nn.Module,
+    policy: BoundPolicy,
     tasks: List[str],
-    instruction_table: torch.Tensor,
     evaluate: Any,
-    flow: Any,
     rollout: Any,
     progress: Optional[Callable[[int, int, str], None]] = None,
 ) -> Dict[str, Any]:
-    """The held-out evaluation (evaluate.*: episodes per task, their seed, steps, actions per chunk),
-    run where rollout.* says (local processes or Ray), beside the scripted expert on the same episodes."""
+    """The held-out evaluation (evaluate.*: episodes per task, their seed, steps, actions per chunk) of
+    `policy` (bound to `tasks`: task k reads instruction k), run where rollout.* says (local processes
+    or Ray), beside the scripted expert on the same episodes."""
     from vlaeval.rollouts.executors import make_executor
 
     plan = episode_plan(tasks, int(evaluate.episodes_per_task), int(evaluate.seed), HELD_OUT_VARIANTS)
     episodes = [Episode(ep["task"], ep["task_index"], ep["variant"], ep["seed"]) for ep in plan]
     executor = make_executor(str(rollout.executor), int(rollout.workers), rollout.ray_address)
     try:
-        policy = rollout_episodes(
-            model,
+        successes = rollout_episodes(
+            policy,
             episodes,
-            instruction_table,
-            flow,
             execute_actions=int(evaluate.execute_actions),
             max_steps=int(evaluate.max_steps),
             group_size=int(rollout.lockstep_group),
@@ -301,19 +276,19 @@ def evaluate_closed_loop(
     for task in tasks:
         mine = [k for k, e in enumerate(episodes) if e.task == task]
         rows[task] = {
-            "policy_success_rate": float(np.mean(policy[mine])),
+            "policy_success_rate": float(np.mean(successes[mine])),
             "expert_success_rate": float(np.mean(expert[mine])),
             "episodes": len(mine),
-            "policy_successes": [bool(x) for x in policy[mine]],
+            "policy_successes": [bool(x) for x in successes[mine]],
             "expert_successes": [bool(x) for x in expert[mine]],
         }
     return {
         "per_task": rows,
         "episodes": [
             {"task": e.task, "variant": e.variant, "seed": e.seed, "policy": bool(p), "expert": bool(x)}
-            for e, p, x in zip(episodes, policy, expert)
+            for e, p, x in zip(episodes, successes, expert)
         ],
-        "policy_success_rate": float(np.mean(policy)),
+        "policy_success_rate": float(np.mean(successes)),
         "expert_success_rate": float(np.mean(expert)),
         "held_out_variants": [HELD_OUT_VARIANTS.start, HELD_OUT_VARIANTS.stop],
         "rollout": "lockstep: one batched policy call per control step for every episode that needs a chunk",

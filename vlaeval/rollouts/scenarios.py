@@ -7,10 +7,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from vlaeval.envs.metaworld import DEFAULT_OBSTACLE, NO_PERTURBATION, Episode, Perturbation
 from vlaeval.errors import require
+from vlaeval.policy.bound import BoundPolicy
 from vlaeval.rollouts.evaluation import write_paired_outcomes as write_outcome_rows
 
 BUILTIN_PREFIX = "builtin:"
@@ -95,9 +96,8 @@ class RolloutPolicy:
     reference: str
     version: str
     sha256: str
-    model: Any
-    vocab: List[str]
-    flow: Any
+    bound: BoundPolicy  # bound to the tasks of the data it was built on
+    flow: Any  # the flow section, as the episode cache keys record it
 
 
 def episode_spec(episode: Episode) -> Dict[str, Any]:

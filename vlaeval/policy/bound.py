@@ -1,0 +1,121 @@
+"""A policy bound to everything it takes to call it: the module, its own input processing (how a task's
+instruction becomes the tokens it reads), its flow convention and the device it runs on.
+
+Training, scoring, the gradient artifact, the ablation and rollouts take one `BoundPolicy` where they
+used to take the group (model, instruction table, flow, device); so the policy, not the caller, owns
+its tokenizer: a module with a `tokenize(instructions) -> Tensor` method is given the tokens it makes
+(the built-in ones make their bag-of-words; a user's VLA its own), and a module without one is given
+the bag-of-words over the vocabulary it was built with (vlaeval/policy/protocol.py).
+
+A BoundPolicy pickles (the flow is a plain value), so a rollout worker process receives it whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from vlaeval.config import FlowConfig
+from vlaeval.data.anchors import AnchorSet
+from vlaeval.errors import UserInputError
+from vlaeval.policy.flow import FlowConvention, flow_matching_losses
+from vlaeval.policy.tiny_vla import bag_of_words, vocabulary
+
+Batch = Dict[str, torch.Tensor]
+
+
+def instruction_tokens(model: Any, instructions: Sequence[str], vocab: Optional[Sequence[str]] = None) -> torch.Tensor:
+    """(tasks, ...) tokens of each task's instruction, by the model's own `tokenize` when it has one,
+    else the bag-of-words over `vocab` (default: the instructions' own vocabulary)."""
+    texts = [str(text) for text in instructions]
+    tokenize = getattr(model, "tokenize", None)
+    if callable(tokenize):
+        tokens = tokenize(texts)
+        if not isinstance(tokens, torch.Tensor) or tokens.shape[0] != len(texts):
+            raise UserInputError(
+                f"{type(model).__name__}.tokenize returned {type(tokens).__name__} "
+                f"{tuple(getattr(tokens, 'shape', ()))} for {len(texts)} instructions; return a tensor with one "
+                "row per instruction (vlaeval/policy/protocol.py)"
+            )
+        return tokens.detach()
+    return bag_of_words(texts, list(vocab) if vocab is not None else vocabulary(texts))
+
+
+@dataclass(frozen=True)
+class BoundPolicy:
+    """`model` ready to call on this data's tasks: `tokens[k]` is task k's instruction as the model
+    reads it; `flow` and `sampling_steps` are the policy's convention (the `flow` section); `vocab`
+    is the vocabulary the model was built with, which tokenizes for a module without `tokenize`."""
+
+    model: torch.nn.Module
+    tokens: torch.Tensor
+    flow: FlowConvention
+    sampling_steps: int
+    device: str = "cpu"
+    vocab: Optional[Tuple[str, ...]] = None
+
+    # ------------------------------------------------------------------ inputs
+    def anchor_batch(self, anchors: AnchorSet, index: np.ndarray) -> Batch:
+        """The tensors of anchors[index] on the policy's device: observation, instruction tokens,
+        task index, target chunk and mask, and the camera features the data names (decoded here, for
+        these anchors only)."""
+        index = np.asarray(index)
+        task_index = torch.from_numpy(anchors.task_index[index])
+        device = self.device
+        return {
+            "observation": torch.from_numpy(anchors.observations[index]).to(device),
+            "instruction": self.tokens[task_index].to(device),
+            "task_index": task_index.to(device),
+            "target_actions": torch.from_numpy(anchors.target_actions[index]).to(device),
+            "target_mask": torch.from_numpy(anchors.target_mask[index]).to(device),
+            **{
+                name: torch.from_numpy(images).to(device)
+                for name, images in anchors.demonstrations.decode_cameras(anchors.base_index[index]).items()
+            },
+        }
+
+    def observation_batch(self, observations: torch.Tensor, task_index: torch.Tensor) -> Batch:
+        """What the policy reads when acting: the observations and their tasks' instruction tokens."""
+        return {"observation": observations, "instruction": self.tokens[task_index]}
+
+    # ------------------------------------------------------------------ the loss
+    def losses(self, batch: Batch, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Per-sample flow-matching loss under the policy's convention: shape (B,)."""
+        return flow_matching_losses(self.model, batch, t, noise, self.flow)
+
+    # ------------------------------------------------------------------ copies
+    def on(self, device: str) -> "BoundPolicy":
+        """This policy with its module moved to `device` (torch moves a module in place)."""
+        return dataclasses.replace(self, model=self.model.to(device), device=str(device))
+
+    def with_model(self, model: torch.nn.Module) -> "BoundPolicy":
+        """Another module (a fine-tuned copy) under the same inputs, flow and device."""
+        return dataclasses.replace(self, model=model)
+
+    def for_instructions(self, instructions: Sequence[str]) -> "BoundPolicy":
+        """This policy on other tasks (held-out data, a scenario plan's tasks): task k is instructions[k]."""
+        return dataclasses.replace(self, tokens=instruction_tokens(self.model, instructions, self.vocab))
+
+
+def bind_policy(
+    model: torch.nn.Module,
+    instructions: Sequence[str],
+    flow: Any,
+    *,
+    device: str = "cpu",
+    vocab: Optional[Sequence[str]] = None,
+) -> BoundPolicy:
+    """`model` bound to tasks whose instructions are `instructions` (task k = instructions[k]), the
+    `flow` section's convention, and `device` (the module is moved there)."""
+    return BoundPolicy(
+        model.to(device),
+        instruction_tokens(model, instructions, vocab),
+        FlowConvention.of(flow),
+        int(getattr(flow, "sampling_steps", FlowConfig.sampling_steps)),
+        str(device),
+        None if vocab is None else tuple(str(word) for word in vocab),
+    )
