@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)  ## the residual audit on the built-in world (trains the tiny policy on first use)
-	$(PY) main.py job=residual_audit
+demo: $(STAMP)  ## the default job, the residual audit, on the built-in world (trains the tiny policy on first use)
+	$(PY) main.py
 
 # Debian's PostgreSQL, Chromium and ChromeDriver for the server and UI tests (apt-get, when root and missing).
 system-packages:  ## Debian's PostgreSQL and Chromium for the server and UI tests, when missing

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 from omegaconf import OmegaConf
 
-from benchlib import REPO, compose_default
+from benchlib import REPO, compose_default, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json, atomic_write_text, sha256_json
 from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.outcomes import synthetic_paired_outcomes
@@ -193,6 +193,42 @@ def main() -> None:
             f"warm {summary['speedup_vs_baseline_warm']:.1f}x; cache-hit re-run {summary['cache_hit_rerun_speedup']:.2f}x"
         )
     atomic_write_json(args.out, results)
+    if not args.quick:
+        write_figures(
+            "gauntlet_throughput",
+            "Gauntlet throughput",
+            "python benchmarks/gauntlet_throughput.py",
+            "Units (paired outcomes) per second of `job=gauntlet` on generated outcomes, against the "
+            "prototype-style path (one e-value update per unit, no per-cluster records) run in the same "
+            "process; cold: the outcome cache empty, warm: served from it.\n\n"
+            + markdown_table(
+                ["gauntlet", "run", "units evaluated", "wall", "units/s"],
+                [
+                    (
+                        s["gauntlet"],
+                        name,
+                        f"{r['units_evaluated']:,}",
+                        f"{r['wall_s']:.2f} s",
+                        f"{r['units_per_second']:,.0f}",
+                    )
+                    for s in results
+                    for name, r in s["runs"].items()
+                ],
+            )
+            + "\n\n"
+            + markdown_table(
+                ["gauntlet", "x baseline, cold", "x baseline, warm", "cache-hit re-run"],
+                [
+                    (
+                        s["gauntlet"],
+                        f"{s['speedup_vs_baseline_cold']:.1f}",
+                        f"{s['speedup_vs_baseline_warm']:.1f}",
+                        f"{s['cache_hit_rerun_speedup']:.2f}",
+                    )
+                    for s in results
+                ],
+            ),
+        )
     print(f"\nwritten {args.out}")
 
 

@@ -1,5 +1,5 @@
 """The default rollout gauntlet, measured: the built-in baseline against the worse and the equivalent
-built-in candidates on the default scenario families (`python main.py outcomes=rollout`), then a
+built-in candidates on the default scenario families (`python main.py job=gauntlet outcomes=rollout`), then a
 rerun served from the per-episode cache. Every run goes through the CLI in its own process, on one
 cache folder, so the figures are what a user sees.
 
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from benchlib import REPO
+from benchlib import REPO, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json
 
 
@@ -38,6 +38,7 @@ def gauntlet(cache: Path, name: str, overrides: List[str]) -> Dict[str, Any]:
         [
             sys.executable,
             str(REPO / "main.py"),
+            "job=gauntlet",
             "outcomes=rollout",
             "tracking=disabled",
             # One cluster order for every run, so the rerun asks for the very same episodes (a rollout
@@ -110,7 +111,61 @@ def main() -> None:
         ["outcomes.candidate=builtin:equivalent", f"outcomes.registry={snapshots[1]}", *args.extra],
     )
     atomic_write_json(args.out, {"runs": [worse, equivalent, rerun], "extra_overrides": args.extra})
+    write_figures(
+        "rollout_gauntlet",
+        "The default rollout gauntlet",
+        "python benchmarks/rollout_gauntlet.py",
+        figures_body([worse, equivalent, rerun]),
+    )
     print(f"wrote {args.out}")
+
+
+def figures_body(runs: List[Dict[str, Any]]) -> str:
+    """Per run: the recommendation, rollouts run and from the cache, wall time; per stratum the decision
+    and the episode pairs it took."""
+    summary = markdown_table(
+        [
+            "run",
+            "recommendation",
+            "halted",
+            "episode pairs (of a full evaluation)",
+            "rollouts run",
+            "from cache",
+            "wall",
+        ],
+        [
+            (
+                r["run"],
+                r["recommendation"],
+                r["halted"] or "no",
+                f"{r['episode_pairs_evaluated']:,} ({r['episode_pairs_full_evaluation']:,})",
+                f"{r['rollouts_run']:,}",
+                f"{r['rollouts_from_cache']:,}",
+                f"{r['wall_s']:.0f} s",
+            )
+            for r in runs
+        ],
+    )
+    strata = markdown_table(
+        ["run", "stratum", "decision", "episode pairs", "baseline success", "candidate success"],
+        [
+            (
+                r["run"],
+                name,
+                s["decision"],
+                f"{s['episode_pairs']:,} of {s['of']:,}",
+                f"{s['baseline_success']:.3f}",
+                f"{s['candidate_success']:.3f}",
+            )
+            for r in runs
+            for name, s in r["strata"].items()
+        ],
+    )
+    return (
+        "The built-in baseline against the `worse` and the `equivalent` built-in candidates on the default "
+        "scenario families, then the equivalent run again, served from the per-episode cache; one fixed "
+        "order seed for every run.\n\n" + summary + "\n\n" + strata
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import REPO, default_policy
+from benchlib import REPO, default_policy, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json
 from vlaeval.data.metaworld import HELD_OUT_VARIANTS, episode_plan
 from vlaeval.envs.metaworld import Episode, SceneEnvironments, task_benchmark
@@ -130,6 +130,27 @@ def main() -> None:
             f"({summary['ray_fraction_of_local_pool']:.2f}x the local pool)"
         )
     atomic_write_json(args.out, summary)
+    rows = [
+        ("the simulator alone (no policy): the bound", f"{bound_1:,.0f}", f"{bound_w:,.0f}"),
+        (
+            "lockstep engine",
+            f"{total / lockstep_1_s:,.0f} ({summary['lockstep_fraction_of_bound_1_process']:.0%} of the bound)",
+            f"{total / lockstep_w_s:,.0f} ({summary['lockstep_fraction_of_bound_workers']:.0%})",
+        ),
+        ("one episode at a time", f"{summary['one_at_a_time_steps_per_second']:,.0f}", "—"),
+    ]
+    if on_ray_s is not None:
+        rows.append(("Ray tasks, a local instance (warm workers)", "—", f"{total / on_ray_s:,.0f}"))
+    write_figures(
+        "rollout_throughput",
+        "Closed-loop rollout throughput",
+        "python benchmarks/rollout_throughput.py",
+        f"{len(episodes)} held-out episodes of the built-in policy ({', '.join(tasks)}), {total:,} environment "
+        f"steps, lockstep groups of {group}; environment steps per second. The lockstep engine is "
+        f"{summary['lockstep_speedup_over_one_at_a_time']:.1f}x faster than one episode at a time; the outcomes "
+        "are identical whatever the workers and groups (tested).\n\n"
+        + markdown_table(["how", "steps/s, 1 process", f"steps/s, {args.workers} workers"], rows),
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from benchlib import REPO
+from benchlib import REPO, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json
 
 
@@ -90,6 +90,26 @@ def main() -> None:
         row["speedup_vs_first"] = row["anchors_per_second_wall"] / base
     out = {"cpu_count": os.cpu_count(), "rows": rows}
     atomic_write_json(REPO / "benchmarks" / "results" / "score_shards.json", out)
+    write_figures(
+        "score_shards",
+        "Scoring throughput by shard processes",
+        "python benchmarks/score_shards.py",
+        f"Every anchor of the default data ({rows[0]['anchors']:,}) scored by concurrent `job=score` shard "
+        f"processes on one {os.cpu_count()}-core machine, the cores split between them; wall time from the "
+        "first launch to the last exit (start-up, data and checkpoint loading included).\n\n"
+        + markdown_table(
+            ["processes x threads", "anchors/s, scoring", "anchors/s, over the wall", "x one process (wall)"],
+            [
+                (
+                    f"{r['processes']} x {r['threads_per_process']}",
+                    f"{r['anchors_per_second_scoring']:,.0f}",
+                    f"{r['anchors_per_second_wall']:,.0f}",
+                    f"{r['speedup_vs_first']:.2f}",
+                )
+                for r in rows
+            ],
+        ),
+    )
     print(json.dumps(out, indent=1))
 
 

@@ -17,7 +17,7 @@ def _outcome_file(workdir, mutate):
     _, strata, _ = typed_gauntlet(compose_config(["strata=small"]))
     path = workdir / "outcomes.csv"
     mutate(outcome_table(strata)).to_csv(path, index=False)
-    return ["strata=small", "outcomes=file", f"outcomes.path={path}"]
+    return ["job=gauntlet", "strata=small", "outcomes=file", f"outcomes.path={path}"]
 
 
 BAD_INPUTS = {
@@ -34,51 +34,60 @@ BAD_INPUTS = {
         "nowhere.pt does not exist",
     ),
     "success-rate effect planted in rollouts": (
-        lambda w: ["outcomes=rollout_small", "+effects.nominal=-0.05"],
+        lambda w: ["job=gauntlet", "outcomes=rollout_small", "+effects.nominal=-0.05"],
         "effects.nominal=-0.05 is a success-rate difference, which only synthetic outcomes can plant",
     ),
     "rollout degradation planted in synthetic outcomes": (
-        lambda w: ["+effects.nominal={action_noise: 0.5}"],
+        lambda w: ["job=gauntlet", "+effects.nominal={action_noise: 0.5}"],
         "is a rollout degradation; synthetic outcomes plant a success-rate difference",
     ),
     "unknown degradation": (
-        lambda w: ["outcomes=rollout_small", "+effects.nominal={action_nois: 0.5}"],
+        lambda w: ["job=gauntlet", "outcomes=rollout_small", "+effects.nominal={action_nois: 0.5}"],
         "effects.nominal.action_nois is not a perturbation",
     ),
     "unknown built-in policy": (
-        lambda w: ["outcomes=rollout_small", "outcomes.candidate=builtin:better"],
+        lambda w: ["job=gauntlet", "outcomes=rollout_small", "outcomes.candidate=builtin:better"],
         "outcomes.candidate=builtin:better: no built-in policy 'better'",
     ),
     "rollout checkpoint missing": (
-        lambda w: ["outcomes=rollout_small", f"outcomes.candidate={w / 'nowhere.pt'}"],
+        lambda w: ["job=gauntlet", "outcomes=rollout_small", f"outcomes.candidate={w / 'nowhere.pt'}"],
         "nowhere.pt does not exist; give a checkpoint file or builtin:<name>",
     ),
     "unknown scenario-family key": (
-        lambda w: ["outcomes=rollout_small", "+outcomes.scenarios.nominal.variant=[0,3]"],
+        lambda w: ["job=gauntlet", "outcomes=rollout_small", "+outcomes.scenarios.nominal.variant=[0,3]"],
         "outcomes.scenarios.nominal.variant is not a scenario-family setting",
     ),
     "scenario variants out of range": (
-        lambda w: ["outcomes=rollout_small", "outcomes.scenarios.nominal.variants=[40,60]"],
+        lambda w: ["job=gauntlet", "outcomes=rollout_small", "outcomes.scenarios.nominal.variants=[40,60]"],
         "outcomes.scenarios.nominal.variants=[40, 60] must be [first, stop)",
     ),
     "safety monitor without an obstacle": (
-        lambda w: ["outcomes=rollout_small", "outcomes.scenarios.safety_critical.tasks=[reach-v3]"],
+        lambda w: ["job=gauntlet", "outcomes=rollout_small", "outcomes.scenarios.safety_critical.tasks=[reach-v3]"],
         "task reach-v3 has no body named wall to monitor",
     ),
     "repeated training variant family": (
         lambda w: ["job=train", "data.train_families=[0,0]"],
         "data.train_families=[0, 0] must list distinct variant families",
     ),
-    "unknown stratum in effects": (lambda w: ["+effects.moon_base=-0.1"], "effects.moon_base: unknown stratum"),
-    "negative units": (lambda w: ["strata.nominal.units=-5"], "strata.nominal.units=-5 must be a positive"),
-    "base rate above 1": (lambda w: ["strata.new_odd.base_rate=1.2"], "base_rate=1.2 must be a success rate in [0, 1]"),
+    "unknown stratum in effects": (
+        lambda w: ["job=gauntlet", "+effects.moon_base=-0.1"],
+        "effects.moon_base: unknown stratum",
+    ),
+    "negative units": (
+        lambda w: ["job=gauntlet", "strata.nominal.units=-5"],
+        "strata.nominal.units=-5 must be a positive",
+    ),
+    "base rate above 1": (
+        lambda w: ["job=gauntlet", "strata.new_odd.base_rate=1.2"],
+        "base_rate=1.2 must be a success rate in [0, 1]",
+    ),
     "base rate below 0": (
-        lambda w: ["strata.new_odd.base_rate=-0.1"],
+        lambda w: ["job=gauntlet", "strata.new_odd.base_rate=-0.1"],
         "base_rate=-0.1 must be a success rate in [0, 1]",
     ),
-    "cluster size 0": (lambda w: ["strata.rare_events.cluster_size=0"], "cluster_size=0 must be >= 1"),
-    "alpha 0": (lambda w: ["gauntlet.alpha=0"], "gauntlet.alpha=0.0 must be in (0, 1)"),
-    "alpha 1": (lambda w: ["gauntlet.alpha=1"], "gauntlet.alpha=1.0 must be in (0, 1)"),
+    "cluster size 0": (lambda w: ["job=gauntlet", "strata.rare_events.cluster_size=0"], "cluster_size=0 must be >= 1"),
+    "alpha 0": (lambda w: ["job=gauntlet", "gauntlet.alpha=0"], "gauntlet.alpha=0.0 must be in (0, 1)"),
+    "alpha 1": (lambda w: ["job=gauntlet", "gauntlet.alpha=1"], "gauntlet.alpha=1.0 must be in (0, 1)"),
     "missing column": (
         lambda w: _outcome_file(w, lambda t: t.drop(columns=["candidate"])),
         "lacks column(s) candidate",
@@ -123,11 +132,11 @@ BAD_INPUTS = {
         "has data_label REPLAYED, SIMULATED; give each stratum one of",
     ),
     "confidence grid step not dividing a margin": (
-        lambda w: ["gauntlet.cs_grid_step=0.003"],
+        lambda w: ["job=gauntlet", "gauntlet.cs_grid_step=0.003"],
         "gauntlet.margin_delta=0.02 is not a multiple of gauntlet.cs_grid_step=0.003",
     ),
     "file source without path": (
-        lambda w: ["outcomes=file"],
+        lambda w: ["job=gauntlet", "outcomes=file"],
         "outcomes.path is required by vlaeval.gauntlet.outcomes.FileOutcomes and has no value",
     ),
     "ablation with one seed": (
@@ -184,7 +193,13 @@ def test_identical_results_under_different_hash_seeds(workdir):
     for hash_seed in ("0", "12345"):
         run_dir = workdir / f"run{hash_seed}"
         proc = run_main(
-            ["tracking=disabled", "gauntlet.plot=false", "gauntlet.use_cache=false", f"hydra.run.dir={run_dir}"],
+            [
+                "job=gauntlet",
+                "tracking=disabled",
+                "gauntlet.plot=false",
+                "gauntlet.use_cache=false",
+                f"hydra.run.dir={run_dir}",
+            ],
             workdir,
             env={"PYTHONHASHSEED": hash_seed},
         )
@@ -198,7 +213,7 @@ def test_identical_results_under_different_hash_seeds(workdir):
 def test_tracking_failure_keeps_the_result_and_says_where(workdir):
     run_dir = workdir / "run"
     proc = run_main(
-        ["tracking.uri=http://127.0.0.1:9", "gauntlet.plot=false", f"hydra.run.dir={run_dir}"],
+        ["job=gauntlet", "tracking.uri=http://127.0.0.1:9", "gauntlet.plot=false", f"hydra.run.dir={run_dir}"],
         workdir,
         env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"},
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -157,7 +158,7 @@ def test_help_and_cfg_do_not_import_mlflow_or_torch(tmp_path, args):
     assert "mlflow" not in imported and "torch" not in imported and "matplotlib" not in imported
     if args == ["--cfg", "job"]:
         printed = OmegaConf.create(proc.stdout)
-        assert printed.job.name == "gauntlet" and printed.gauntlet.margin_delta == 0.02
+        assert printed.job.name == "residual_audit"  # the one default job
 
 
 def test_readme_commands_exist():
@@ -165,6 +166,15 @@ def test_readme_commands_exist():
     assert readme.index("make demo") < 2000 and readme.index("make test") < 2000
     ci = (REPO / ".ci" / "run").read_text()
     assert "make test" in ci
+
+
+def test_make_demo_and_a_bare_command_run_the_one_default_job():
+    """`make demo` names no job, so it runs what a bare `vlaeval` runs: the config's default."""
+    makefile = (REPO / "Makefile").read_text()
+    [recipe] = re.findall(r"^demo:.*\n\t(.*)$", makefile, re.M)
+    assert recipe.strip() == "$(PY) main.py", recipe
+    assert compose_config([]).job.name == "residual_audit"
+    assert "job=residual_audit runs (this file's default), as `make demo` does" in (CONF / "config.yaml").read_text()
 
 
 def _schema_default(schema, key):

@@ -134,7 +134,8 @@ def _run_file(workdir, table, *extra):
     path = workdir / "outcomes.csv"
     table.to_csv(path, index=False)
     proc = run_main(
-        ["outcomes=file", f"outcomes.path={path}", "tracking=disabled", "gauntlet.plot=false", *extra], workdir
+        ["job=gauntlet", "outcomes=file", f"outcomes.path={path}", "tracking=disabled", "gauntlet.plot=false", *extra],
+        workdir,
     )
     result = None
     if proc.returncode == 0:

@@ -171,6 +171,7 @@ def test_a_users_outcome_source_runs_the_gauntlet(user):
     # An argument the file leaves out is added with + (and still checked against the signature).
     proc = run_main(
         [
+            "job=gauntlet",
             "outcomes=site",
             "+outcomes.replay_speed=2.0",
             searchpath,
@@ -186,7 +187,9 @@ def test_a_users_outcome_source_runs_the_gauntlet(user):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["lineage"]["data_source"]["kind"] == "site-lab-1"
     assert result["recommendation"]["recommendation"] in ("LAUNCH", "NEEDS_REVIEW")
-    unnamed = run_main(["outcomes=site_unnamed", searchpath, "strata=small", "tracking=disabled"], work, env=env)
+    unnamed = run_main(
+        ["job=gauntlet", "outcomes=site_unnamed", searchpath, "strata=small", "tracking=disabled"], work, env=env
+    )
     assert unnamed.returncode == 2
     assert (
         "outcomes misses argument site of team_vla.outcomes.SiteOutcomes(site: str, replay_speed: float = 1.0)"
@@ -263,7 +266,7 @@ def test_a_source_that_half_implements_a_capability_is_refused_before_work(user,
     """A user source claiming a hook it does not fully implement fails when it is built -- not with
     an AttributeError after every unit was produced (the review's finding)."""
     work, searchpath, env = user
-    proc = run_main([config, searchpath, "strata=small", "tracking=disabled"], work, env=env)
+    proc = run_main(["job=gauntlet", config, searchpath, "strata=small", "tracking=disabled"], work, env=env)
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr

@@ -32,7 +32,7 @@ QUIET = [
 
 def _gauntlet(tmp: Path, name: str, *extra: str) -> dict:
     proc = run_main(
-        ["outcomes=rollout_small", *QUIET, *extra, f"hydra.run.dir={tmp / name}"],
+        ["job=gauntlet", "outcomes=rollout_small", *QUIET, *extra, f"hydra.run.dir={tmp / name}"],
         tmp,
         env={"VLAEVAL_CACHE_DIR": str(tmp / "cache")},
     )
@@ -160,6 +160,7 @@ def test_the_paired_outcomes_are_reanalysed_by_outcomes_file(three_runs):
     assert "historical_regressions" in set(_pairs(first)["stratum"])
     proc = run_main(
         [
+            "job=gauntlet",
             "outcomes=file",
             f"outcomes.path={first['rollouts']['paired_outcomes']}",
             *QUIET,

@@ -65,6 +65,7 @@ def test_an_evaluation_is_written_as_paired_outcomes_the_gauntlet_reads(tmp_path
     assert table["cluster_id"].tolist() == [f"{e['task']}/variant-{e['variant']}" for e in episodes]
     gauntlet = run_main(
         [
+            "job=gauntlet",
             "outcomes=file",
             f"outcomes.path={tmp_path / 'e' / 'paired_outcomes.csv'}",
             "gauntlet.plot=false",

@@ -115,7 +115,14 @@ def test_outcome_ids_that_look_like_paths_never_become_file_names(workdir):
     path = workdir / "outcomes.csv"
     table.to_csv(path, index=False)
     proc = run_main(
-        ["strata=small", "outcomes=file", f"outcomes.path={path}", "tracking=disabled", "gauntlet.plot=false"],
+        [
+            "job=gauntlet",
+            "strata=small",
+            "outcomes=file",
+            f"outcomes.path={path}",
+            "tracking=disabled",
+            "gauntlet.plot=false",
+        ],
         workdir,
         env={"VLAEVAL_CACHE_DIR": str(workdir / "cache")},
     )

@@ -515,13 +515,16 @@ def test_job_plan_and_preflight_error_from_the_command_line(workdir):
     done = run_main(["job=plan", "tracking=disabled"], workdir)
     assert done.returncode == 0, done.stderr
     assert "every stratum can reach a decision" in done.stdout and "safety_critical" in done.stdout
-    refused = run_main(["gauntlet.preflight=error", "gauntlet.margin_delta=0.005", "tracking=disabled"], workdir)
+    refused = run_main(
+        ["job=gauntlet", "gauntlet.preflight=error", "gauntlet.margin_delta=0.005", "tracking=disabled"], workdir
+    )
     assert refused.returncode == 2
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: pre-flight:") and "strata." in lines[0]
     assert not list((workdir / "outputs").glob("*_gauntlet"))  # nothing written for the refused run
     warned = run_main(
-        ["gauntlet.margin_delta=0.005", "strata=small", "tracking=disabled", "gauntlet.plot=false"], workdir
+        ["job=gauntlet", "gauntlet.margin_delta=0.005", "strata=small", "tracking=disabled", "gauntlet.plot=false"],
+        workdir,
     )
     assert warned.returncode == 0, warned.stderr
     assert "warning: pre-flight: safety_critical: only 0% of simulated runs decide" in warned.stderr

@@ -70,7 +70,7 @@ def test_run_names_fit_every_backend_and_name_what_was_swept():
 
 @pytest.mark.slow
 def test_single_run_logs_everything(workdir, store):
-    proc = run_main(["effects=safety_regression_mild"], workdir, env={"MLFLOW_TRACKING_URI": store})
+    proc = run_main(["job=gauntlet", "effects=safety_regression_mild"], workdir, env={"MLFLOW_TRACKING_URI": store})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REGRESSION_PRIORITIZE_RELATED" in proc.stdout and "DO_NOT_LAUNCH" in proc.stdout
     client, runs = runs_of(store)
@@ -125,7 +125,7 @@ def test_single_run_logs_everything(workdir, store):
 @pytest.mark.slow
 def test_reproduce_from_a_run_directory_and_detects_differences(workdir):
     run_dir = workdir / "original"
-    proc = run_main(["tracking=disabled", "strata=small", f"hydra.run.dir={run_dir}"], workdir)
+    proc = run_main(["job=gauntlet", "tracking=disabled", "strata=small", f"hydra.run.dir={run_dir}"], workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     same = run_main(
         ["job=reproduce", "tracking=disabled", f"reproduce.run_id={run_dir}", "hydra.run.dir=" + str(workdir / "rep1")],
@@ -174,7 +174,13 @@ def test_multirun_sweep_into_a_brand_new_store(workdir, launcher):
     plugin (used as shipped, hydra/launcher=joblib, by the tracking-server tests); local_submitit
     goes through submitit's submit/pickle/result path, as the slurm preset does."""
     uri = sqlite_uri(workdir / "fresh" / "mlflow.db")  # does not exist yet: the callback creates it once
-    args = ["-m", "effects=none,catastrophic_safety,safety_regression_mild", "strata=small", "gauntlet.plot=false"]
+    args = [
+        "-m",
+        "job=gauntlet",
+        "effects=none,catastrophic_safety,safety_regression_mild",
+        "strata=small",
+        "gauntlet.plot=false",
+    ]
     if launcher != "basic":
         args += [f"hydra/launcher={launcher}"]
     proc = run_main(args, workdir, env={"MLFLOW_TRACKING_URI": uri})
@@ -197,7 +203,7 @@ def test_multirun_sweep_into_a_brand_new_store(workdir, launcher):
 @pytest.mark.slow
 def test_failed_job_in_a_sweep_leaves_nothing_running(workdir, store):
     proc = run_main(
-        ["-m", "gauntlet.alpha=0.05,1.5", "strata=small", "gauntlet.plot=false"],
+        ["-m", "job=gauntlet", "gauntlet.alpha=0.05,1.5", "strata=small", "gauntlet.plot=false"],
         workdir,
         env={"MLFLOW_TRACKING_URI": store},
     )
@@ -215,7 +221,7 @@ def test_job_that_raises_is_recorded_as_failed_child(workdir, store):
     """An unexpected exception (not bad input) in every job: FAILED children carrying the error,
     a FAILED parent, nothing left RUNNING, and a non-zero exit."""
     proc = run_main(
-        ["-m", "gauntlet.seed=1,2", "strata=small", "paths.cache_dir=/dev/null/cache"],
+        ["-m", "job=gauntlet", "gauntlet.seed=1,2", "strata=small", "paths.cache_dir=/dev/null/cache"],
         workdir,
         env={"MLFLOW_TRACKING_URI": store},
     )
@@ -231,7 +237,9 @@ def test_job_that_raises_is_recorded_as_failed_child(workdir, store):
 
 
 def test_asymptotic_mode_is_labelled_in_mlflow(workdir, store):
-    proc = run_main(["strata=small", "gauntlet.test_mode=asymptotic"], workdir, env={"MLFLOW_TRACKING_URI": store})
+    proc = run_main(
+        ["job=gauntlet", "strata=small", "gauntlet.test_mode=asymptotic"], workdir, env={"MLFLOW_TRACKING_URI": store}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ASYMPTOTIC" in proc.stdout and "NEEDS_REVIEW" in proc.stdout
     client, runs = runs_of(store)

@@ -26,7 +26,7 @@ AUDIT_SMALL = [
     "gate=smoke",
     "audit.permutations=500",
 ]
-GAUNTLET_SMALL = ["strata=small", "gauntlet.plot=false"]
+GAUNTLET_SMALL = ["job=gauntlet", "strata=small", "gauntlet.plot=false"]
 # The importance-sampling ablation in seconds, on AUDIT_SMALL's policy: 3 proposals x 2 seeds x 20
 # steps, the gradient moments at steps 0, 10, 20 on 2 judge draws and 4 minibatches.
 ABLATION_SMALL = [
