@@ -31,8 +31,8 @@ from scipy.stats import spearmanr
 
 from benchlib import REPO, default_policy, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json
+from vlaeval.audit.alignment import cross_fitted_baseline
 from vlaeval.audit.statistics import (
-    cross_fitted_baseline,
     information_to_baseline_ratio,
     oracle_ratio,
     proposal_distribution,
@@ -214,7 +214,7 @@ def main() -> None:
         percentile_epsilon=float(cfg.audit.percentile_epsilon),
         proposal_power=float(cfg.audit.proposal_power),
         bootstrap_seed=int(cfg.audit.permutation_seed),
-    )
+    ).as_dict()
     proposal["baseline_comparison"] = fair
     if args.proposal_only:
         print_proposal(proposal, gamma_star, fair)

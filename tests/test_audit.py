@@ -4,6 +4,7 @@ every input check, and the job end to end."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import numpy as np
@@ -15,15 +16,24 @@ from helpers.processes import run_main
 from helpers.reliability import record_outcome
 from helpers.runs import check_sweep, summary_of
 from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
+from vlaeval.audit.alignment import (
+    Alignment,
+    AlignmentReliability,
+    BaselineComparison,
+    PermutationControl,
+    ProposalStatistics,
+    ScoreAlignment,
+    SharedDrawsLoss,
+    cross_fitted_baseline,
+    permutation_control,
+    row_spearman,
+)
 from vlaeval.audit.statistics import (
     LeaveOneOut,
     Repeatability,
-    cross_fitted_baseline,
     information_to_baseline_ratio,
     oracle_ratio,
-    permutation_control,
     proposal_distribution,
-    row_spearman,
 )
 from vlaeval.data.anchors import draw
 from vlaeval.residual.estimators import UNBIASED, score_anchors
@@ -53,12 +63,12 @@ def test_statistics_match_scipy_on_random_data():
     out = alignment_audit(
         scores, r, losses, alpha=0.2, percentile_epsilon=0.1, permutation_count=200, permutation_seed=3
     )
-    assert out["spearman_residual_vs_gradient_rms"] == pytest.approx(spearmanr(scores, r).statistic)
-    assert out["kendall_residual_vs_gradient_rms"] == pytest.approx(kendalltau(scores, r).statistic)
-    assert out["training_loss_shared_draws"]["spearman_vs_gradient_rms"] == pytest.approx(
-        spearmanr(losses, r).statistic
-    )
-    assert out["baseline_comparison"]["available"] is False  # no per-seed values given
+    assert out.spearman_residual_vs_gradient_rms == pytest.approx(spearmanr(scores, r).statistic)
+    assert out.kendall_residual_vs_gradient_rms == pytest.approx(kendalltau(scores, r).statistic)
+    assert out.training_loss_shared_draws.spearman_vs_gradient_rms == pytest.approx(spearmanr(losses, r).statistic)
+    assert out.baseline_comparison is None  # no per-seed values given
+    assert out.as_dict()["baseline_comparison"]["available"] is False
+    assert Alignment.from_json(out.as_dict()) == out  # the saved layout reads back as the same result
     matrix = scores[None, :] * rng.lognormal(0, 0.3, (6, 40))
     rep = repeatability(matrix)
     assert rep.spearman == pytest.approx(spearmanr(matrix[:3].mean(0), matrix[3:].mean(0)).statistic)
@@ -85,14 +95,14 @@ def test_vectorised_permutations_equal_a_loop():
     )
     perms = np.random.default_rng(11).permuted(np.tile(np.arange(30), (300, 1)), axis=1)
     loop_rho = np.array([spearmanr(scores[p], r).statistic for p in perms])
-    np.testing.assert_allclose(out["null_spearman"], loop_rho, atol=1e-12)
+    np.testing.assert_allclose(out.null_spearman, loop_rho, atol=1e-12)
     loop_ratio = [
         information_to_baseline_ratio(
             r, proposal_distribution(scores[p], alpha=0.2, percentile_epsilon=0.1, proposal_power=0.5)
         )
         for p in perms
     ]
-    np.testing.assert_allclose(out["null_second_moment"], loop_ratio, rtol=1e-12)
+    np.testing.assert_allclose(out.null_second_moment, loop_ratio, rtol=1e-12)
 
 
 def test_permutation_pvalues_are_in_range_and_monotone():
@@ -105,11 +115,11 @@ def test_permutation_pvalues_are_in_range_and_monotone():
         out = permutation_control(
             scores, r, alpha=0.2, percentile_epsilon=0.1, proposal_power=1.0, permutation_count=2000, permutation_seed=5
         )
-        p = out["one_sided_pvalue_rho_at_least_observed"]
-        assert 0 < p <= 1 and 0 < out["one_sided_pvalue_second_moment_at_most_observed"] <= 1
+        p = out.one_sided_pvalue_rho_at_least_observed
+        assert 0 < p <= 1 and 0 < out.one_sided_pvalue_second_moment_at_most_observed <= 1
         if previous is not None:
-            assert p <= previous[1] or out["observed_spearman"] < previous[0]
-        previous = (out["observed_spearman"], p)
+            assert p <= previous[1] or out.observed_spearman < previous[0]
+        previous = (out.observed_spearman, p)
     assert previous[1] == pytest.approx(1 / 2001)
 
 
@@ -140,12 +150,12 @@ def test_permutation_pvalues_agree_with_scipys_permutation_test():
         alternative="greater",
         random_state=np.random.default_rng(6),
     )
-    check(ours["one_sided_pvalue_rho_at_least_observed"], rho.pvalue)
+    check(ours.one_sided_pvalue_rho_at_least_observed, rho.pvalue)
     second_moment = permutation_test(
         (scores, r), ratio, permutation_type="pairings", n_resamples=4000, alternative="less", random_state=7
     )
-    assert second_moment.statistic == pytest.approx(ours["observed_second_moment_ratio"])
-    check(ours["one_sided_pvalue_second_moment_at_most_observed"], second_moment.pvalue)
+    assert second_moment.statistic == pytest.approx(ours.observed_second_moment_ratio)
+    check(ours.one_sided_pvalue_second_moment_at_most_observed, second_moment.pvalue)
 
 
 def test_paired_bootstrap_agrees_with_scipys_bootstrap():
@@ -190,7 +200,7 @@ def test_paired_bootstrap_agrees_with_scipys_bootstrap():
     )
     low, high = oracle.confidence_interval
     width = high - low
-    ours_low, ours_high = ours["spearman_difference_ci95"]
+    ours_low, ours_high = ours.spearman_difference_ci95
     assert abs(ours_low - low) < 0.08 * width and abs(ours_high - high) < 0.08 * width, (ours_low, ours_high, low, high)
     unpaired = rng.integers(0, n, (6000, n)), rng.integers(0, n, (6000, n))
     broken = statistic(
@@ -202,15 +212,20 @@ def test_paired_bootstrap_agrees_with_scipys_bootstrap():
 
 def _gate_inputs(n, rho_rep, rho_align, ratio):
     rep = Repeatability(rho_rep, 0.0, rho_rep, 0.0, 2 * rho_rep / (1 + rho_rep), 0.0, 0.0, 1.0, 0.1, 0.1)
-    alignment = {
-        "spearman_residual_vs_gradient_rms": rho_align,
-        "top25_overlap": 0.6,
-        "proposal": {"information_to_baseline_ratio": ratio},
-        "random_permutation_control": {
-            "one_sided_pvalue_rho_at_least_observed": 0.001,
-            "one_sided_pvalue_second_moment_at_most_observed": 0.001,
-        },
-    }
+    proposal = ProposalStatistics(ratio, 0.85, 0.5, 0.2, 0.1, 0.5, 10.0)
+    alignment = Alignment(
+        spearman_residual_vs_gradient_rms=rho_align,
+        spearman_residual_vs_gradient_rms_pvalue_asymptotic=0.0,
+        kendall_residual_vs_gradient_rms=rho_align,
+        kendall_residual_vs_gradient_rms_pvalue_asymptotic=0.0,
+        top25_overlap=0.6,
+        proposal=proposal,
+        raw_score_proposal=proposal,
+        training_loss_shared_draws=SharedDrawsLoss(0.5, 0.5, 0.95),
+        random_permutation_control=PermutationControl(500, 0, rho_align, ratio, 0.001, 0.001, (0, 0, 0), (1, 1, 1)),
+        baseline_comparison=None,
+        reliability=AlignmentReliability(None, None),
+    )
     loo = LeaveOneOut((0.5,) * n, (0.9,) * n, 0.5, 0.9, True, True)
     return dict(sample_count=n, repeatability=rep, alignment=alignment, robustness=loo)
 
@@ -565,12 +580,10 @@ def _shared_noise_artifact(seed=0, anchors=64, seeds=64):
 def test_the_training_loss_baseline_is_scored_on_independent_draws():
     """On shared draws the loss looks better aligned than it is; cross-fitted over seed halves it is
     judged like any other score: its figure matches a loss drawn independently of the gradients."""
-    from vlaeval.audit.statistics import cross_fitted_baseline
-
     difficulty, rms, loss = _shared_noise_artifact()
     residual = difficulty * np.random.default_rng(1).lognormal(0, 0.05, difficulty.size)
     out = cross_fitted_baseline(residual, rms, loss, alpha=0.2, percentile_epsilon=0.1, proposal_power=0.5)
-    shared, fair = out["training_loss_shared_draws"]["spearman"], out["training_loss"]["spearman"]
+    shared, fair = out.training_loss_shared_draws.spearman, out.training_loss.spearman
     assert shared > fair + 0.05, (shared, fair)
     # The fair figure equals what an independent set of loss draws gives against the same halves.
     independent = difficulty * np.random.default_rng(2).lognormal(0, 0.8, (64, 64))  # draws of their own
@@ -578,43 +591,46 @@ def test_the_training_loss_baseline_is_scored_on_independent_draws():
     target = np.sqrt(np.mean(rms[:half] ** 2, axis=0))
     reference = spearmanr(independent[:half].mean(axis=0), target).statistic
     assert fair == pytest.approx(reference, abs=0.12)
-    assert out["spearman_difference"] == pytest.approx(out["residual"]["spearman"] - fair)
-    low, high = out["spearman_difference_ci95"]
-    assert low <= out["spearman_difference"] <= high
-    rho_low, rho_high = out["spearman_difference_ci95"]
-    ratio_low, ratio_high = out["second_moment_ratio_difference_ci95"]
+    assert out.spearman_difference == pytest.approx(out.residual.spearman - fair)
+    low, high = out.spearman_difference_ci95
+    assert low <= out.spearman_difference <= high
+    rho_low, rho_high = out.spearman_difference_ci95
+    ratio_low, ratio_high = out.second_moment_ratio_difference_ci95
     expected = "beats" if rho_low > 0 and ratio_high < 0 else "loses" if rho_high < 0 or ratio_low > 0 else "tie"
-    assert out["verdict"] == expected and out["score_beats_training_loss"] == (expected == "beats")
+    assert out.verdict == expected and out.score_beats_training_loss == (expected == "beats")
+    assert BaselineComparison.from_json(out.as_dict()) == out
     # With a noisier loss (8 draws a half), the anchors' true difficulty beats it; another loss of
     # the same quality, drawn independently, ties with it.
     kwargs = dict(alpha=0.2, percentile_epsilon=0.1, proposal_power=0.5)
     difficulty, rms, loss = _shared_noise_artifact(seed=5, anchors=128, seeds=16)
-    assert cross_fitted_baseline(difficulty, rms, loss, **kwargs)["verdict"] == "beats"
+    assert cross_fitted_baseline(difficulty, rms, loss, **kwargs).verdict == "beats"
     same_quality = difficulty * np.random.default_rng(2).lognormal(0, 0.8, (8, 128)).mean(axis=0)
-    assert cross_fitted_baseline(same_quality, rms, loss, **kwargs)["verdict"] == "tie"
+    assert cross_fitted_baseline(same_quality, rms, loss, **kwargs).verdict == "tie"
 
 
 def test_the_attainable_oracle_is_cross_fitted_and_the_in_sample_one_optimistic():
-    from vlaeval.audit.statistics import cross_fitted_baseline
-
     difficulty, rms, loss = _shared_noise_artifact(seed=3, seeds=16)
     out = cross_fitted_baseline(difficulty, rms, loss, alpha=0.2, percentile_epsilon=0.1, proposal_power=0.5)
     in_sample = np.mean([oracle_ratio(np.sqrt(np.mean(rms[h] ** 2, axis=0))) for h in (slice(0, 8), slice(8, 16))])
-    assert out["attainable_oracle_ratio"] > in_sample  # noise it cannot know about makes it worse
+    assert out.attainable_oracle_ratio > in_sample  # noise it cannot know about makes it worse
     a, b = np.sqrt(np.mean(rms[:8] ** 2, axis=0)), np.sqrt(np.mean(rms[8:] ** 2, axis=0))
     expected = np.mean([information_to_baseline_ratio(a, b / b.sum()), information_to_baseline_ratio(b, a / a.sum())])
-    assert out["attainable_oracle_ratio"] == pytest.approx(expected, rel=1e-12)
+    assert out.attainable_oracle_ratio == pytest.approx(expected, rel=1e-12)
 
 
 def test_strict_gate_requires_beating_the_training_loss_and_formal_reports_it():
     inputs = _gate_inputs(64, 0.95, 0.7, 0.9)
-    inputs["alignment"]["baseline_comparison"] = {"score_beats_training_loss": False}
+    loses = BaselineComparison(
+        8, ScoreAlignment(0.6, 0.95), ScoreAlignment(0.7, 0.93), ScoreAlignment(0.8, 0.9), 0.92, -0.1, (-0.2, -0.01),
+        0.02, (0.01, 0.03), 2000, 0, "loses",
+    )  # fmt: skip
+    inputs["alignment"] = dataclasses.replace(inputs["alignment"], baseline_comparison=loses)
     formal = gate_decision(**inputs, gate=compose_config(["gate=formal"]).gate)
     assert formal.passed and formal.informational == {"score_beats_training_loss": False}
     strict = gate_decision(**inputs, gate=compose_config(["gate=strict"]).gate)
     assert not strict.passed and strict.checks["score_beats_training_loss"] is False
     assert strict.preset == "strict" and "score_repeatability_spearman_at_least_0_90" in strict.checks
-    inputs["alignment"]["baseline_comparison"] = {"available": False, "reason": "no per-seed values"}
+    inputs["alignment"] = dataclasses.replace(inputs["alignment"], baseline_comparison=None)
     assert (
         gate_decision(**inputs, gate=compose_config(["gate=strict"]).gate).checks["score_beats_training_loss"] is False
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from vlaeval.audit.alignment import Alignment
 from vlaeval.audit.result import GateDecision
 from vlaeval.audit.statistics import LeaveOneOut, Repeatability
 
@@ -22,30 +23,23 @@ def gate_decision(
     *,
     sample_count: int,
     repeatability: Repeatability,
-    alignment: Dict[str, Any],
+    alignment: Alignment,
     robustness: LeaveOneOut,
     gate: Any,
 ) -> GateDecision:
-    permutation = alignment["random_permutation_control"]
-    ratio = alignment["proposal"]["information_to_baseline_ratio"]
+    permutation = alignment.random_permutation_control
+    ratio = alignment.proposal.information_to_baseline_ratio
     checks = {
         f"sample_count_at_least_{int(gate.min_anchors)}": sample_count >= int(gate.min_anchors),
         f"score_repeatability_spearman_at_least_{threshold_name(gate.repeatability_spearman)}": repeatability.spearman
         >= gate.repeatability_spearman,
-        f"score_gradient_spearman_at_least_{threshold_name(gate.score_gradient_spearman)}": alignment[
-            "spearman_residual_vs_gradient_rms"
-        ]
+        f"score_gradient_spearman_at_least_{threshold_name(gate.score_gradient_spearman)}": alignment.spearman_residual_vs_gradient_rms
         >= gate.score_gradient_spearman,
-        f"score_gradient_permutation_p_at_most_{threshold_name(gate.permutation_p)}": permutation[
-            "one_sided_pvalue_rho_at_least_observed"
-        ]
+        f"score_gradient_permutation_p_at_most_{threshold_name(gate.permutation_p)}": permutation.one_sided_pvalue_rho_at_least_observed
         <= gate.permutation_p,
-        f"top25_overlap_at_least_{threshold_name(gate.top25_overlap)}": alignment["top25_overlap"]
-        >= gate.top25_overlap,
+        f"top25_overlap_at_least_{threshold_name(gate.top25_overlap)}": alignment.top25_overlap >= gate.top25_overlap,
         f"second_moment_ratio_at_most_{threshold_name(gate.second_moment_ratio)}": ratio <= gate.second_moment_ratio,
-        f"second_moment_permutation_p_at_most_{threshold_name(gate.second_moment_permutation_p)}": permutation[
-            "one_sided_pvalue_second_moment_at_most_observed"
-        ]
+        f"second_moment_permutation_p_at_most_{threshold_name(gate.second_moment_permutation_p)}": permutation.one_sided_pvalue_second_moment_at_most_observed
         <= gate.second_moment_permutation_p,
     }
     if gate.leave_one_out:
@@ -53,8 +47,8 @@ def gate_decision(
         checks["leave_one_out_second_moment_all_below_one"] = robustness.all_second_moment_ratios_below_one
     # Does the score beat the training loss it is cheaper than, judged on independent draws? A
     # required check in gate=strict, an informational line otherwise (None: cannot be judged).
-    baseline = alignment.get("baseline_comparison", {})
-    beats = baseline.get("score_beats_training_loss") if baseline.get("available", True) else None
+    baseline = alignment.baseline_comparison
+    beats = None if baseline is None else baseline.score_beats_training_loss
     informational: Dict[str, Any] = {}
     if gate.require_beating_training_loss:
         checks["score_beats_training_loss"] = bool(beats)

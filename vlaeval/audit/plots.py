@@ -4,11 +4,11 @@ per-anchor spread across estimator seeds."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict
 
 import numpy as np
 
 from vlaeval.artifacts import atomic_write_bytes
+from vlaeval.audit.alignment import Alignment
 from vlaeval.audit.result import AblationResult
 from vlaeval.audit.statistics import LeaveOneOut
 
@@ -17,32 +17,35 @@ def plot_audit(
     score: np.ndarray,
     gradient_rms: np.ndarray,
     matrix: np.ndarray,
-    alignment: Dict[str, Any],
+    alignment: Alignment,
     robustness: LeaveOneOut,
-    null_spearman: np.ndarray,
-    null_ratio: np.ndarray,
     path: Path,
 ) -> Path:
+    """The audit's six panels; the permutation nulls come from `alignment` (alignment_audit with
+    keep_null_distributions=True: they are plotted, never saved)."""
+    null = alignment.random_permutation_control
+    null_spearman = null.null_spearman if null.null_spearman is not None else np.array([])
+    null_ratio = null.null_second_moment if null.null_second_moment is not None else np.array([])
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(2, 3, figsize=(15, 8))
-    rho = alignment["spearman_residual_vs_gradient_rms"]
+    rho = alignment.spearman_residual_vs_gradient_rms
     ax[0, 0].loglog(score, gradient_rms, "o", markersize=4)
     ax[0, 0].set(xlabel="residual score", ylabel="gradient RMS", title=f"score vs gradient RMS (Spearman {rho:.3f})")
     ax[0, 1].hist(null_spearman, bins=60, color="grey")
     ax[0, 1].axvline(rho, color="red", label=f"observed {rho:.3f}")
     ax[0, 1].set(title="permutation null: Spearman", xlabel="Spearman")
     ax[0, 1].legend()
-    ratio = alignment["proposal"]["information_to_baseline_ratio"]
+    ratio = alignment.proposal.information_to_baseline_ratio
     ax[0, 2].hist(null_ratio, bins=60, color="grey")
     ax[0, 2].axvline(ratio, color="red", label=f"observed {ratio:.3f}")
-    ax[0, 2].axvline(alignment["proposal"]["oracle_ratio"], color="green", linestyle="--", label="in-sample oracle")
-    if alignment["proposal"].get("attainable_oracle_ratio") is not None:
+    ax[0, 2].axvline(alignment.proposal.oracle_ratio, color="green", linestyle="--", label="in-sample oracle")
+    if alignment.proposal.attainable_oracle_ratio is not None:
         ax[0, 2].axvline(
-            alignment["proposal"]["attainable_oracle_ratio"],
+            alignment.proposal.attainable_oracle_ratio,
             color="green",
             linestyle=":",
             label="attainable oracle (cross-fitted)",

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from vlaeval.audit.alignment import Alignment
 from vlaeval.audit.statistics import LeaveOneOut, Repeatability
 
 GATE_EXIT_CODES = {"pass": 0, "fail": 12, "smoke": 13}  # audit.exit_code_from_gate
@@ -153,7 +154,7 @@ class AuditResult:
     score_definition: ScoreDefinition
     score_runtime: Mapping[str, Any]
     repeatability: Repeatability
-    alignment: Mapping[str, Any]
+    alignment: Alignment
     leave_one_out_robustness: LeaveOneOut
     gate: GateDecision
     anchors: Tuple[AnchorScore, ...]
@@ -169,23 +170,23 @@ class AuditResult:
     def metrics(self) -> Dict[str, Optional[float]]:
         """The headline figures MLflow shows (literal keys: grep finds where each is made)."""
         al, rep, loo = self.alignment, self.repeatability, self.leave_one_out_robustness
-        perm, prop = al["random_permutation_control"], al["proposal"]
+        perm, prop = al.random_permutation_control, al.proposal
         metrics: Dict[str, Optional[float]] = {
             "repeatability.spearman": rep.spearman,
             "repeatability.kendall": rep.kendall,
             "repeatability.mean_anchor_cv": rep.mean_anchor_cv,
-            "alignment.spearman_residual_vs_gradient_rms": al["spearman_residual_vs_gradient_rms"],
-            "alignment.kendall_residual_vs_gradient_rms": al["kendall_residual_vs_gradient_rms"],
-            "alignment.top25_overlap": al["top25_overlap"],
-            "alignment.attenuation_corrected_spearman": al["reliability"].get("attenuation_corrected_spearman"),
-            "proposal.information_to_baseline_ratio": prop["information_to_baseline_ratio"],
-            "proposal.oracle_ratio": prop["oracle_ratio"],
-            "proposal.fraction_of_oracle_gain": prop["fraction_of_oracle_gain"],
-            "proposal.attainable_oracle_ratio": prop.get("attainable_oracle_ratio"),
-            "proposal.fraction_of_attainable_oracle_gain": prop.get("fraction_of_attainable_oracle_gain"),
-            "proposal.raw_score_ratio": al["raw_score_proposal"]["information_to_baseline_ratio"],
-            "permutation.p_spearman": perm["one_sided_pvalue_rho_at_least_observed"],
-            "permutation.p_second_moment": perm["one_sided_pvalue_second_moment_at_most_observed"],
+            "alignment.spearman_residual_vs_gradient_rms": al.spearman_residual_vs_gradient_rms,
+            "alignment.kendall_residual_vs_gradient_rms": al.kendall_residual_vs_gradient_rms,
+            "alignment.top25_overlap": al.top25_overlap,
+            "alignment.attenuation_corrected_spearman": al.reliability.attenuation_corrected_spearman,
+            "proposal.information_to_baseline_ratio": prop.information_to_baseline_ratio,
+            "proposal.oracle_ratio": prop.oracle_ratio,
+            "proposal.fraction_of_oracle_gain": prop.fraction_of_oracle_gain,
+            "proposal.attainable_oracle_ratio": prop.attainable_oracle_ratio,
+            "proposal.fraction_of_attainable_oracle_gain": prop.fraction_of_attainable_oracle_gain,
+            "proposal.raw_score_ratio": al.raw_score_proposal.information_to_baseline_ratio,
+            "permutation.p_spearman": perm.one_sided_pvalue_rho_at_least_observed,
+            "permutation.p_second_moment": perm.one_sided_pvalue_second_moment_at_most_observed,
             "leave_one_out.min_spearman": loo.min_spearman,
             "leave_one_out.max_second_moment_ratio": loo.max_second_moment_ratio,
             "score.mean_residual": float(np.mean([a.mean_residual for a in self.anchors])),
@@ -193,18 +194,18 @@ class AuditResult:
             "timing.score_seconds": self.score_runtime["elapsed_seconds"],
             "timing.anchors_per_second": self.score_runtime["anchors_per_second"],
         }
-        baseline = al["baseline_comparison"]
-        if baseline.get("available", True):
-            shared = baseline["training_loss_shared_draws"]
+        baseline = al.baseline_comparison
+        if baseline is not None:
+            shared = baseline.training_loss_shared_draws
             metrics.update(
                 {
-                    "baseline.residual_spearman": baseline["residual"]["spearman"],
-                    "baseline.training_loss_spearman": baseline["training_loss"]["spearman"],
-                    "baseline.training_loss_spearman_shared_draws": shared["spearman"],
-                    "baseline.residual_ratio": baseline["residual"]["second_moment_ratio"],
-                    "baseline.training_loss_ratio": baseline["training_loss"]["second_moment_ratio"],
-                    "baseline.training_loss_ratio_shared_draws": shared["second_moment_ratio"],
-                    "baseline.score_beats_training_loss": float(baseline["score_beats_training_loss"]),
+                    "baseline.residual_spearman": baseline.residual.spearman,
+                    "baseline.training_loss_spearman": baseline.training_loss.spearman,
+                    "baseline.training_loss_spearman_shared_draws": shared.spearman,
+                    "baseline.residual_ratio": baseline.residual.second_moment_ratio,
+                    "baseline.training_loss_ratio": baseline.training_loss.second_moment_ratio,
+                    "baseline.training_loss_ratio_shared_draws": shared.second_moment_ratio,
+                    "baseline.score_beats_training_loss": float(baseline.score_beats_training_loss),
                 }
             )
         return metrics
@@ -228,7 +229,7 @@ class AuditResult:
             "score_definition": self.score_definition.to_json(),
             "score_runtime": dict(self.score_runtime),
             "repeatability": self.repeatability.as_dict(),
-            "alignment": dict(self.alignment),
+            "alignment": self.alignment.as_dict(),
             "leave_one_out_robustness": self.leave_one_out_robustness.as_dict(),
             "gate": self.gate.to_json(),
             "anchors": [a.to_json() for a in self.anchors],
@@ -245,7 +246,7 @@ class AuditResult:
             score_definition=ScoreDefinition.from_json(data["score_definition"]),
             score_runtime=dict(data.get("score_runtime", {})),
             repeatability=Repeatability.from_json(data["repeatability"]),
-            alignment=dict(data["alignment"]),
+            alignment=Alignment.from_json(data["alignment"]),
             leave_one_out_robustness=LeaveOneOut.from_json(data["leave_one_out_robustness"]),
             gate=GateDecision.from_json(data["gate"]),
             anchors=tuple(anchors),

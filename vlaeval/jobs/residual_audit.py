@@ -165,8 +165,6 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     gate = gate_decision(
         sample_count=anchor_index.size, repeatability=rep, alignment=alignment, robustness=robustness, gate=cfg.gate
     )
-    null = alignment["random_permutation_control"]
-    null_spearman, null_ratio = null.pop("null_spearman"), null.pop("null_second_moment")  # plotted, not saved
 
     plots = []
     if a.plot:
@@ -177,8 +175,6 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                 matrix,
                 alignment,
                 robustness,
-                null_spearman,
-                null_ratio,
                 output_dir(cfg) / "residual_audit.png",
             )
         )
@@ -266,17 +262,17 @@ def print_summary(audit: AuditResult, run: Mapping[str, Any]) -> None:
         + (f", attainable oracle {attainable:.3f}" if attainable else "")
         + ")"
     )
-    baseline = audit.alignment["baseline_comparison"]
-    if baseline.get("available", True):
+    baseline = audit.alignment.baseline_comparison
+    if baseline is not None:
         console.show(
-            f"baseline on independent draws (cross-fitted seed halves): residual rho {baseline['residual']['spearman']:.3f} "
-            f"ratio {baseline['residual']['second_moment_ratio']:.3f} vs training loss rho "
-            f"{baseline['training_loss']['spearman']:.3f} ratio {baseline['training_loss']['second_moment_ratio']:.3f} "
-            f"(shared draws, inflated: rho {baseline['training_loss_shared_draws']['spearman']:.3f}): "
-            f"{baseline['verdict'].upper()} (95% bootstrap intervals of the differences)"
+            f"baseline on independent draws (cross-fitted seed halves): residual rho {baseline.residual.spearman:.3f} "
+            f"ratio {baseline.residual.second_moment_ratio:.3f} vs training loss rho "
+            f"{baseline.training_loss.spearman:.3f} ratio {baseline.training_loss.second_moment_ratio:.3f} "
+            f"(shared draws, inflated: rho {baseline.training_loss_shared_draws.spearman:.3f}): "
+            f"{baseline.verdict.upper()} (95% bootstrap intervals of the differences)"
         )
     else:
-        console.show(f"baseline: {baseline['reason']}")
+        console.show(f"baseline: {audit.alignment.baseline_unavailable_reason}")
     for name, value in gate.informational.items():  # reported, not required by this preset
         console.show(
             f"  informational (not a gate check here): {name} = {'unknown' if value is None else str(value).lower()}"
