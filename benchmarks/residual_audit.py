@@ -106,7 +106,7 @@ def print_proposal(proposal, gamma_star, fair) -> None:
 
 
 def write_proposal_figures(proposal, gamma_star, fair, anchors: int) -> None:
-    """docs/figures/audit_proposal.md: why gamma = 1/2 is the default proposal power."""
+    """docs/figures/residual_audit_proposal.md: why gamma = 1/2 is the default proposal power."""
     rows = [
         ("residual, gamma = 1 (the raw score)", f"{proposal['gamma_1']:.3f}"),
         ("residual, gamma = 1/2 (the default)", f"{proposal['gamma_half']:.3f}"),
@@ -119,7 +119,7 @@ def write_proposal_figures(proposal, gamma_star, fair, anchors: int) -> None:
         ("in-sample oracle", f"{proposal['oracle']:.3f}"),
     ]
     write_figures(
-        "audit_proposal",
+        "residual_audit_proposal",
         "The audit's proposal: second-moment ratio against uniform sampling",
         "python benchmarks/residual_audit.py --proposal-only",
         f"The default audit's {anchors} anchors and gradient artifact, the default estimator's scores; the "
