@@ -22,7 +22,7 @@ every ratio compares two runs on the same draws.
 6. Cost: median clusters to a decision with the running-minimum cap (a file without a declared
    smallest size) over the plan's fixed cap, on seqtest_efficiency's effects x cluster sizes.
 
-    python benchmarks/certified_decisions.py            # 1,000 files a design (docs/certified_decisions.md)
+    python benchmarks/certified_decisions.py            # 1,000 files a design (docs/figures/certified_decisions.md)
     python benchmarks/certified_decisions.py --quick    # 200
 """
 
@@ -39,7 +39,7 @@ import numpy as np
 from scipy.stats import beta as beta_dist
 from scipy.stats import norm
 
-from benchlib import REPO, compose_default
+from benchlib import FIGURES, REPO, compose_default
 from vlaeval.artifacts import atomic_write_json, atomic_write_text, stable_seed
 from vlaeval.choices import DataLabel, TestMode
 from vlaeval.config import GauntletConfig, StratumConfig
@@ -482,7 +482,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "certified_decisions.json", results)
     if not args.quick and args.seed == 2026:  # the default run is the committed record
-        atomic_write_text(REPO / "docs" / "certified_decisions.md", report)
+        atomic_write_text(FIGURES / "certified_decisions.md", report)
 
 
 if __name__ == "__main__":

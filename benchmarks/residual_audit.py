@@ -124,7 +124,27 @@ def write_proposal_figures(proposal, gamma_star, fair, anchors: int) -> None:
         "python benchmarks/residual_audit.py --proposal-only",
         f"The default audit's {anchors} anchors and gradient artifact, the default estimator's scores; the "
         "second moment of the importance-weighted gradient under each proposal, as a ratio to uniform "
-        "sampling's (below 1: a better proposal).\n\n" + markdown_table(["proposal", "ratio to uniform"], rows),
+        "sampling's (below 1: a better proposal).\n\n"
+        + markdown_table(["proposal", "ratio to uniform"], rows)
+        + "\n\nThe residual against the training loss on equal footing (`alignment.baseline_comparison`: "
+        f"{fair['seeds_per_half']} gradient seeds per half, two folds, each score judged on the half its draws "
+        "are independent of), and the loss on the very draws its gradient RMS came from:\n\n"
+        + markdown_table(
+            ["score", "Spearman with gradient RMS", "second-moment ratio"],
+            [
+                (label, f"{fair[key]['spearman']:.3f}", f"{fair[key]['second_moment_ratio']:.3f}")
+                for label, key in (
+                    ("residual", "residual"),
+                    ("training loss, independent draws", "training_loss"),
+                    ("training loss, shared draws (inflated)", "training_loss_shared_draws"),
+                )
+            ],
+        )
+        + f"\n\nResidual minus loss: Spearman {fair['spearman_difference']:+.3f} "
+        f"[{fair['spearman_difference_ci95'][0]:+.3f}, {fair['spearman_difference_ci95'][1]:+.3f}], ratio "
+        f"{fair['second_moment_ratio_difference']:+.3f} [{fair['second_moment_ratio_difference_ci95'][0]:+.3f}, "
+        f"{fair['second_moment_ratio_difference_ci95'][1]:+.3f}] (95% paired bootstrap over anchors): "
+        f"**{fair['verdict']}**.",
     )
 
 

@@ -48,7 +48,7 @@ class BetRule(Choice):
     ons = "ons"
 
 
-# Chosen by benchmarks/seqtest_efficiency.py (docs/seqtest_efficiency.md): the smallest worst-case
+# Chosen by benchmarks/seqtest_efficiency.py (docs/figures/seqtest_efficiency.md): the smallest worst-case
 # ratio of median clusters-to-decision over the information floor among caps below 1.
 DEFAULT_BET_RULE = BetRule.blend
 
