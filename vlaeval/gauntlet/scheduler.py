@@ -389,6 +389,123 @@ def validity_statement(settings: GauntletConfig) -> str:
     }[s.test_mode]
 
 
+class StratumEvaluator:
+    """One stratum of a gauntlet run, evaluated: its plan (cluster order, size bounds, batches) known
+    before any outcome, then outcomes asked for batch by batch (never beyond a decision), the test,
+    and the stratum's record. Holds what every stratum of the run shares."""
+
+    def __init__(
+        self,
+        settings: GauntletConfig,
+        strata: Mapping[str, StratumConfig],
+        effects: Mapping[str, float],
+        source: Any,
+        cache: ArrayCache,
+        seed: OrderSeed,
+        on_batch: Optional[Callable[[BatchProgress], None]],
+    ) -> None:
+        self.s, self.strata, self.effects, self.source, self.cache = settings, strata, effects, source, cache
+        self.seed, self.on_batch = seed, on_batch
+        self.order = priority_order(strata)
+        self.alarm = alarm_alpha(settings, strata)  # family-wise error of the alarms (REGRESSION and halts)
+        self.shuffled = settings.cluster_order == ClusterOrder.shuffled
+        self.plan_fixed_in_advance = not source.traits.holds_outcomes
+
+    def request(self, name: str) -> OutcomeRequest:
+        s = self.s
+        return OutcomeRequest(
+            name, self.strata[name], success_rate_effect(self.effects.get(name)), s.seed, s.baseline_version,
+            s.candidate_version,
+        )  # fmt: skip
+
+    def units_defined(self) -> Dict[str, int]:
+        return {name: int(np.sum(self.source.cluster_sizes(self.request(name)))) for name in self.order}
+
+    def evaluate(
+        self, name: str, budget_left: int, nominal_allowance: int, units_before: int
+    ) -> Tuple[StratumResult, Dict[str, Any]]:
+        """The stratum's record and its test's snapshot (what the scheduler reacts to)."""
+        s, spec = self.s, self.strata[name]
+        plan = np.asarray(self.source.cluster_sizes(self.request(name)), dtype=np.int64)
+        evaluation_order = (
+            cluster_permutation(plan.size, self.seed.seed, name) if self.shuffled else np.arange(plan.size)
+        )
+        sizes = plan[evaluation_order]
+        bounds = cluster_size_bounds(
+            name, spec, sizes, estimand=s.estimand, plan_fixed_in_advance=self.plan_fixed_in_advance
+        )
+        units_available = int(sizes.sum())
+        unit_limit = min(units_available, budget_left)
+        if name == s.nominal_stratum:
+            unit_limit = min(unit_limit, nominal_allowance)
+        batches = plan_batches(sizes, s.batch_units, unit_limit)
+        produce = producer(self.source, self.request(name), self.cache)
+        cache_statuses: List[str] = []
+
+        def fetch(first: int, end: int) -> StratumOutcomes:
+            outcomes, status = produce(evaluation_order[first:end])
+            cache_statuses.append(status)
+            require(
+                np.array_equal(outcomes.cluster_sizes, sizes[first:end]),
+                f"the outcome source returned clusters of other sizes than it planned for stratum {name}",
+            )
+            return outcomes
+
+        def report(
+            batch: int, used: int, decision: str, clusters: int, e_values: Dict[str, Optional[float]], final: bool
+        ) -> None:
+            if self.on_batch is not None:
+                self.on_batch(
+                    BatchProgress(
+                        name, batch, used, unit_limit, units_before + used, decision, clusters, e_values, final
+                    )
+                )
+
+        test = stratum_test(s, spec, self.alarm, bounds, batches)
+        await_certified_halt = (
+            spec.catastrophic_halt and s.halt_rule == HaltRule.certified_catastrophic and s.test_mode == MODE_EXACT
+        )
+        run = _evaluate_stratum(test, fetch, sizes, batches, await_certified_halt, report)
+        used = run["units_evaluated"]
+        snapshot = test.snapshot()
+        record = {
+            "stratum": name,
+            "priority": self.order.index(name) + 1,
+            # A source may say what its units are (rollouts: SIMULATED) whatever the stratum's label.
+            "data_label": stratum_data_label(self.source, name, spec),
+            "kind": spec.kind,
+            "planted_effect": self.effects.get(name, 0.0),  # a success-rate difference or a rollout degradation
+            "units_available": units_available,
+            "clusters_available": int(sizes.size),
+            "unit_limit": unit_limit,
+            **run,
+            "units_saved_by_early_stop": unit_limit - used,
+            # What the source made: on demand, only the units the test asked for.
+            "units_produced": (
+                used if self.source.traits.produces_on_demand else (units_available if cache_statuses else 0)
+            ),
+            "cluster_order": (
+                {"mode": "shuffled", **self.seed.as_dict(), "stream": f"cluster-order/{name}"}
+                if self.shuffled
+                else {"mode": "as_given", "declared_random_by_user": True}
+            ),
+            "cluster_size_bounds": bounds.as_dict(),
+            "cache": cache_statuses[0] if cache_statuses else "not requested",
+            **snapshot,
+            "trajectory": test.trajectory(),
+        }
+        return StratumResult.from_json(record), snapshot
+
+
+def cache_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> Dict[str, Any]:
+    """What one run did to the outcome cache: hits, misses, corrupt entries recomputed, its hit rate."""
+    stats: Dict[str, Any] = {k: after[k] - before[k] for k in ("hits", "misses", "corrupt_recomputed")}
+    looked_up = stats["hits"] + stats["misses"]
+    stats["hit_rate"] = stats["hits"] / looked_up if looked_up else None
+    stats["corrupt_entries"] = after["corrupt_entries"][len(before["corrupt_entries"]) :]
+    return stats
+
+
 def run_gauntlet(
     settings: GauntletConfig,
     strata: Mapping[str, StratumConfig],
@@ -408,122 +525,27 @@ def run_gauntlet(
     s = settings
     source = checked_source(source)  # a no-op for the job's source, checked when it was built
     seed = run_order_seed(s, source) if order_seed is None else order_seed
-    plan_fixed_in_advance = not source.traits.holds_outcomes
     started = time.perf_counter()
     cache_before = cache.stats.as_dict()
-    order = priority_order(strata)
+    evaluator = StratumEvaluator(s, strata, effects, source, cache, seed, on_batch)
+    order, alarm, shuffled = evaluator.order, evaluator.alarm, evaluator.shuffled
     queue = list(order)
-    alarm = alarm_alpha(s, strata)  # family-wise error of the alarms (REGRESSION and halts)
     nominal_allowance = int(s.nominal_base_allowance)
     budget_left = int(s.budget_units)
     units_evaluated = 0
     halted = False
-    shuffled = s.cluster_order == ClusterOrder.shuffled
     events: List[GauntletEvent] = []
     results: List[StratumResult] = []
     processed: List[str] = []
-
-    def request(name: str) -> OutcomeRequest:
-        return OutcomeRequest(
-            name, strata[name], success_rate_effect(effects.get(name)), s.seed, s.baseline_version, s.candidate_version
-        )
-
-    units_defined = {name: int(np.sum(source.cluster_sizes(request(name)))) for name in order}
+    units_defined = evaluator.units_defined()
     while queue and budget_left > 0 and not halted:
         name = queue.pop(0)
-        spec = strata[name]
         processed.append(name)
-        effect = effects.get(name, 0.0)  # a success-rate difference, or a rollout degradation (a mapping)
-        # The plan is known before any outcome: the evaluation order, the batches, the test's
-        # constants. Outcomes are then asked for batch by batch (`fetch`), never beyond a decision.
-        plan = np.asarray(source.cluster_sizes(request(name)), dtype=np.int64)
-        evaluation_order = cluster_permutation(plan.size, seed.seed, name) if shuffled else np.arange(plan.size)
-        sizes = plan[evaluation_order]
-        bounds = cluster_size_bounds(
-            name, spec, sizes, estimand=s.estimand, plan_fixed_in_advance=plan_fixed_in_advance
-        )
-        units_available = int(sizes.sum())
-        unit_limit = min(units_available, budget_left)
-        if name == s.nominal_stratum:
-            unit_limit = min(unit_limit, nominal_allowance)
-        batches = plan_batches(sizes, s.batch_units, unit_limit)
-        produce = producer(source, request(name), cache)
-        cache_statuses: List[str] = []
-
-        def fetch(
-            first: int,
-            end: int,
-            produce: Callable[[np.ndarray], Tuple[StratumOutcomes, str]] = produce,
-            order: np.ndarray = evaluation_order,
-            sizes: np.ndarray = sizes,
-            name: str = name,
-            statuses: List[str] = cache_statuses,
-        ) -> StratumOutcomes:
-            outcomes, status = produce(order[first:end])
-            statuses.append(status)
-            require(
-                np.array_equal(outcomes.cluster_sizes, sizes[first:end]),
-                f"the outcome source returned clusters of other sizes than it planned for stratum {name}",
-            )
-            return outcomes
-
-        test = stratum_test(s, spec, alarm, bounds, batches)
-
-        def report(
-            batch: int,
-            used: int,
-            decision: str,
-            clusters: int,
-            e_values: Dict[str, Optional[float]],
-            final: bool,
-            name: str = name,
-            unit_limit: int = unit_limit,
-            before: int = units_evaluated,
-        ) -> None:
-            if on_batch is not None:
-                on_batch(
-                    BatchProgress(name, batch, used, unit_limit, before + used, decision, clusters, e_values, final)
-                )
-
-        await_certified_halt = (
-            spec.catastrophic_halt and s.halt_rule == HaltRule.certified_catastrophic and s.test_mode == MODE_EXACT
-        )
-        run = _evaluate_stratum(test, fetch, sizes, batches, await_certified_halt, report)
-        used = run["units_evaluated"]
-        on_demand = source.traits.produces_on_demand
-        budget_left -= used
-        units_evaluated += used
-        snapshot = test.snapshot()
-        results.append(
-            StratumResult.from_json(
-                {
-                    "stratum": name,
-                    "priority": order.index(name) + 1,
-                    # A source may say what its units are (rollouts: SIMULATED) whatever the stratum's label.
-                    "data_label": stratum_data_label(source, name, spec),
-                    "kind": spec.kind,
-                    "planted_effect": effect,
-                    "units_available": units_available,
-                    "clusters_available": int(sizes.size),
-                    "unit_limit": unit_limit,
-                    **run,
-                    "units_saved_by_early_stop": unit_limit - used,
-                    # What the source made: on demand, only the units the test asked for.
-                    "units_produced": used if on_demand else (units_available if cache_statuses else 0),
-                    "cluster_order": (
-                        {"mode": "shuffled", **seed.as_dict(), "stream": f"cluster-order/{name}"}
-                        if shuffled
-                        else {"mode": "as_given", "declared_random_by_user": True}
-                    ),
-                    "cluster_size_bounds": bounds.as_dict(),
-                    "cache": cache_statuses[0] if cache_statuses else "not requested",
-                    **snapshot,
-                    "trajectory": test.trajectory(),
-                }
-            )
-        )
-
-        reaction = react(s, name, spec, snapshot, queue, nominal_allowance)
+        result, snapshot = evaluator.evaluate(name, budget_left, nominal_allowance, units_evaluated)
+        results.append(result)
+        budget_left -= result.units_evaluated
+        units_evaluated += result.units_evaluated
+        reaction = react(s, name, strata[name], snapshot, queue, nominal_allowance)
         events.extend(reaction.events)
         halted, nominal_allowance = reaction.halted, reaction.nominal_allowance
     not_evaluated = list(queue)
@@ -537,11 +559,7 @@ def run_gauntlet(
         )
 
     elapsed = time.perf_counter() - started
-    cache_after = cache.stats.as_dict()
-    cache_stats = {k: cache_after[k] - cache_before[k] for k in ("hits", "misses", "corrupt_recomputed")}
-    looked_up = cache_stats["hits"] + cache_stats["misses"]
-    cache_stats["hit_rate"] = cache_stats["hits"] / looked_up if looked_up else None
-    cache_stats["corrupt_entries"] = cache_after["corrupt_entries"][len(cache_before["corrupt_entries"]) :]
+    cache_stats = cache_delta(cache_before, cache.stats.as_dict())
     total_units = int(sum(units_defined.values()))
     recommendation = launch_recommendation(
         results, not_evaluated, halted=halted, lineage=lineage, test_mode=s.test_mode, required_absent=required_absent

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -266,56 +266,127 @@ def heldout_data(cfg: DictConfig) -> Optional[Any]:
         )
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
-    started_ms = now_ms()
-    validate_ablation(cfg)
-    a = cfg.ablation
-    names = [str(p) for p in a.proposals]
-    seeds = [int(s) for s in a.seeds]
-    data = load_data(cfg)
-    heldout = heldout_data(cfg)
-    handle = load_policy(cfg, data)
-    n = len(data.anchors)
-    policy = data.bind(handle.model, cfg.flow, str(cfg.device))
-    held_policy = policy.for_instructions(heldout.demonstrations.instructions) if heldout else None
-    trainable = str(cfg.gradients.trainable)
+def every_anchor_gradients(cfg: DictConfig, policy: Any, anchors: Any, model: Any, keys: List[tuple]) -> Any:
+    """Per-sample gradients of every anchor of `model` (policy's inputs and flow), one draw per key."""
+    return anchor_gradients(
+        policy.with_model(model),
+        anchors,
+        trainable=str(cfg.gradients.trainable),
+        draw_keys=keys,
+        batch_size=int(cfg.gradients.batch_size),
+        method=str(cfg.gradients.method),
+    )
 
-    residual, score_runtime = residual_scores(cfg, data, handle)
 
-    def gradients_on(model: Any, keys: List[tuple]) -> Any:
-        return anchor_gradients(
-            policy.with_model(model),
-            data.anchors,
-            trainable=trainable,
-            draw_keys=keys,
-            batch_size=int(cfg.gradients.batch_size),
-            method=str(cfg.gradients.method),
+class ProposalJudge:
+    """What the ablation measures on a model while it is fine-tuned: per-sample gradients of every
+    anchor under the judge's draws (one set per seed at step 0, shared by every proposal), each
+    proposal's second moment against uniform's, importance-weighted minibatch gradients, and the
+    held-out flow-matching loss."""
+
+    def __init__(
+        self,
+        cfg: DictConfig,
+        policy: Any,
+        anchors: Any,
+        proposals: Dict[str, Proposal],
+        heldout: Optional[Tuple[Any, Any]] = None,
+    ) -> None:
+        self.cfg, self.a, self.policy, self.anchors = cfg, cfg.ablation, policy, anchors
+        self.trainable = str(cfg.gradients.trainable)
+        self.proposals, self.uniform = proposals, uniform_proposal(len(anchors))
+        self.heldout = heldout  # (held-out policy, held-out anchors)
+        self.step0: Dict[int, Any] = {}  # the judge at step 0 is the same for every proposal of a seed
+
+    def gradients(self, model: Any, keys: List[tuple]) -> Any:
+        return every_anchor_gradients(self.cfg, self.policy, self.anchors, model, keys)
+
+    def heldout_loss(self, model: Any, heldout: Tuple[Any, Any]) -> float:
+        """The flow-matching loss over every held-out anchor, the same draws for every model."""
+        held_policy, held_anchors = heldout
+        return mean_loss(
+            held_policy.with_model(model), held_anchors, draws_per_anchor=int(self.a.heldout_draws), key=("heldout",)
         )
 
-    console.show(f"per-sample gradients of {n} anchors x {a.build_draws} build draws")
-    build = gradients_on(handle.model, [("build", k) for k in range(int(a.build_draws))])
-    proposals = build_proposals(names, residual, build, a, cfg.audit)
-    prediction = audit_prediction(cfg, data, handle, residual)
-    uniform = uniform_proposal(n)
-    built_from = {name: ratio_to_uniform(build, p) for name, p in proposals.items()}
+    def measure(self, model: Any, proposal: Proposal, seed: int, step: int) -> Dict[str, Any]:
+        keys = [("judge", seed, step, j) for j in range(int(self.a.judge_draws))]
+        if step != 0:
+            judge = self.gradients(model, keys)
+        elif seed in self.step0:
+            judge = self.step0[seed]
+        else:
+            judge = self.step0[seed] = self.gradients(model, keys)
+        moments = {k: per_sample_second_moment(judge.sq_norms, judge.u, p) for k, p in self.proposals.items()}
+        m_uniform = per_sample_second_moment(judge.sq_norms, judge.u, self.uniform)
+        out: Dict[str, Any] = {
+            "step": step,
+            "second_moment": moments[proposal.name],
+            "uniform_second_moment": m_uniform,
+            "ratio": moments[proposal.name] / m_uniform,
+            "ratios_of_every_proposal": {k: v / m_uniform for k, v in moments.items()},
+            "mean_loss": float(judge.losses.mean()),
+        }
+        if int(self.a.minibatches) > 0:
+            out["minibatch"] = self.minibatch(model, proposal, seed, step)
+        return out
 
-    settings = FineTuneSettings(
+    def minibatch(self, model: Any, proposal: Proposal, seed: int, step: int) -> Dict[str, Any]:
+        """The proposal's importance-weighted minibatch gradients against uniform's at the same parameters."""
+        mine, base = (
+            minibatch_gradients(
+                self.policy.with_model(model),
+                self.anchors,
+                sampler,
+                key=(label, seed, step, proposal.name),
+                trainable=self.trainable,
+                count=int(self.a.minibatches),
+                batch_size=int(self.a.batch_size),
+            )
+            for label, sampler in (("mine", proposal), ("uniform", self.uniform))
+        )
+        mm, mb = minibatch_moments(mine), minibatch_moments(base)
+        return {
+            "proposal": mm,
+            "uniform": mb,
+            "second_moment_ratio": mm["second_moment"] / mb["second_moment"],
+            "variance_ratio": variance_ratio_interval(
+                np.sum((mine - mine.mean(axis=0)) ** 2, axis=1),
+                np.sum((base - base.mean(axis=0)) ** 2, axis=1),
+            ),
+        }
+
+
+def fine_tuning_settings(cfg: DictConfig) -> FineTuneSettings:
+    a = cfg.ablation
+    return FineTuneSettings(
         steps=int(a.steps),
         batch_size=int(a.batch_size),
         learning_rate=float(a.learning_rate),
         optimizer=str(Optimizer.parse(a.optimizer, "ablation.optimizer")),
-        trainable=trainable,
+        trainable=str(cfg.gradients.trainable),
         seed=0,  # replaced per run
         log_every=int(a.heldout_every),
     )
-    measured, held_at = measure_steps(a), heldout_steps(a) if heldout is not None else []
-    step0: Dict[int, Any] = {}  # the judge at step 0 is the same for every proposal of a seed
+
+
+def fine_tune_every_proposal(
+    policy: Any,
+    anchors: Any,
+    proposals: Dict[str, Proposal],
+    seeds: List[int],
+    settings: FineTuneSettings,
+    judge: ProposalJudge,
+    measured: List[int],
+    held_at: List[int],
+) -> Tuple[List[Dict[str, Any]], List[Any]]:
+    """Each proposal fine-tuned from the checkpoint under each seed (the same draws for every
+    proposal of a seed), judged at the measured steps and its held-out loss taken at held_at:
+    one record per run and the fine-tuned models, in (seed, proposal) order."""
     runs: List[Dict[str, Any]] = []
     models: List[Any] = []
-    with console.unit_progress("fine-tuning", len(seeds) * len(names)) as update:
+    with console.unit_progress("fine-tuning", len(seeds) * len(proposals)) as update:
         for seed in seeds:
-            for name in names:
-                proposal = proposals[name]
+            for name, proposal in proposals.items():
                 record: Dict[str, Any] = {"proposal": name, "seed": seed, "measurements": [], "heldout_loss": []}
 
                 def on_step(
@@ -325,68 +396,15 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                     record: Dict[str, Any] = record,
                     seed: int = seed,
                 ) -> None:
-                    if step in held_at and heldout is not None and held_policy is not None:
-                        record["heldout_loss"].append(
-                            (
-                                step,
-                                mean_loss(
-                                    held_policy.with_model(model),
-                                    heldout.anchors,
-                                    draws_per_anchor=int(a.heldout_draws),
-                                    key=("heldout",),
-                                ),
-                            )
-                        )
+                    if step in held_at and judge.heldout is not None:
+                        record["heldout_loss"].append((step, judge.heldout_loss(model, judge.heldout)))
                     if step in measured:
-                        record["measurements"].append(measure(model, proposal, seed, step))
-
-                def measure(model: Any, proposal: Proposal, seed: int, step: int) -> Dict[str, Any]:
-                    keys = [("judge", seed, step, j) for j in range(int(a.judge_draws))]
-                    if step != 0:
-                        judge = gradients_on(model, keys)
-                    elif seed in step0:
-                        judge = step0[seed]
-                    else:
-                        judge = step0[seed] = gradients_on(model, keys)
-                    moments = {k: per_sample_second_moment(judge.sq_norms, judge.u, p) for k, p in proposals.items()}
-                    m_uniform = per_sample_second_moment(judge.sq_norms, judge.u, uniform)
-                    out: Dict[str, Any] = {
-                        "step": step,
-                        "second_moment": moments[proposal.name],
-                        "uniform_second_moment": m_uniform,
-                        "ratio": moments[proposal.name] / m_uniform,
-                        "ratios_of_every_proposal": {k: v / m_uniform for k, v in moments.items()},
-                        "mean_loss": float(judge.losses.mean()),
-                    }
-                    if int(a.minibatches) > 0:
-                        mine, base = (
-                            minibatch_gradients(
-                                policy.with_model(model),
-                                data.anchors,
-                                sampler,
-                                key=(label, seed, step, proposal.name),
-                                trainable=trainable,
-                                count=int(a.minibatches),
-                                batch_size=int(a.batch_size),
-                            )
-                            for label, sampler in (("mine", proposal), ("uniform", uniform))
-                        )
-                        mm, mb = minibatch_moments(mine), minibatch_moments(base)
-                        out["minibatch"] = {
-                            "proposal": mm,
-                            "uniform": mb,
-                            "second_moment_ratio": mm["second_moment"] / mb["second_moment"],
-                            "variance_ratio": variance_ratio_interval(
-                                np.sum((mine - mine.mean(axis=0)) ** 2, axis=1),
-                                np.sum((base - base.mean(axis=0)) ** 2, axis=1),
-                            ),
-                        }
-                    return out
+                        record["measurements"].append(judge.measure(model, proposal, seed, step))
 
                 run_started = time.perf_counter()
                 tuned = fine_tune(
                     policy,
-                    data.anchors,
+                    anchors,
                     proposal,
                     dataclasses.replace(settings, seed=seed),
                     at_steps=sorted(set(measured) | set(held_at)),
@@ -400,6 +418,38 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
                 runs.append(record)
                 models.append(tuned["model"].cpu())
                 update(completed=len(runs), description=f"fine-tuned {name} seed {seed}")
+    return runs, models
+
+
+def run(cfg: DictConfig) -> Dict[str, Any]:
+    started_ms = now_ms()
+    validate_ablation(cfg)
+    a = cfg.ablation
+    names = [str(p) for p in a.proposals]
+    seeds = [int(s) for s in a.seeds]
+    data = load_data(cfg)
+    heldout = heldout_data(cfg)
+    handle = load_policy(cfg, data)
+    n = len(data.anchors)
+    policy = data.bind(handle.model, cfg.flow, str(cfg.device))
+    trainable = str(cfg.gradients.trainable)
+
+    residual, score_runtime = residual_scores(cfg, data, handle)
+    console.show(f"per-sample gradients of {n} anchors x {a.build_draws} build draws")
+    build = every_anchor_gradients(
+        cfg, policy, data.anchors, handle.model, [("build", k) for k in range(int(a.build_draws))]
+    )
+    proposals = build_proposals(names, residual, build, a, cfg.audit)
+    held = (policy.for_instructions(heldout.demonstrations.instructions), heldout.anchors) if heldout else None
+    judge = ProposalJudge(cfg, policy, data.anchors, proposals, held)
+    prediction = audit_prediction(cfg, data, handle, residual)
+    built_from = {name: ratio_to_uniform(build, p) for name, p in proposals.items()}
+
+    settings = fine_tuning_settings(cfg)
+    measured, held_at = measure_steps(a), heldout_steps(a) if heldout is not None else []
+    runs, models = fine_tune_every_proposal(
+        policy, data.anchors, {name: proposals[name] for name in names}, seeds, settings, judge, measured, held_at
+    )
 
     success = closed_loop_success(cfg, data, handle, models) if a.evaluate else None
     if success is not None:

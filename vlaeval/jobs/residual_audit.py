@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.artifacts import sha256_file
-from vlaeval.audit import alignment_audit, gate_decision, leave_one_out_robustness, repeatability
+from vlaeval.audit import Alignment, alignment_audit, gate_decision, leave_one_out_robustness, repeatability
 from vlaeval.audit.plots import plot_audit
-from vlaeval.audit.result import AnchorScore, AuditResult, ScoreDefinition
+from vlaeval.audit.result import AnchorScore, AuditResult, GateDecision, ScoreDefinition
+from vlaeval.audit.statistics import LeaveOneOut, Repeatability
 from vlaeval.choices import CheckpointKind
 from vlaeval.config import POLICY_SECTIONS
 from vlaeval.errors import UserInputError, require, require_at_least
@@ -86,36 +87,23 @@ def sha256_file_or_none(path: Path) -> str | None:
     return sha256_file(path) if path.is_file() else None  # a missing file is reported when it is loaded
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
-    started_ms = now_ms()
-    validate_audit(cfg)
-    estimator_seeds = [int(s) for s in cfg.estimator.seeds]
+def given_artifact(cfg: DictConfig, estimator_seeds: List[int]) -> Optional[Tuple[Dict[str, Any], List[Any]]]:
+    """The artifact audit.gradient_artifact names, checked before any work (schema, seed separation,
+    the checkpoint it was measured on); None when the audit builds its own."""
     given = cfg.audit.gradient_artifact
-    if given is not None:  # an explicit artifact is checked before any work: schema, seeds, checkpoint
-        metadata, artifact_anchors = load_gradient_artifact(Path(str(given)))
-        check_seed_separation(estimator_seeds, metadata["gradient_seeds"])
-        if cfg.checkpoint.kind == CheckpointKind.path and cfg.checkpoint.path not in (None, "", "???"):
-            check_checkpoint(
-                metadata, Path(str(cfg.checkpoint.path)), sha256_file_or_none(Path(str(cfg.checkpoint.path)))
-            )
-    else:
-        check_seed_separation(estimator_seeds, list(cfg.gradients.seeds))
-    data = load_data(cfg)
-    if given is not None:  # ... and its anchors in the data present, before a policy is trained or loaded
-        anchor_index = recover_anchors(
-            data.demonstrations, data.anchors, artifact_anchors, metadata["dataset_sha256"], str(given)
-        )
-    handle = load_policy(cfg, data)
     if given is None:
-        metadata, artifact_anchors = cached_gradient_artifact(
-            cfg.gradients, cfg.flow, str(cfg.device), str(cfg.paths.cache_dir), data, handle
-        )
-        anchor_index = recover_anchors(
-            data.demonstrations, data.anchors, artifact_anchors, metadata["dataset_sha256"], metadata["path"]
-        )
-    check_checkpoint(metadata, handle.path, handle.sha256)
-    traces = [a.get("sampling_trace") for a in artifact_anchors]
+        check_seed_separation(estimator_seeds, list(cfg.gradients.seeds))
+        return None
+    metadata, artifact_anchors = load_gradient_artifact(Path(str(given)))
+    check_seed_separation(estimator_seeds, metadata["gradient_seeds"])
+    if cfg.checkpoint.kind == CheckpointKind.path and cfg.checkpoint.path not in (None, "", "???"):
+        checkpoint = Path(str(cfg.checkpoint.path))
+        check_checkpoint(metadata, checkpoint, sha256_file_or_none(checkpoint))
+    return metadata, artifact_anchors
 
+
+def score_the_anchors(cfg: DictConfig, data: Any, handle: Any, anchor_index: np.ndarray) -> Tuple[Any, Dict[str, Any]]:
+    """Every audited anchor's residual under each estimator seed, and what it cost (time, peak memory)."""
     started = time.perf_counter()
     with (
         PeakMemory(str(cfg.device)) as peak,
@@ -129,31 +117,43 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             progress=lambda done, total: update(completed=done),
         )
     elapsed = time.perf_counter() - started
-
-    matrix = scores.estimator_residuals
-    score = matrix.mean(axis=0)
+    score = scores.estimator_residuals.mean(axis=0)
     require(
         bool(np.all(np.isfinite(score)) and np.all(score >= 0)),
         "the policy's residuals are not all finite and >= 0; a flow-matching loss cannot be negative: check "
         "the policy's velocity and target convention",
     )
-    gradient_rms = np.array([a["gradient_rms"] for a in artifact_anchors])
-    mean_losses = np.array([a["mean_gradient_loss"] for a in artifact_anchors])
-    per_seed_rms, per_seed_losses = per_seed_values(artifact_anchors)
+    runtime = {
+        "elapsed_seconds": elapsed,
+        "seconds_per_anchor": elapsed / anchor_index.size,
+        "anchors_per_second": anchor_index.size / elapsed,
+        "device": str(cfg.device),
+        **peak.report(),
+    }
+    return scores, runtime
+
+
+def audit_statistics(
+    cfg: DictConfig, matrix: np.ndarray, artifact_anchors: List[Any], metadata: Mapping[str, Any]
+) -> Tuple[Repeatability, Alignment, LeaveOneOut, GateDecision]:
+    """Repeatability of the score over estimator seeds, its alignment with the artifact's gradient
+    RMS (and the training-loss baseline), leave-one-out robustness, and the gate on all three."""
     a = cfg.audit
+    score = matrix.mean(axis=0)
+    gradient_rms = np.array([anchor["gradient_rms"] for anchor in artifact_anchors])
+    per_seed_rms, per_seed_losses = per_seed_values(artifact_anchors)
     rep = repeatability(matrix)
-    gradient_reliability = (metadata.get("reliability") or {}).get("spearman_brown")
     alignment = alignment_audit(
         score,
         gradient_rms,
-        mean_losses,
+        np.array([anchor["mean_gradient_loss"] for anchor in artifact_anchors]),
         alpha=a.alpha,
         percentile_epsilon=a.percentile_epsilon,
         permutation_count=int(a.permutations),
         permutation_seed=int(a.permutation_seed),
         proposal_power=a.proposal_power,
         score_reliability=rep.spearman_brown_reliability,
-        gradient_reliability=gradient_reliability,
+        gradient_reliability=(metadata.get("reliability") or {}).get("spearman_brown"),
         per_seed_gradient_rms=per_seed_rms,
         per_seed_losses=per_seed_losses,
         bootstrap_seed=int(a.permutation_seed),
@@ -163,67 +163,96 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         score, gradient_rms, alpha=a.alpha, percentile_epsilon=a.percentile_epsilon, proposal_power=a.proposal_power
     )
     gate = gate_decision(
-        sample_count=anchor_index.size, repeatability=rep, alignment=alignment, robustness=robustness, gate=cfg.gate
+        sample_count=score.size, repeatability=rep, alignment=alignment, robustness=robustness, gate=cfg.gate
+    )
+    return rep, alignment, robustness, gate
+
+
+def score_definition(cfg: DictConfig) -> ScoreDefinition:
+    kind, seeds = str(cfg.estimator.kind), [int(s) for s in cfg.estimator.seeds]
+    return ScoreDefinition(
+        name="frozen_flow_matching_residual",
+        estimator=kind,
+        unbiased=UNBIASED[kind],
+        variance_reduction=(
+            *DESCRIPTIONS[kind],
+            "one shared conditioning encode per anchor",
+            "action head batched across anchors",
+        ),
+        model_mode="eval",
+        estimator_seeds=tuple(seeds),
+        samples_per_estimator=int(cfg.estimator.samples_per_estimator),
+        head_evaluations_per_anchor=int(cfg.estimator.samples_per_estimator) * len(seeds),
+        proposal_power=float(cfg.audit.proposal_power),
     )
 
-    plots = []
-    if a.plot:
-        plots.append(
-            plot_audit(
-                score,
-                gradient_rms,
-                matrix,
-                alignment,
-                robustness,
-                output_dir(cfg) / "residual_audit.png",
-            )
+
+def anchor_scores(scores: Any, score: np.ndarray, artifact_anchors: List[Any]) -> Tuple[AnchorScore, ...]:
+    """Per audited anchor: where it is, its residuals (mean and per seed) beside its gradient RMS and
+    loss, the draws that scored it, and how the artifact sampled it."""
+    matrix = scores.estimator_residuals
+    return tuple(
+        AnchorScore(
+            anchor_position=i,
+            episode=int(anchor["episode"]),
+            frame=int(anchor["frame"]),
+            mean_residual=float(score[i]),
+            estimator_residuals=tuple(matrix[:, i].tolist()),
+            gradient_rms=float(anchor["gradient_rms"]),
+            mean_gradient_loss=float(anchor["mean_gradient_loss"]),
+            sample_losses=tuple(scores.sample_losses[:, i].tolist()),
+            time_values=tuple(scores.time_values[:, i].tolist()),
+            sampling_trace=anchor.get("sampling_trace"),
         )
+        for i, anchor in enumerate(artifact_anchors)
+    )
+
+
+def run(cfg: DictConfig) -> Dict[str, Any]:
+    started_ms = now_ms()
+    validate_audit(cfg)
+    given = given_artifact(cfg, [int(s) for s in cfg.estimator.seeds])
+    data = load_data(cfg)
+    if given is not None:  # ... and its anchors found in the data, before a policy is trained or loaded
+        metadata, artifact_anchors = given
+        anchor_index = recover_anchors(
+            data.demonstrations,
+            data.anchors,
+            artifact_anchors,
+            metadata["dataset_sha256"],
+            str(cfg.audit.gradient_artifact),
+        )
+    handle = load_policy(cfg, data)
+    if given is None:
+        metadata, artifact_anchors = cached_gradient_artifact(
+            cfg.gradients, cfg.flow, str(cfg.device), str(cfg.paths.cache_dir), data, handle
+        )
+        anchor_index = recover_anchors(
+            data.demonstrations, data.anchors, artifact_anchors, metadata["dataset_sha256"], metadata["path"]
+        )
+    check_checkpoint(metadata, handle.path, handle.sha256)
+
+    scores, runtime = score_the_anchors(cfg, data, handle, anchor_index)
+    matrix = scores.estimator_residuals
+    score = matrix.mean(axis=0)
+    rep, alignment, robustness, gate = audit_statistics(cfg, matrix, artifact_anchors, metadata)
+    plots = []
+    if cfg.audit.plot:
+        gradient_rms = np.array([anchor["gradient_rms"] for anchor in artifact_anchors])
+        path = output_dir(cfg) / "residual_audit.png"
+        plots.append(plot_audit(score, gradient_rms, matrix, alignment, robustness, path))
     audit = AuditResult(
         schema_version=RESULT_SCHEMA_VERSION,
         checkpoint=str(handle.path),
         checkpoint_sha256=handle.sha256,
         gradient_artifact=metadata,
-        score_definition=ScoreDefinition(
-            name="frozen_flow_matching_residual",
-            estimator=str(cfg.estimator.kind),
-            unbiased=UNBIASED[str(cfg.estimator.kind)],
-            variance_reduction=(
-                *DESCRIPTIONS[str(cfg.estimator.kind)],
-                "one shared conditioning encode per anchor",
-                "action head batched across anchors",
-            ),
-            model_mode="eval",
-            estimator_seeds=tuple(estimator_seeds),
-            samples_per_estimator=int(cfg.estimator.samples_per_estimator),
-            head_evaluations_per_anchor=int(cfg.estimator.samples_per_estimator) * len(estimator_seeds),
-            proposal_power=float(a.proposal_power),
-        ),
-        score_runtime={
-            "elapsed_seconds": elapsed,
-            "seconds_per_anchor": elapsed / anchor_index.size,
-            "anchors_per_second": anchor_index.size / elapsed,
-            "device": str(cfg.device),
-            **peak.report(),
-        },
+        score_definition=score_definition(cfg),
+        score_runtime=runtime,
         repeatability=rep,
         alignment=alignment,
         leave_one_out_robustness=robustness,
         gate=gate,
-        anchors=tuple(
-            AnchorScore(
-                anchor_position=i,
-                episode=int(artifact_anchors[i]["episode"]),
-                frame=int(artifact_anchors[i]["frame"]),
-                mean_residual=float(score[i]),
-                estimator_residuals=tuple(matrix[:, i].tolist()),
-                gradient_rms=float(gradient_rms[i]),
-                mean_gradient_loss=float(mean_losses[i]),
-                sample_losses=tuple(scores.sample_losses[:, i].tolist()),
-                time_values=tuple(scores.time_values[:, i].tolist()),
-                sampling_trace=traces[i],
-            )
-            for i in range(anchor_index.size)
-        ),
+        anchors=anchor_scores(scores, score, artifact_anchors),
     )
     published = publish(
         cfg,
@@ -240,7 +269,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         ),
     )
     print_summary(audit, published)
-    if a.exit_code_from_gate:
+    if cfg.audit.exit_code_from_gate:
         published["exit_code"] = gate.exit_code
     return published
 
