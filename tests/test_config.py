@@ -241,3 +241,24 @@ def test_an_episode_means_the_same_in_evaluation_and_in_rollout_gauntlets():
     defaults = {name: default for name, _, default in static_parameters("vlaeval.gauntlet.rollouts.RolloutOutcomes")}
     assert defaults["execute_actions"] == EvaluateConfig.execute_actions
     assert defaults["max_steps"] == EvaluateConfig.max_steps
+
+
+@pytest.mark.parametrize("job", ["gauntlet", "residual_audit", "ablation"])
+def test_a_job_is_given_one_prepared_config_typed_cut_and_read_only(job):
+    """What a job runs with is made once at dispatch: cut to the sections it reads, typed by the
+    schema, the component's left-out arguments filled in -- and read-only, so a job cannot change a
+    setting after it was logged and digested."""
+    from omegaconf.errors import ReadonlyConfigError
+
+    from vlaeval.jobs import job_module, job_sections, prepared_config
+
+    prepared = prepared_config(compose_config([f"job={job}"]))
+    assert set(prepared) <= {"job", "paths", "tracking", "device", *job_sections(job_module(job), prepared)}
+    assert OmegaConf.is_readonly(prepared) and OmegaConf.is_struct(prepared)
+    with pytest.raises(ReadonlyConfigError):
+        prepared.job.name = "train"
+    first = next(key for key in prepared if key not in ("job", "paths", "tracking", "device"))
+    with pytest.raises(ReadonlyConfigError):
+        OmegaConf.update(prepared, f"{first}.anything", 1, force_add=True)
+    if "model" in prepared:  # a component's signature defaults are in what is logged
+        assert "encoder_hidden" in prepared.model

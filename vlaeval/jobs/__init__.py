@@ -46,9 +46,13 @@ def job_config(cfg: DictConfig) -> DictConfig:
     return cut(cfg, job_sections(job_module(str(cfg.job.name)), cfg))
 
 
-def dispatch(cfg: DictConfig) -> Dict[str, Any]:
-    """Check the config (no unknown key, every component against its signature), cut it to the
-    sections the job reads (all it is given, logs and digests), then run the job."""
+def prepared_config(cfg: DictConfig) -> DictConfig:
+    """The config a job is given, made once: checked (no unknown key, every component against its
+    signature, its left-out arguments filled in from the signature), cut to the sections the job
+    reads (all it logs and digests), typed by the schema, in struct mode and read-only, so what a
+    run logs is what it ran with."""
+    from omegaconf import OmegaConf
+
     from vlaeval.components import complete_components
     from vlaeval.config import check_known_keys
 
@@ -56,4 +60,10 @@ def dispatch(cfg: DictConfig) -> Dict[str, Any]:
     check_known_keys(cfg)
     job_cfg = job_config(cfg)
     complete_components(job_cfg, module.COMPONENTS)
-    return module.run(job_cfg)
+    OmegaConf.set_readonly(job_cfg, True)
+    return job_cfg
+
+
+def dispatch(cfg: DictConfig) -> Dict[str, Any]:
+    """Run the job `cfg.job.name` on its prepared config."""
+    return job_module(str(cfg.job.name)).run(prepared_config(cfg))
