@@ -143,7 +143,7 @@ def measure(name: str, trained: torch.nn.Module, cfg: Any, data: Any, args) -> D
     sq_norms = results["auto"].double().numpy().reshape(len(seeds), index.size)
     parameter_count = sum(p.numel() for p in params)
     reliability = {
-        n: split_half_reliability(sq_norms[:n], parameter_count)["split_half_spearman"]
+        n: split_half_reliability(sq_norms[:n], parameter_count).split_half_spearman
         for n in (16, 64, 128, 256, 512)
         if n <= len(seeds)
     }

@@ -29,15 +29,23 @@ def functions(root: Path) -> list[tuple[int, str]]:
     return sorted(found, reverse=True)
 
 
-def dict_any_returns(root: Path) -> int:
-    count = 0
-    for path in (root / "vlaeval").rglob("*.py"):
+# A typed result's own serialisation returns a dict by design (its result.json layout): counted apart.
+SERIALISERS = ("to_json", "as_dict", "describe", "report", "metrics", "checks", "tags")
+
+
+def dict_any_functions(root: Path) -> list:
+    found = []
+    for path in sorted((root / "vlaeval").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
                 text = ast.unparse(node.returns).replace(" ", "").lower()
                 if text in ("dict[str,any]", "typing.dict[str,any]"):
-                    count += 1
-    return count
+                    found.append((str(path.relative_to(root)), node.name))
+    return found
+
+
+def dict_any_returns(root: Path) -> int:
+    return len(dict_any_functions(root))
 
 
 def string_subscripts(root: Path) -> int:
@@ -103,7 +111,8 @@ def main() -> None:
     for lines, name in longest[:10]:
         print(f"  {lines:4d}  {name}")
     print(f"max cyclomatic complexity (radon): {max_complexity(root)}")
-    print(f"functions returning Dict[str, Any]: {dict_any_returns(root)}")
+    untyped = [f for f in dict_any_functions(root) if f[1] not in SERIALISERS]
+    print(f"functions returning Dict[str, Any]: {dict_any_returns(root)} ({len(untyped)} besides serialisers)")
     print(f"string-key subscripts in vlaeval/: {string_subscripts(root)}")
     print(f"getattr/hasattr probes on an outcome source: {source_probes(root)}")
     print(f"README lines: {len((root / 'README.md').read_text().splitlines())}")

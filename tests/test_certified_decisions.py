@@ -310,10 +310,10 @@ def test_the_drift_diagnostic_sees_a_drift_in_evaluation_order():
     steady = rng.normal(-0.02, 0.06, 400)
     drifting = rng.normal(np.linspace(-0.05, 0.01, 400), 0.06)
     sizes = np.full(400, 8)
-    assert abs(drift_diagnostic(steady, sizes)["z"]) < 3
+    assert abs(drift_diagnostic(steady, sizes).z) < 3
     d = drift_diagnostic(drifting, sizes)
-    assert d["z"] > 3 and d["second_half"] > d["first_half"]
-    assert drift_diagnostic(steady[:3], sizes[:3])["z"] is None
+    assert d.z > 3 and d.second_half > d.first_half
+    assert drift_diagnostic(steady[:3], sizes[:3]).z is None
     settings, strata, effects = typed_gauntlet(compose_config(["strata=small"]))
     result = run_gauntlet(
         settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE
@@ -412,10 +412,7 @@ def test_the_prototypes_catastrophic_example_halts_at_its_regression():
 def coverage(wins: np.ndarray, size: int, truth: float) -> float:
     return float(
         np.mean(
-            [
-                (ci := success_rate_interval(row, np.full(row.size, size)))["lower"] <= truth <= ci["upper"]
-                for row in wins
-            ]
+            [(ci := success_rate_interval(row, np.full(row.size, size))).lower <= truth <= ci.upper for row in wins]
         )
     )
 
@@ -428,7 +425,7 @@ def test_success_rate_intervals_cover_at_the_ceiling_with_few_clusters_and_on_to
     broken = rng.random((reps, 48)) < 0.02
     assert coverage(np.where(broken, 0, 8), 8, 0.98) > 0.92
     ceiling = success_rate_interval(np.full(48, 8), np.full(48, 8))
-    assert ceiling["design_effect"] == 8 and ceiling["lower"] < 0.93
+    assert ceiling.design_effect == 8 and ceiling.lower < 0.93
     # 12 clusters of 8 with scene-to-scene spread; today's synthetic design (clusters of 20, scene sd 0.02).
     spread = rng.binomial(8, rng.beta(8.1, 0.9, size=(reps, 12)))
     assert coverage(spread, 8, 0.9) > 0.94

@@ -311,21 +311,19 @@ def test_success_rate_interval_is_wilson_without_clustering_and_wider_with_it():
     wins = np.r_[np.ones(83), np.zeros(17)]
     plain = success_rate_interval(wins, np.ones(100))
     wilson = binomtest(83, 100).proportion_ci(0.95, method="wilson")
-    assert plain["design_effect"] == pytest.approx(100 / 99)
+    assert plain.design_effect == pytest.approx(100 / 99)
     # The critical value is Student's t with C - 1 = 99 df (1.984), not the normal's 1.960.
-    assert plain["lower"] == pytest.approx(wilson.low, rel=5e-3) and plain["upper"] == pytest.approx(
-        wilson.high, rel=5e-3
-    )
-    assert plain["lower"] < wilson.low and plain["upper"] > wilson.high
+    assert plain.lower == pytest.approx(wilson.low, rel=5e-3) and plain.upper == pytest.approx(wilson.high, rel=5e-3)
+    assert plain.lower < wilson.low and plain.upper > wilson.high
     many = success_rate_interval(np.r_[np.ones(8300), np.zeros(1700)], np.ones(10_000))
     big = binomtest(8300, 10_000).proportion_ci(0.95, method="wilson")
-    assert many["lower"] == pytest.approx(big.low, abs=3e-6) and many["upper"] == pytest.approx(big.high, abs=3e-6)
+    assert many.lower == pytest.approx(big.low, abs=3e-6) and many.upper == pytest.approx(big.high, abs=3e-6)
     # Whole scenes succeed or fail together: the interval widens by the design effect.
     scenes = success_rate_interval(np.r_[np.full(8, 10.0), np.full(2, 0.0)], np.full(10, 10))
-    assert scenes["rate"] == pytest.approx(0.8) and scenes["design_effect"] > 5
-    assert scenes["upper"] - scenes["lower"] > 2 * (plain["upper"] - plain["lower"]) * 0.9
+    assert scenes.rate == pytest.approx(0.8) and scenes.design_effect > 5
+    assert scenes.upper - scenes.lower > 2 * (plain.upper - plain.lower) * 0.9
     empty = success_rate_interval(np.zeros(0), np.zeros(0))
-    assert empty["rate"] is None
+    assert empty.rate is None
 
 
 def test_success_rate_interval_covers_with_correlated_scenes():
@@ -343,11 +341,11 @@ def test_success_rate_interval_covers_with_correlated_scenes():
     robust = plain = 0
     for r in range(reps):
         ci = success_rate_interval(wins[r], np.full(scenes, size))
-        robust += ci["lower"] <= truth <= ci["upper"]
+        robust += ci.lower <= truth <= ci.upper
         unit = success_rate_interval(
             np.repeat([1.0, 0.0], [int(wins[r].sum()), scenes * size - int(wins[r].sum())]), np.ones(scenes * size)
         )
-        plain += unit["lower"] <= truth <= unit["upper"]
+        plain += unit.lower <= truth <= unit.upper
     assert robust / reps > 0.93, robust / reps
     assert plain / reps < 0.90, plain / reps
     del beta_dist

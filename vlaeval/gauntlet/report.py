@@ -8,18 +8,19 @@ from typing import Any, Mapping, Optional
 from vlaeval import console
 from vlaeval.gauntlet.result import GauntletResult
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION, MODE_EXACT
+from vlaeval.seqtest.units import SuccessRateInterval
 
 
 def evalue(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def rate(interval: Mapping[str, Any] | None) -> str:
+def rate(interval: Optional[SuccessRateInterval]) -> str:
     """A success rate with its 95% interval, compactly: 0.903 [.893,.913]."""
-    if not interval or interval.get("rate") is None:
+    if interval is None or interval.rate is None or interval.lower is None or interval.upper is None:
         return "-"
     short = lambda x: f"{x:.3f}".lstrip("0") if x < 1 else "1"  # noqa: E731
-    return f"{interval['rate']:.3f} [{short(interval['lower'])},{short(interval['upper'])}]"
+    return f"{interval.rate:.3f} [{short(interval.lower)},{short(interval.upper)}]"
 
 
 MODE_LABEL = {"exact": "", "asymptotic": "ASYMPTOTIC", "group_sequential": "GROUP-SEQUENTIAL"}

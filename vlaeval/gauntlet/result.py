@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Type
 
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION
+from vlaeval.seqtest.units import Drift, SuccessRateInterval
 
 LAUNCH = "LAUNCH"
 DO_NOT_LAUNCH = "DO_NOT_LAUNCH"
@@ -84,12 +85,13 @@ class StratumResult:
     decision_wealth: Optional[float] = None
     e_value_regression: Optional[float] = None
     e_value_pass: Optional[float] = None
-    success_rates: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # baseline/candidate intervals
+    success_rates: Mapping[str, SuccessRateInterval] = field(default_factory=dict)  # baseline, candidate
     catastrophic: Optional[str] = None  # CATASTROPHIC / NOT_CATASTROPHIC / UNDECIDED (halting strata)
     catastrophic_delta: Optional[float] = None
     catastrophic_alpha: Optional[float] = None
     catastrophic_bound: Mapping[str, Any] = field(default_factory=dict)
     trajectory: Mapping[str, List[Any]] = field(default_factory=dict)
+    drift: Optional[Drift] = None  # the estimand early vs late in the evaluation order (None: not recorded)
     details: Mapping[str, Any] = field(default_factory=dict)  # the rest of the test's report, as it came
 
     @property
@@ -106,6 +108,12 @@ class StratumResult:
                 continue  # a non-halting stratum's report has no catastrophic keys
             if f.name == "catastrophic_bound" and not value:
                 continue
+            if f.name == "drift":
+                if value is None:
+                    continue
+                value = value.as_dict()
+            if f.name == "success_rates":
+                value = {who: interval.as_dict() for who, interval in value.items()}
             out[f.name] = value.to_json() if isinstance(value, ConfidenceSequence) else value
         out.update(self.details)
         return out
@@ -114,6 +122,10 @@ class StratumResult:
     def from_json(cls, data: Mapping[str, Any]) -> "StratumResult":
         known, rest = _split(cls, data, exclude=("details",))
         known["confidence_sequence"] = ConfidenceSequence.from_json(data["confidence_sequence"])
+        known["success_rates"] = {
+            who: SuccessRateInterval.from_json(interval) for who, interval in (data.get("success_rates") or {}).items()
+        }
+        known["drift"] = Drift.from_json(data["drift"]) if data.get("drift") else None
         for name in ("units_produced", "clusters_evaluated", "units_available", "unit_limit"):
             known.setdefault(name, int(data.get("units_evaluated", 0)) if name != "clusters_evaluated" else 0)
         known.setdefault("data_label", "UNLABELLED")
@@ -295,14 +307,14 @@ class GauntletResult:
                     f"{key}.cs_upper": s.confidence_sequence.upper,
                     f"{key}.decision_pass": float(s.decision == DECISION_PASS),
                     f"{key}.decision_regression": float(s.decision == DECISION_REGRESSION),
-                    f"{key}.baseline_success_rate": s.success_rates["baseline"]["rate"],
-                    f"{key}.candidate_success_rate": s.success_rates["candidate"]["rate"],
+                    f"{key}.baseline_success_rate": s.success_rates["baseline"].rate,
+                    f"{key}.candidate_success_rate": s.success_rates["candidate"].rate,
                 }
             )
             if s.catastrophic_bound:
                 metrics[f"{key}.catastrophic_upper_bound"] = s.catastrophic_bound["upper"]
             tags[f"{key}.decision"] = s.decision
-            drift_z = s.details.get("drift", {}).get("z")
+            drift_z = s.drift.z if s.drift is not None else None
             if drift_z is not None:
                 metrics[f"{key}.drift_z"] = drift_z
             ends = [clusters - 1 for clusters in s.trajectory["looks"]]

@@ -197,11 +197,11 @@ def _evaluate_stratum(
         "units_evaluated": int(offsets[used_clusters]),
         "clusters_evaluated": used_clusters,
         "batches": batch_count,
-        "baseline_success_rate": rates["baseline"]["rate"],
-        "candidate_success_rate": rates["candidate"]["rate"],
-        "success_rates": rates,
+        "baseline_success_rate": rates["baseline"].rate,
+        "candidate_success_rate": rates["candidate"].rate,
+        "success_rates": {who: interval.as_dict() for who, interval in rates.items()},
         # Stationarity check: the paired difference early vs late in the evaluation order.
-        "drift": drift_diagnostic(means, seen, test.estimand),
+        "drift": drift_diagnostic(means, seen, test.estimand).as_dict(),
     }
 
 

@@ -140,7 +140,7 @@ def build_gradient_artifact(
         },
         "layer_methods": measured.layer_methods,
         "verification_against_loop": measured.verification,
-        "reliability": split_half_reliability(measured.sq_norms, p),
+        "reliability": split_half_reliability(measured.sq_norms, p).as_dict(),
         "anchors": [
             {
                 "episode": int(demos.episode_ids()[anchors.trajectory_index[a]]),

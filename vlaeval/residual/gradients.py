@@ -24,8 +24,9 @@ set (any vmappable policy); method=loop is one backward pass per sample, the ref
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -383,16 +384,24 @@ def gradient_measurements(
     )
 
 
-def split_half_reliability(sq_norms: np.ndarray, parameter_count: int) -> Dict[str, Any]:
-    """Spearman between the gradient RMS from the first and the second half of the seeds, and the
-    Spearman-Brown step-up to the full seed count."""
+@dataclass(frozen=True)
+class SplitHalfReliability:
+    """How well gradient RMS repeats across gradient seeds: Spearman between the two halves' per-anchor
+    RMS and its Spearman-Brown step-up to the full seed count (None at rho = -1)."""
+
+    split_half_spearman: float
+    spearman_brown: Optional[float]
+    seeds_per_half: int
+    method: str = "seeds split in order into halves; Spearman of per-anchor gradient RMS"
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def split_half_reliability(sq_norms: np.ndarray, parameter_count: int) -> SplitHalfReliability:
+    """sq_norms: squared per-sample gradient norms, shape (seeds >= 2, anchors)."""
     half = sq_norms.shape[0] // 2
     first = np.sqrt(sq_norms[:half].mean(axis=0) / parameter_count)
     second = np.sqrt(sq_norms[half : 2 * half].mean(axis=0) / parameter_count)
     rho = float(spearmanr(first, second).statistic)
-    return {
-        "split_half_spearman": rho,
-        "spearman_brown": 2 * rho / (1 + rho) if rho > -1 else None,
-        "seeds_per_half": half,
-        "method": "seeds split in order into halves; Spearman of per-anchor gradient RMS",
-    }
+    return SplitHalfReliability(rho, 2 * rho / (1 + rho) if rho > -1 else None, half)

@@ -3,8 +3,10 @@ boundaries never split a cluster, and cluster-robust success-rate intervals."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Dict
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 from scipy.stats import t as student_t
@@ -49,7 +51,64 @@ def plan_batches(cluster_sizes: np.ndarray, batch_units: int, limit_units: int) 
     return batches
 
 
-def success_rate_interval(successes: np.ndarray, sizes: np.ndarray, level: float = 0.95) -> Dict[str, Any]:
+@dataclass(frozen=True)
+class SuccessRateInterval:
+    """A policy's success rate over some clusters' units, with its cluster-robust interval (all None
+    over no units): the units and clusters it rests on and the design effect used."""
+
+    rate: Optional[float]
+    lower: Optional[float]
+    upper: Optional[float]
+    level: float
+    units: int
+    clusters: int
+    design_effect: Optional[float]
+    method: str = METHOD
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "SuccessRateInterval":
+        """A saved interval; a field an older result lacks reads as None (0 for the counts)."""
+        return cls(
+            rate=data.get("rate"),
+            lower=data.get("lower"),
+            upper=data.get("upper"),
+            level=float(data.get("level", 0.95)),
+            units=int(data.get("units", 0)),
+            clusters=int(data.get("clusters", 0)),
+            design_effect=data.get("design_effect"),
+            method=str(data.get("method", METHOD)),
+        )
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The estimand over the first and the second half of the evaluated clusters, their difference
+    and its z-score (None with fewer than 4 clusters, or when both halves are constant)."""
+
+    clusters: int
+    first_half: Optional[float]
+    second_half: Optional[float]
+    difference: Optional[float]
+    z: Optional[float]
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Drift":
+        return cls(
+            int(data.get("clusters", 0)),
+            data.get("first_half"),
+            data.get("second_half"),
+            data.get("difference"),
+            data.get("z"),
+        )
+
+
+def success_rate_interval(successes: np.ndarray, sizes: np.ndarray, level: float = 0.95) -> SuccessRateInterval:
     """A policy's success rate over the units of some clusters, with a cluster-robust Wilson interval.
 
     successes, sizes: per cluster, shape (C,). The rate is p = sum(s) / sum(n). Scenarios of one
@@ -66,16 +125,7 @@ def success_rate_interval(successes: np.ndarray, sizes: np.ndarray, level: float
     n_c = np.asarray(sizes, dtype=np.float64)
     n, clusters = float(n_c.sum()), int(n_c.size)
     if n == 0:
-        return {
-            "rate": None,
-            "lower": None,
-            "upper": None,
-            "level": level,
-            "units": 0,
-            "clusters": 0,
-            "design_effect": None,
-            "method": METHOD,
-        }
+        return SuccessRateInterval(None, None, None, level, 0, 0, None)
     p = float(s.sum() / n)
     if p in (0.0, 1.0):
         deff = n / clusters  # all-or-nothing scenes: nothing in the data says otherwise
@@ -89,19 +139,18 @@ def success_rate_interval(successes: np.ndarray, sizes: np.ndarray, level: float
     denominator = 1.0 + z * z / n_eff
     centre = (p + z * z / (2.0 * n_eff)) / denominator
     half = z * math.sqrt(p * (1.0 - p) / n_eff + z * z / (4.0 * n_eff * n_eff)) / denominator
-    return {
-        "rate": p,
-        "lower": max(centre - half, 0.0),
-        "upper": min(centre + half, 1.0),
-        "level": level,
-        "units": int(n),
-        "clusters": clusters,
-        "design_effect": deff,
-        "method": METHOD,
-    }
+    return SuccessRateInterval(
+        rate=p,
+        lower=max(centre - half, 0.0),
+        upper=min(centre + half, 1.0),
+        level=level,
+        units=int(n),
+        clusters=clusters,
+        design_effect=deff,
+    )
 
 
-def drift_diagnostic(means: np.ndarray, sizes: np.ndarray, estimand: str = "cluster") -> Dict[str, Any]:
+def drift_diagnostic(means: np.ndarray, sizes: np.ndarray, estimand: str = "cluster") -> Drift:
     """The stationarity check beside a decision: the estimand over the first and the second half of
     the clusters in evaluation order, their difference and its z-score (two independent halves,
     cluster-robust standard errors). The test's guarantee is about a fixed scenario distribution
@@ -113,7 +162,7 @@ def drift_diagnostic(means: np.ndarray, sizes: np.ndarray, estimand: str = "clus
     x = np.asarray(means, dtype=np.float64)
     n = np.asarray(sizes, dtype=np.float64)
     if x.size < 4:
-        return {"clusters": int(x.size), "first_half": None, "second_half": None, "difference": None, "z": None}
+        return Drift(int(x.size), None, None, None, None)
     half = x.size // 2
 
     def estimate(xs: np.ndarray, ns: np.ndarray) -> tuple[float, float]:
@@ -126,10 +175,5 @@ def drift_diagnostic(means: np.ndarray, sizes: np.ndarray, estimand: str = "clus
     (first, se1), (second, se2) = estimate(x[:half], n[:half]), estimate(x[half:], n[half:])
     se = math.hypot(se1, se2)
     difference = second - first
-    return {
-        "clusters": int(x.size),
-        "first_half": first,
-        "second_half": second,
-        "difference": difference,
-        "z": difference / se if se > 0 else None,  # None: both halves constant (nothing to compare)
-    }
+    # z is None when both halves are constant (nothing to compare).
+    return Drift(int(x.size), first, second, difference, difference / se if se > 0 else None)
