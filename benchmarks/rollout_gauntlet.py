@@ -93,7 +93,21 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/vlaeval-rollout-bench/cache"))
     parser.add_argument("--extra", nargs="*", default=[], help="overrides for every run")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rollout_gauntlet.json")
+    parser.add_argument(
+        "--page-only",
+        action="store_true",
+        help="rewrite docs/figures/rollout_gauntlet.md from --out, measuring nothing",
+    )
     args = parser.parse_args()
+    if args.page_only:
+        runs = json.loads(args.out.read_text())["runs"]
+        write_figures(
+            "rollout_gauntlet",
+            "The default rollout gauntlet",
+            "python benchmarks/rollout_gauntlet.py",
+            figures_body(runs),
+        )
+        return
     cache = args.cache_dir
     registry = cache / "vlaeval_failure_registry.jsonl"
     worse = gauntlet(cache, "worse", [*args.extra])
@@ -137,7 +151,7 @@ def figures_body(runs: List[Dict[str, Any]]) -> str:
             (
                 r["run"],
                 r["recommendation"],
-                r["halted"] or "no",
+                "yes" if r["halted"] else "no",
                 f"{r['episode_pairs_evaluated']:,} ({r['episode_pairs_full_evaluation']:,})",
                 f"{r['rollouts_run']:,}",
                 f"{r['rollouts_from_cache']:,}",
