@@ -174,19 +174,13 @@ def _read_episodes(root: Path) -> Optional[Any]:
     return None
 
 
-def read_lerobot(
-    root: Path, state_feature: str, action_feature: str, name: str, cameras: Sequence[str] = ()
-) -> Demonstrations:
-    """The dataset's frames as Demonstrations, every structural fact checked; camera features are
-    kept encoded (decoded per batch, for the anchors it uses)."""
+def _read_frames(root: Path, columns: Sequence[str]) -> Any:
+    """Every data file's `columns` as one pyarrow table in global `index` order."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    info = read_info(root, state_feature, action_feature, cameras)
-    features = info["features"]
     files = sorted((root / "data").glob("chunk-*/*.parquet"))
     require(bool(files), f"the dataset at {root} has no data/chunk-*/*.parquet files")
-    columns = [state_feature, action_feature, "episode_index", "frame_index", "index", "task_index", *cameras]
     parts = []
     for f in files:
         # Open first, then read: a file that does not open (truncated, not Parquet) is corrupt;
@@ -198,24 +192,24 @@ def read_lerobot(
                 f"{f} is corrupt or not a Parquet file ({first_line(error)}); re-copy or re-export the dataset"
             ) from None
         absent = [c for c in columns if c not in schema.names]
-        require(not absent, f"{f} lacks the column(s) {absent} vlaeval reads; expected {columns}")
+        require(not absent, f"{f} lacks the column(s) {absent} vlaeval reads; expected {list(columns)}")
         try:
-            parts.append(pq.read_table(f, columns=columns))
+            parts.append(pq.read_table(f, columns=list(columns)))
         except (pa.ArrowInvalid, OSError) as error:
             raise UserInputError(
                 f"{f} is corrupt: its footer opens but its data does not ({first_line(error)}); re-copy or re-export the dataset"
             ) from None
     table = pa.concat_tables(parts)
-    index = table.column("index").to_numpy()
-    order = np.argsort(index, kind="stable")
+    order = np.argsort(table.column("index").to_numpy(), kind="stable")
     table = table.take(pa.array(order))
-    n = len(table)
-    require(n > 0, f"the dataset at {root} has no frames")
-    observations = _vector_column(table, state_feature, int(features[state_feature]["shape"][0]))
-    actions = _vector_column(table, action_feature, int(features[action_feature]["shape"][0]))
-    episode = table.column("episode_index").to_numpy().astype(np.int64)
-    frame = table.column("frame_index").to_numpy().astype(np.int64)
-    task = table.column("task_index").to_numpy().astype(np.int64)
+    require(len(table) > 0, f"the dataset at {root} has no frames")
+    return table
+
+
+def _episode_layout(root: Path, episode: np.ndarray, frame: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first frame, length, id) of each episode, checked: an episode's frames are contiguous in the
+    global index and run 0..length-1."""
+    n = episode.size
     starts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]])
     lengths = np.diff(np.r_[starts, n])
     ids = episode[starts]
@@ -232,27 +226,70 @@ def read_lerobot(
         f"{int(frame[bad[0]]) if bad.size else 0} at its position {int(expected_frames[bad[0]]) if bad.size else 0}; "
         "frames must run 0..length-1",
     )
+    return starts, lengths, ids
+
+
+def _episode_extras(root: Path, ids: np.ndarray, lengths: np.ndarray) -> Dict[str, np.ndarray]:
+    """vlaeval's own per-episode columns (variant, seed, success) from the episode metadata, whose
+    lengths must match the frames; {} for a dataset without episode metadata."""
+    episodes = _read_episodes(root)
+    extras: Dict[str, np.ndarray] = {}
+    if episodes is None:
+        return extras
+    by_id = {int(e): i for i, e in enumerate(episodes["episode_index"].to_numpy())}
+    for e, length in zip(ids, lengths):
+        row = by_id.get(int(e))
+        require(row is not None, f"episode {int(e)} of {root} has frames but no row in its episode metadata")
+        recorded = int(episodes["length"].to_numpy()[row])
+        require(
+            recorded == int(length),
+            f"episode {int(e)} of {root} has {int(length)} frames but its metadata says length {recorded}",
+        )
+    rows = np.array([by_id[int(e)] for e in ids])
+    for key in ("variant", "seed", "success"):
+        if EXTRA + key in episodes:
+            extras[key] = episodes[EXTRA + key].to_numpy()[rows]
+    return extras
+
+
+def _embedded_cameras(
+    root: Path, table: Any, cameras: Sequence[str]
+) -> Tuple[Dict[str, List[bytes]], Dict[str, np.ndarray]]:
+    """Each image feature's encoded frames (a struct {bytes, path} per frame, as LeRobot embeds them)
+    and, for the content digest, the sha256 of their per-frame digests."""
+    frames: Dict[str, List[bytes]] = {}
+    digests: Dict[str, np.ndarray] = {}
+    for key in cameras:
+        column = table.column(key).combine_chunks()
+        frames[key] = [b if isinstance(b, bytes) else b"" for b in column.field("bytes").to_pylist()]
+        empty = [i for i, b in enumerate(frames[key]) if not b]
+        require(not empty, f"camera feature {key} of {root} has no embedded image bytes at frame index {empty[:1]}")
+        digest = hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in frames[key])).digest()
+        digests[f"camera:{key}"] = np.frombuffer(digest, dtype=np.uint8)
+    return frames, digests
+
+
+def read_lerobot(
+    root: Path, state_feature: str, action_feature: str, name: str, cameras: Sequence[str] = ()
+) -> Demonstrations:
+    """The dataset's frames as Demonstrations, every structural fact checked; camera features are
+    kept encoded (decoded per batch, for the anchors it uses)."""
+    info = read_info(root, state_feature, action_feature, cameras)
+    features = info["features"]
+    columns = [state_feature, action_feature, "episode_index", "frame_index", "index", "task_index", *cameras]
+    table = _read_frames(root, columns)
+    n = len(table)
+    observations = _vector_column(table, state_feature, int(features[state_feature]["shape"][0]))
+    actions = _vector_column(table, action_feature, int(features[action_feature]["shape"][0]))
+    episode = table.column("episode_index").to_numpy().astype(np.int64)
+    task = table.column("task_index").to_numpy().astype(np.int64)
+    starts, lengths, ids = _episode_layout(root, episode, table.column("frame_index").to_numpy().astype(np.int64))
     instructions, names = _read_tasks(root)
     require(
         int(task.max()) < len(instructions) and int(task.min()) >= 0,
         f"the dataset at {root} has frames with task_index {int(task.max())} but {len(instructions)} tasks",
     )
-    episodes = _read_episodes(root)
-    extras: Dict[str, np.ndarray] = {}
-    if episodes is not None:
-        by_id = {int(e): i for i, e in enumerate(episodes["episode_index"].to_numpy())}
-        for e, length in zip(ids, lengths):
-            row = by_id.get(int(e))
-            require(row is not None, f"episode {int(e)} of {root} has frames but no row in its episode metadata")
-            recorded = int(episodes["length"].to_numpy()[row])
-            require(
-                recorded == int(length),
-                f"episode {int(e)} of {root} has {int(length)} frames but its metadata says length {recorded}",
-            )
-        rows = np.array([by_id[int(e)] for e in ids])
-        for key in ("variant", "seed", "success"):
-            if EXTRA + key in episodes:
-                extras[key] = episodes[EXTRA + key].to_numpy()[rows]
+    extras = _episode_extras(root, ids, lengths)
     episode_task = task[starts]
     per_frame = task if np.any(task != np.repeat(episode_task, lengths)) else None
     arrays: Dict[str, np.ndarray] = {
@@ -270,14 +307,8 @@ def read_lerobot(
         optional["frame_task"] = per_frame
     if not np.array_equal(ids, np.arange(ids.size)):
         optional["episode_index"] = ids
-    camera_frames: Dict[str, List[bytes]] = {}
-    for key in cameras:  # image features: a struct {bytes, path} per frame, as LeRobot embeds them
-        column = table.column(key).combine_chunks()
-        camera_frames[key] = [b if isinstance(b, bytes) else b"" for b in column.field("bytes").to_pylist()]
-        empty = [i for i, b in enumerate(camera_frames[key]) if not b]
-        require(not empty, f"camera feature {key} of {root} has no embedded image bytes at frame index {empty[:1]}")
-        digest = hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in camera_frames[key])).digest()
-        optional[f"camera:{key}"] = np.frombuffer(digest, dtype=np.uint8)
+    camera_frames, camera_digests = _embedded_cameras(root, table, cameras)
+    optional.update(camera_digests)
     tasks = names if names is not None else instructions
     manifest = {
         "schema_version": 1,
