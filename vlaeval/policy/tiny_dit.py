@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from vlaeval.policy.flow import sinusoidal_embedding
-from vlaeval.policy.tiny_vla import ObservationStatistics, bag_of_words
+from vlaeval.policy.tiny_vla import BuiltinPolicy
 
 
 class TokenPositions(nn.Module):
@@ -76,7 +76,7 @@ class Block(nn.Module):
         return x + gate2 * self.mlp_out(nn.functional.silu(self.mlp_in(h)))
 
 
-class TinyDiT(ObservationStatistics):
+class TinyDiT(BuiltinPolicy):
     def __init__(
         self,
         vocab: Sequence[str],
@@ -90,12 +90,9 @@ class TinyDiT(ObservationStatistics):
         mlp_ratio: int = 2,
         time_embedding_dim: int = 32,
     ) -> None:
-        super().__init__(obs_dim)
         if width % heads:
             raise ValueError(f"model.width={width} must be a multiple of model.heads={heads}")
-        self.vocab = list(vocab)
-        self.obs_dim, self.action_dim, self.horizon = int(obs_dim), int(action_dim), int(horizon)
-        self.time_embedding_dim = int(time_embedding_dim)
+        super().__init__(vocab, obs_dim, action_dim, horizon, time_embedding_dim)
         # The prefix: one token for the observation, one for the instruction.
         self.observation_token = nn.Linear(obs_dim, width)
         self.instruction_token = nn.Linear(len(self.vocab), width)
@@ -106,10 +103,6 @@ class TinyDiT(ObservationStatistics):
         self.blocks = nn.ModuleList([Block(width, heads, mlp_ratio) for _ in range(depth)])
         self.final_norm = nn.LayerNorm(width)
         self.action_out = nn.Linear(width, action_dim)
-
-    def tokenize(self, instructions: Sequence[str]) -> torch.Tensor:
-        """The instructions as this model reads them: bag-of-words over its vocabulary."""
-        return bag_of_words(instructions, self.vocab)
 
     def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, 2, width) conditioning tokens."""

@@ -60,7 +60,24 @@ class ObservationStatistics(nn.Module):
         return (observation - self.obs_mean) / self.obs_std
 
 
-class TinyVLA(ObservationStatistics):
+class BuiltinPolicy(ObservationStatistics):
+    """What the built-in policies share: the data's shapes, the vocabulary they read and their
+    tokenizer (the bag-of-words over it), beside the observation statistics."""
+
+    def __init__(
+        self, vocab: Sequence[str], obs_dim: int, action_dim: int, horizon: int, time_embedding_dim: int
+    ) -> None:
+        super().__init__(obs_dim)
+        self.vocab = list(vocab)
+        self.obs_dim, self.action_dim, self.horizon = int(obs_dim), int(action_dim), int(horizon)
+        self.time_embedding_dim = int(time_embedding_dim)
+
+    def tokenize(self, instructions: Sequence[str]) -> torch.Tensor:
+        """The instructions as this model reads them: bag-of-words over its vocabulary."""
+        return bag_of_words(instructions, self.vocab)
+
+
+class TinyVLA(BuiltinPolicy):
     def __init__(
         self,
         vocab: Sequence[str],
@@ -74,17 +91,10 @@ class TinyVLA(ObservationStatistics):
         head_layers: int = 3,
         time_embedding_dim: int = 32,
     ) -> None:
-        super().__init__(obs_dim)
-        self.vocab = list(vocab)
-        self.obs_dim, self.action_dim, self.horizon = int(obs_dim), int(action_dim), int(horizon)
-        self.time_embedding_dim = int(time_embedding_dim)
+        super().__init__(vocab, obs_dim, action_dim, horizon, time_embedding_dim)
         self.encoder = mlp([obs_dim + len(self.vocab), encoder_hidden, encoder_hidden, conditioning_dim])
         chunk = self.horizon * self.action_dim
         self.action_head = mlp([chunk + conditioning_dim + time_embedding_dim] + [head_hidden] * head_layers + [chunk])
-
-    def tokenize(self, instructions: Sequence[str]) -> torch.Tensor:
-        """The instructions as this model reads them: bag-of-words over its vocabulary."""
-        return bag_of_words(instructions, self.vocab)
 
     def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         obs = self.normalise(batch["observation"])
