@@ -174,7 +174,10 @@ def test_make_demo_and_a_bare_command_run_the_one_default_job():
     [recipe] = re.findall(r"^demo:.*\n\t(.*)$", makefile, re.M)
     assert recipe.strip() == "$(PY) main.py", recipe
     assert compose_config([]).job.name == "residual_audit"
-    assert "job=residual_audit runs (this file's default), as `make demo` does" in (CONF / "config.yaml").read_text()
+    assert (
+        "job=residual_audit runs (the default in conf/config.yaml), as `make demo` does"
+        in (CONF / "config.yaml").read_text()
+    )
 
 
 def _schema_default(schema, key):
