@@ -125,13 +125,14 @@ def main() -> None:
     cache, runs = Path(args.cache_dir), Path(args.runs_dir)
     results = REPO / "benchmarks" / "results"
     if args.calibration:
-        out = {"settings": calibration(cache, runs, args.extra), "ablation_overrides": CALIBRATION_ABLATION}
+        settings = calibration(cache, runs, args.extra)
+        out: Dict[str, Any] = {"settings": settings, "ablation_overrides": CALIBRATION_ABLATION}
         atomic_write_json(results / "ablation_calibration.json", out)
         write_figures(
             "ablation_calibration",
             "Calibrating the audit's gate",
             "python benchmarks/ablation.py --calibration",
-            calibration_body(out["settings"]),
+            calibration_body(settings),
         )
     else:
         out = table(main_py("ablation", args.extra, runs / "default", cache))

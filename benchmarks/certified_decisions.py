@@ -323,8 +323,8 @@ def coverage(reps: int, seed: int) -> List[Dict[str, Any]]:
             before += lo <= truth <= hi
             width_before += hi - lo
             ci = success_rate_interval(row, sizes)
-            after += ci.lower <= truth <= ci.upper
-            width_after += ci.upper - ci.lower
+            after += ci.covers(truth)
+            width_after += ci.width
         rows.append(
             {
                 "design": name,

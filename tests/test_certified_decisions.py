@@ -410,11 +410,7 @@ def test_the_prototypes_catastrophic_example_halts_at_its_regression():
 
 # ----------------------------------------------------------------------------- 5. intervals and words
 def coverage(wins: np.ndarray, size: int, truth: float) -> float:
-    return float(
-        np.mean(
-            [(ci := success_rate_interval(row, np.full(row.size, size))).lower <= truth <= ci.upper for row in wins]
-        )
-    )
+    return float(np.mean([success_rate_interval(row, np.full(row.size, size)).covers(truth) for row in wins]))
 
 
 def test_success_rate_intervals_cover_at_the_ceiling_with_few_clusters_and_on_todays_design():

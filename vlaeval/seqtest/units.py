@@ -65,6 +65,15 @@ class SuccessRateInterval:
     design_effect: Optional[float]
     method: str = METHOD
 
+    def covers(self, rate: float) -> bool:
+        """Whether the interval holds `rate` (never, over no units)."""
+        return self.lower is not None and self.upper is not None and self.lower <= rate <= self.upper
+
+    @property
+    def width(self) -> float:
+        """upper - lower (nan over no units)."""
+        return float("nan") if self.lower is None or self.upper is None else self.upper - self.lower
+
     def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
