@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 from scipy.stats import kendalltau, rankdata, spearmanr
@@ -526,14 +526,47 @@ def cross_fitted_baseline(
     def ratio(weights: np.ndarray, target: np.ndarray) -> np.ndarray:
         return information_to_baseline_ratio(target, proposal_distribution(weights, **kwargs))
 
+    resample = np.random.default_rng(bootstrap_seed).integers(0, n, size=(bootstrap, n))
+    rows, boot_rho, boot_ratio = _fold_figures(scores, folds, ratio, resample)
+    summary = {
+        name: {"spearman": float(np.mean([r for r, _ in v])), "second_moment_ratio": float(np.mean([q for _, q in v]))}
+        for name, v in rows.items()
+    }
+    rho_diff = summary["residual"]["spearman"] - summary["training_loss"]["spearman"]
+    ratio_diff = summary["residual"]["second_moment_ratio"] - summary["training_loss"]["second_moment_ratio"]
+    rho_ci = np.quantile(np.mean(boot_rho, axis=0), [0.025, 0.975])
+    ratio_ci = np.quantile(np.mean(boot_ratio, axis=0), [0.025, 0.975])
+    return BaselineComparison(
+        seeds_per_half=half,
+        residual=ScoreAlignment(**summary["residual"]),
+        training_loss=ScoreAlignment(**summary["training_loss"]),
+        training_loss_shared_draws=ScoreAlignment(**summary["training_loss_shared_draws"]),
+        attainable_oracle_ratio=summary["oracle"]["second_moment_ratio"],
+        spearman_difference=rho_diff,
+        spearman_difference_ci95=(float(rho_ci[0]), float(rho_ci[1])),
+        second_moment_ratio_difference=ratio_diff,
+        second_moment_ratio_difference_ci95=(float(ratio_ci[0]), float(ratio_ci[1])),
+        bootstrap_resamples=int(bootstrap),
+        bootstrap_seed=int(bootstrap_seed),
+        verdict=baseline_verdict(rho_ci, ratio_ci),
+    )
+
+
+def _fold_figures(
+    scores: np.ndarray,
+    folds: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    ratio: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    resample: np.ndarray,
+) -> Tuple[Dict[str, List[Tuple[float, float]]], List[np.ndarray], List[np.ndarray]]:
+    """Per fold (target gradient RMS, independent loss, shared-draws loss, the other half's RMS): each
+    score's (Spearman, ratio), the oracle's ratio, and the bootstrap's residual-minus-loss differences
+    on the same resamples of anchors (paired)."""
     rows: Dict[str, List[Tuple[float, float]]] = {
         "residual": [],
         "training_loss": [],
         "training_loss_shared_draws": [],
         "oracle": [],
     }
-    rng = np.random.default_rng(bootstrap_seed)
-    resample = rng.integers(0, n, size=(bootstrap, n))
     boot_rho, boot_ratio = [], []
     for target, independent_loss, shared_loss, other_half in folds:
         for name, weights in (
@@ -547,33 +580,15 @@ def cross_fitted_baseline(
         t, s_, l_ = target[resample], scores[resample], independent_loss[resample]
         boot_rho.append(row_spearman(s_, t) - row_spearman(l_, t))
         boot_ratio.append(ratio(s_, t) - ratio(l_, t))
-    summary = {
-        name: {"spearman": float(np.mean([r for r, _ in v])), "second_moment_ratio": float(np.mean([q for _, q in v]))}
-        for name, v in rows.items()
-    }
-    rho_diff = summary["residual"]["spearman"] - summary["training_loss"]["spearman"]
-    ratio_diff = summary["residual"]["second_moment_ratio"] - summary["training_loss"]["second_moment_ratio"]
-    rho_ci = np.quantile(np.mean(boot_rho, axis=0), [0.025, 0.975])
-    ratio_ci = np.quantile(np.mean(boot_ratio, axis=0), [0.025, 0.975])
-    # "beats" only when both differences are clear of zero in the score's favour; "loses" when
-    # either is clear of zero against it; otherwise the two are indistinguishable here.
+    return rows, boot_rho, boot_ratio
+
+
+def baseline_verdict(rho_ci: np.ndarray, ratio_ci: np.ndarray) -> str:
+    """ "beats" only when both differences (residual minus loss) are clear of zero in the score's
+    favour -- higher Spearman, lower ratio; "loses" when either is clear of zero against it;
+    otherwise "tie": the two are indistinguishable here."""
     if rho_ci[0] > 0 and ratio_ci[1] < 0:
-        verdict = "beats"
-    elif rho_ci[1] < 0 or ratio_ci[0] > 0:
-        verdict = "loses"
-    else:
-        verdict = "tie"
-    return BaselineComparison(
-        seeds_per_half=half,
-        residual=ScoreAlignment(**summary["residual"]),
-        training_loss=ScoreAlignment(**summary["training_loss"]),
-        training_loss_shared_draws=ScoreAlignment(**summary["training_loss_shared_draws"]),
-        attainable_oracle_ratio=summary["oracle"]["second_moment_ratio"],
-        spearman_difference=rho_diff,
-        spearman_difference_ci95=(float(rho_ci[0]), float(rho_ci[1])),
-        second_moment_ratio_difference=ratio_diff,
-        second_moment_ratio_difference_ci95=(float(ratio_ci[0]), float(ratio_ci[1])),
-        bootstrap_resamples=int(bootstrap),
-        bootstrap_seed=int(bootstrap_seed),
-        verdict=verdict,
-    )
+        return "beats"
+    if rho_ci[1] < 0 or ratio_ci[0] > 0:
+        return "loses"
+    return "tie"

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -506,6 +506,53 @@ def cache_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> Dict[str
     return stats
 
 
+class PriorityRun(NamedTuple):
+    """What evaluating the strata in priority order left: the records and events, the order
+    evaluated, the units spent, the budget and nominal allowance left, whether the candidate was
+    halted, and the strata never reached."""
+
+    results: List[StratumResult]
+    events: List[GauntletEvent]
+    processed: List[str]
+    units_evaluated: int
+    budget_left: int
+    nominal_allowance: int
+    halted: bool
+    not_evaluated: List[str]
+
+
+def evaluate_in_priority_order(
+    s: GauntletConfig, strata: Mapping[str, StratumConfig], evaluator: StratumEvaluator
+) -> PriorityRun:
+    """Each stratum in turn until the queue, the budget or the candidate (halted) runs out; after
+    each, the scheduler reacts (halt, promote related strata, expand the nominal allowance)."""
+    queue = list(evaluator.order)
+    nominal_allowance, budget_left = int(s.nominal_base_allowance), int(s.budget_units)
+    units_evaluated, halted = 0, False
+    events: List[GauntletEvent] = []
+    results: List[StratumResult] = []
+    processed: List[str] = []
+    while queue and budget_left > 0 and not halted:
+        name = queue.pop(0)
+        processed.append(name)
+        result, snapshot = evaluator.evaluate(name, budget_left, nominal_allowance, units_evaluated)
+        results.append(result)
+        budget_left -= result.units_evaluated
+        units_evaluated += result.units_evaluated
+        reaction = react(s, name, strata[name], snapshot, queue, nominal_allowance)
+        events.extend(reaction.events)
+        halted, nominal_allowance = reaction.halted, reaction.nominal_allowance
+    if queue and not halted:
+        events.append(
+            GauntletEvent(
+                "BUDGET_EXHAUSTED",
+                f"budget of {s.budget_units} units spent; not evaluated: {queue}",
+                figures={"not_evaluated": list(queue)},
+            )
+        )
+    return PriorityRun(results, events, processed, units_evaluated, budget_left, nominal_allowance, halted, list(queue))
+
+
 def run_gauntlet(
     settings: GauntletConfig,
     strata: Mapping[str, StratumConfig],
@@ -529,34 +576,13 @@ def run_gauntlet(
     cache_before = cache.stats.as_dict()
     evaluator = StratumEvaluator(s, strata, effects, source, cache, seed, on_batch)
     order, alarm, shuffled = evaluator.order, evaluator.alarm, evaluator.shuffled
-    queue = list(order)
-    nominal_allowance = int(s.nominal_base_allowance)
-    budget_left = int(s.budget_units)
-    units_evaluated = 0
-    halted = False
-    events: List[GauntletEvent] = []
-    results: List[StratumResult] = []
-    processed: List[str] = []
     units_defined = evaluator.units_defined()
-    while queue and budget_left > 0 and not halted:
-        name = queue.pop(0)
-        processed.append(name)
-        result, snapshot = evaluator.evaluate(name, budget_left, nominal_allowance, units_evaluated)
-        results.append(result)
-        budget_left -= result.units_evaluated
-        units_evaluated += result.units_evaluated
-        reaction = react(s, name, strata[name], snapshot, queue, nominal_allowance)
-        events.extend(reaction.events)
-        halted, nominal_allowance = reaction.halted, reaction.nominal_allowance
-    not_evaluated = list(queue)
-    if not_evaluated and not halted:
-        events.append(
-            GauntletEvent(
-                "BUDGET_EXHAUSTED",
-                f"budget of {s.budget_units} units spent; not evaluated: {not_evaluated}",
-                figures={"not_evaluated": not_evaluated},
-            )
-        )
+    run = evaluate_in_priority_order(s, strata, evaluator)
+    results, events, processed = run.results, run.events, run.processed
+    units_evaluated, budget_left, nominal_allowance, halted = (
+        run.units_evaluated, run.budget_left, run.nominal_allowance, run.halted
+    )  # fmt: skip
+    not_evaluated = list(run.not_evaluated)
 
     elapsed = time.perf_counter() - started
     cache_stats = cache_delta(cache_before, cache.stats.as_dict())
