@@ -575,50 +575,46 @@ def run_gauntlet(
     started = time.perf_counter()
     cache_before = cache.stats.as_dict()
     evaluator = StratumEvaluator(s, strata, effects, source, cache, seed, on_batch)
-    order, alarm, shuffled = evaluator.order, evaluator.alarm, evaluator.shuffled
     units_defined = evaluator.units_defined()
     run = evaluate_in_priority_order(s, strata, evaluator)
-    results, events, processed = run.results, run.events, run.processed
-    units_evaluated, budget_left, nominal_allowance, halted = (
-        run.units_evaluated, run.budget_left, run.nominal_allowance, run.halted
-    )  # fmt: skip
-    not_evaluated = list(run.not_evaluated)
-
     elapsed = time.perf_counter() - started
-    cache_stats = cache_delta(cache_before, cache.stats.as_dict())
     total_units = int(sum(units_defined.values()))
-    recommendation = launch_recommendation(
-        results, not_evaluated, halted=halted, lineage=lineage, test_mode=s.test_mode, required_absent=required_absent
-    )
     return GauntletResult(
         candidate_version=s.candidate_version,
         baseline_version=s.baseline_version,
         planted_effects=dict(effects),
         scale=Scale(
             total_units_defined=total_units,  # the units the source holds for the evaluated strata
-            units_evaluated=units_evaluated,
-            units_saved=total_units - units_evaluated,
+            units_evaluated=run.units_evaluated,
+            units_saved=total_units - run.units_evaluated,
             # Units the source made: on demand (rollouts), only those evaluated; a whole-stratum
             # source (synthetic, file) makes every unit of a stratum it is asked about.
-            units_produced=sum(r.units_produced for r in results),
+            units_produced=sum(r.units_produced for r in run.results),
             produced_on_demand=source.traits.produces_on_demand,
             budget_units=int(s.budget_units),
-            budget_remaining=budget_left,
-            nominal_allowance_final=nominal_allowance,
+            budget_remaining=run.budget_left,
+            nominal_allowance_final=run.nominal_allowance,
         ),
-        strata=tuple(results),
-        events=tuple(events),
-        recommendation=recommendation,
-        halted=halted,
+        strata=tuple(run.results),
+        events=tuple(run.events),
+        recommendation=launch_recommendation(
+            run.results,
+            run.not_evaluated,
+            halted=run.halted,
+            lineage=lineage,
+            test_mode=s.test_mode,
+            required_absent=required_absent,
+        ),
+        halted=run.halted,
         test_mode=str(s.test_mode),
-        not_evaluated=tuple(not_evaluated),
+        not_evaluated=tuple(run.not_evaluated),
         absent_strata=tuple(absent),
-        priority_order=tuple(order),
-        processed_order=tuple(processed),
+        priority_order=tuple(evaluator.order),
+        processed_order=tuple(run.processed),
         lineage=dict(lineage),
-        timing={"wall_s": elapsed, "units_per_second": units_evaluated / elapsed if elapsed > 0 else None},
-        cache=cache_stats,
-        multiplicity=multiplicity_statement(s, strata, alarm),
+        timing={"wall_s": elapsed, "units_per_second": run.units_evaluated / elapsed if elapsed > 0 else None},
+        cache=cache_delta(cache_before, cache.stats.as_dict()),
+        multiplicity=multiplicity_statement(s, strata, evaluator.alarm),
         statistical_validity=validity_statement(s),
-        cluster_order={"mode": "shuffled", **seed.as_dict()} if shuffled else {"mode": "as_given"},
+        cluster_order={"mode": "shuffled", **seed.as_dict()} if evaluator.shuffled else {"mode": "as_given"},
     )
