@@ -88,10 +88,6 @@ class BoundPolicy:
         return flow_matching_losses(self.model, batch, t, noise, self.flow)
 
     # ------------------------------------------------------------------ copies
-    def on(self, device: str) -> "BoundPolicy":
-        """This policy with its module moved to `device` (torch moves a module in place)."""
-        return dataclasses.replace(self, model=self.model.to(device), device=str(device))
-
     def with_model(self, model: torch.nn.Module) -> "BoundPolicy":
         """Another module (a fine-tuned copy) under the same inputs, flow and device."""
         return dataclasses.replace(self, model=model)

@@ -150,10 +150,10 @@ def score_anchors(
     """Residuals of `anchor_index` under each estimator seed; the k-th anchor listed takes draw row
     first_row + k (job=score's shards pass their first anchor, so shards equal one whole run)."""
     model: Any = policy.model.eval()  # any module of the FlowMatchingPolicy protocol
-    convention, flow, device = policy.flow, policy.flow, policy.device
+    convention, device = policy.flow, policy.device
     s, m, k = len(seeds), int(samples_per_estimator), anchor_index.size
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
-    draws = [draw_pairs(kind, seed, k, m, chunk, flow, first_row) for seed in seeds]
+    draws = [draw_pairs(kind, seed, k, m, chunk, convention, first_row) for seed in seeds]
     t_all = torch.from_numpy(np.stack([d[0] for d in draws]).astype(np.float32))  # (s, k, m)
     noise_all = torch.from_numpy(np.stack([d[1] for d in draws]).astype(np.float32))  # (s, k, m, H, A)
     losses = np.empty((s, k, m))
