@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers.configs import AUDIT_SMALL, REPO, compose_config
+from helpers.lerobot import WRIST, foreign_dataset, wrist_pixel
 from helpers.processes import run_main
 from helpers.reliability import record_outcome
 from vlaeval.data.lerobot import dataset_sha256, read_lerobot
@@ -43,113 +44,6 @@ def work(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return work, env
-
-
-def foreign_dataset(root, version="v3.0", state_dim=7, action_dim=2):
-    """A LeRobotDataset written independently of vlaeval's writer, from the layout in LeRobot's
-    source: two data files, episode ids from 10, a task that changes inside an episode."""
-    rng = np.random.default_rng(0)
-    lengths = [23, 31, 17, 26, 29, 20]
-    ids = list(range(10, 10 + len(lengths)))
-    tasks = ["stack the red cube on the blue one", "wipe the table"]
-    frames = []
-    index = 0
-    for e, length in zip(ids, lengths):
-        for f in range(length):
-            task = 0 if e % 2 == 0 else (1 if f >= length // 2 else 0)
-            frames.append(
-                {
-                    "observation.state": rng.standard_normal(state_dim).astype(np.float32),
-                    "action": np.tanh(rng.standard_normal(action_dim)).astype(np.float32),
-                    "timestamp": np.float32(f / 30),
-                    "frame_index": f,
-                    "episode_index": e,
-                    "index": index,
-                    "task_index": task,
-                }
-            )
-            index += 1
-
-    def png(i):
-        import io
-
-        from PIL import Image
-
-        pixels = np.zeros((6, 8, 3), dtype=np.uint8)
-        pixels[..., 0], pixels[..., 1], pixels[0, 0, 2] = i % 256, (i * 7) % 256, 255
-        buffer = io.BytesIO()
-        Image.fromarray(pixels).save(buffer, format="PNG")
-        return buffer.getvalue()
-
-    def table(rows):
-        image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-        return pa.table(
-            {
-                "observation.images.top": pa.array(
-                    [{"bytes": png(r["index"]), "path": None} for r in rows], image_type
-                ),
-                "observation.state": pa.array(
-                    [r["observation.state"].tolist() for r in rows], pa.list_(pa.float32(), state_dim)
-                ),
-                "action": pa.array([r["action"].tolist() for r in rows], pa.list_(pa.float32(), action_dim)),
-                **{
-                    k: pa.array([r[k] for r in rows])
-                    for k in ("timestamp", "frame_index", "episode_index", "index", "task_index")
-                },
-            }
-        )
-
-    half = sum(lengths[:3])
-    (root / "meta").mkdir(parents=True)
-    features = {
-        "observation.state": {"dtype": "float32", "shape": [state_dim], "names": None},
-        "action": {"dtype": "float32", "shape": [action_dim], "names": None},
-        "observation.images.wrist": {"dtype": "video", "shape": [64, 64, 3], "names": ["height", "width", "channel"]},
-        "observation.images.top": {"dtype": "image", "shape": [6, 8, 3], "names": ["height", "width", "channel"]},
-        "timestamp": {"dtype": "float32", "shape": [1], "names": None},
-        "frame_index": {"dtype": "int64", "shape": [1], "names": None},
-        "episode_index": {"dtype": "int64", "shape": [1], "names": None},
-        "index": {"dtype": "int64", "shape": [1], "names": None},
-        "task_index": {"dtype": "int64", "shape": [1], "names": None},
-    }
-    info = {
-        "codebase_version": version,
-        "fps": 30,
-        "robot_type": "so100",
-        "features": features,
-        "total_episodes": len(ids),
-    }
-    (root / "meta" / "info.json").write_text(json.dumps(info))
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    if version == "v3.0":
-        for file_index, rows in enumerate((frames[:half], frames[half:])):
-            path = root / "data" / "chunk-000" / f"file-{file_index:03d}.parquet"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table(rows), path)
-        pd.DataFrame({"task_index": [0, 1]}, index=pd.Index(tasks, name="task")).to_parquet(
-            root / "meta" / "tasks.parquet"
-        )
-        episodes = pd.DataFrame(
-            {
-                "episode_index": ids,
-                "tasks": [tasks[:1] if e % 2 == 0 else tasks for e in ids],
-                "length": lengths,
-                "dataset_from_index": starts,
-                "dataset_to_index": starts + np.array(lengths),
-            }
-        )
-        (root / "meta" / "episodes" / "chunk-000").mkdir(parents=True)
-        episodes.to_parquet(root / "meta" / "episodes" / "chunk-000" / "file-000.parquet")
-    else:  # v2.1: one parquet file per episode, JSON-lines metadata
-        for e, start, length in zip(ids, starts, lengths):
-            path = root / "data" / "chunk-000" / f"episode_{e:06d}.parquet"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table(frames[start : start + length]), path)
-        lines = [json.dumps({"task_index": i, "task": t}) for i, t in enumerate(tasks)]
-        (root / "meta" / "tasks.jsonl").write_text("\n".join(lines) + "\n")
-        lines = [json.dumps({"episode_index": e, "tasks": tasks, "length": n}) for e, n in zip(ids, lengths)]
-        (root / "meta" / "episodes.jsonl").write_text("\n".join(lines) + "\n")
-    return root
 
 
 def test_the_export_is_a_lerobot_v3_dataset_that_reads_back_to_the_same_demonstrations(work):
@@ -221,10 +115,51 @@ def test_camera_features_are_decoded_for_the_anchors_a_batch_uses(tmp_path):
     policy = bind_policy(torch.nn.Linear(1, 1), ["open the drawer", "close it"], FlowConfig())
     batch = policy.anchor_batch(anchors, np.array([5, 40]))
     images = batch["observation.images.top"]
-    assert images.shape == (2, 3, 6, 8) and images.dtype == torch.float32
-    assert torch.allclose(images[:, 0, 0, 0], torch.tensor([5, 40]) / 255.0)  # frame i's red channel is i
-    assert torch.allclose(images[:, 2, 0, 0], torch.ones(2)) and float(images[:, 2, 1, 1].abs().max()) == 0.0
+    assert images.shape == (2, 3, 6, 8) and images.dtype == torch.uint8  # the documented layout
+    assert images[:, 0, 0, 0].tolist() == [5, 40]  # frame i's red channel is i
+    assert images[:, 2, 0, 0].tolist() == [255, 255] and int(images[:, 2, 1, 1].max()) == 0
     assert "observation.images.top" not in policy.anchor_batch(build_anchors(plain, 4), np.array([5]))
+
+
+def _expected_wrist(demos):
+    episode = np.repeat(demos.episode_ids(), demos.episode_length)
+    frame = np.arange(demos.episode_length.sum()) - np.repeat(demos.episode_start, demos.episode_length)
+    return np.stack([wrist_pixel(i, int(e), int(f)) for i, (e, f) in enumerate(zip(episode, frame))]).astype(int)
+
+
+@pytest.mark.parametrize(
+    "version, codec",
+    [("v3.0", "libsvtav1"), ("v2.1", "libsvtav1"), ("v3.0", "libx264")],
+    ids=["v3-av1", "v2.1-av1", "v3-h264"],
+)
+def test_a_video_camera_reaches_the_policy_at_each_frames_timestamp_decoded_once(tmp_path, version, codec):
+    """Each anchor's wrist image is the video frame at its episode's from_timestamp plus its own
+    timestamp (v3: several episodes per file, files split where the data files are not), within
+    the codec's error; decoding every anchor twice decodes each frame once."""
+    root = foreign_dataset(tmp_path / "d", version=version, video_codec=codec)
+    demos = read_lerobot(root, "observation.state", "action", "x", [WRIST])
+    frames = demos.cameras[WRIST]
+    order = np.random.default_rng(0).permutation(len(frames))  # anchors come in any order
+    images = demos.decode_cameras(order)[WRIST]
+    assert images.shape == (len(frames), 3, 64, 64) and images.dtype == np.uint8
+    error = np.abs(images[:, :, 32, 32].astype(int) - _expected_wrist(demos)[order])
+    assert error.max() <= 4, error.max()  # the right frame: neighbours differ by >= 8 levels in some channel
+    first_pass = frames.cache.decoded_frames
+    assert len(frames) <= first_pass <= len(frames) + 4  # at most a keyframe's lead-in per file besides
+    demos.decode_cameras(order[::-1])
+    assert frames.cache.decoded_frames == first_pass  # the second pass is served from the cache
+
+
+def test_the_video_cache_is_bounded_and_a_copy_starts_empty(tmp_path):
+    import pickle
+
+    root = foreign_dataset(tmp_path / "d")
+    demos = read_lerobot(root, "observation.state", "action", "x", [WRIST], video_cache_bytes=2 * 31 * 3 * 64 * 64)
+    frames = demos.cameras[WRIST]
+    everything = demos.decode_cameras(np.arange(len(frames)))[WRIST]
+    assert frames.cache.bytes <= frames.cache.max_bytes and len(frames.cache.segments) < 6
+    again = pickle.loads(pickle.dumps(frames))
+    assert again.cache.decoded_frames == 0 and np.array_equal(again.decode(np.arange(len(frames))), everything)
 
 
 def _audit_foreign(work, env, root, *extra):
@@ -358,7 +293,32 @@ BAD_DATASETS = {
         {"state_feature": "observation.images.wrist"},
         "must be a 1-D float vector",
     ),
-    "video camera": (lambda root: None, {"camera_features": ["observation.images.wrist"]}, "is stored as video"),
+    "missing video file": (
+        lambda root: (root / "videos" / WRIST / "chunk-000" / "file-001.mp4").unlink(),
+        {"camera_features": [WRIST]},
+        "file-001.mp4 is missing",
+    ),
+    "corrupt video file": (
+        lambda root: (root / "videos" / WRIST / "chunk-000" / "file-000.mp4").write_bytes(b"\x00" * 300),
+        {"camera_features": [WRIST]},
+        "is corrupt or not a video",
+    ),
+    "video codec without a decoder": (
+        lambda root: [
+            f.write_bytes(f.read_bytes().replace(b"av01", b"zz01")) for f in (root / "videos").rglob("*.mp4")
+        ],
+        {"camera_features": [WRIST]},
+        "cannot decode; re-encode it as AV1 or H.264",
+    ),
+    "timestamp outside the video": (
+        lambda root: (
+            pd.read_parquet(root / "meta/episodes/chunk-000/file-000.parquet")
+            .assign(**{f"videos/{WRIST}/from_timestamp": [0.0, 0.8, 1.9, 2.5, 0.0, 3.0]})
+            .to_parquet(root / "meta/episodes/chunk-000/file-000.parquet")
+        ),
+        {"camera_features": [WRIST]},
+        "outside its video",
+    ),
     "unknown camera": (
         lambda root: None,
         {"camera_features": ["observation.images.side"]},

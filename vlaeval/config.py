@@ -315,6 +315,11 @@ class ExportConfig:
     root: Optional[str] = None  # null: <run directory>/lerobot
     fps: int = 80  # Meta-World steps its controller at 80 Hz (frame_skip 5 x 2.5 ms)
     robot_type: Optional[str] = "sawyer"
+    # Cameras are written as video the way LeRobot writes them (vlaeval/data/cameras.py: VideoEncoding):
+    # libsvtav1 (AV1, LeRobot's default) or libx264 (H.264); yuv420p; a keyframe every `video_gop` frames.
+    video_codec: str = "libsvtav1"
+    video_crf: int = 30
+    video_gop: int = 2
 
 
 @dataclass

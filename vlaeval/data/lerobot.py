@@ -14,9 +14,16 @@ dataset_metadata.py and dataset_writer.py; codebase_version "v3.0"):
 
 v2.1 (meta/tasks.jsonl, meta/episodes.jsonl, data/chunk-XXX/episode_YYYYYY.parquet) is read too.
 The state and action features are chosen by name; the task instruction comes per frame
-(task_index). Camera features named in `camera_features` (image features: PNG/JPEG bytes in the
-parquet files) are kept encoded and decoded only for the anchors a batch uses; they reach the
-policy as batch[<feature>] of shape (B, 3, height, width). Video features are not decoded.
+(task_index). Camera features named in `camera_features` -- `image` features (PNG/JPEG bytes in the
+parquet files) and `video` features (MP4 files under videos/, AV1 by LeRobot's default, each frame
+read at its timestamp) -- are kept encoded and decoded only for the anchors a batch uses
+(vlaeval/data/cameras.py); they reach the policy as batch[<feature>], uint8 (B, 3, height, width).
+
+    videos/<feature>/chunk-XXX/file-YYY.mp4        v3.0: many episodes per file; the episode
+                                                   metadata's videos/<feature>/{chunk_index,
+                                                   file_index, from_timestamp, to_timestamp} place
+                                                   each episode in its file
+    videos/chunk-XXX/<feature>/episode_YYYYYY.mp4  v2.x: one file per episode
 
 The export writes the same layout; it adds columns LeRobot ignores (`vlaeval/...`) carrying the
 built-in episodes' task names, scene variants, seeds and success, so reading an export back gives
@@ -25,16 +32,26 @@ the very arrays -- and so the same content digest, sampler order and scores -- a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vlaeval.data.cameras import (
+    CameraFrames,
+    DecodedFrameCache,
+    EncodedImages,
+    VideoEncoding,
+    VideoFrames,
+    probe_video,
+    video_feature_info,
+    write_video,
+)
 from vlaeval.data.metaworld import Demonstrations, content_sha256
 from vlaeval.errors import UserInputError, first_line, require
 
@@ -44,6 +61,8 @@ INFO_PATH = "meta/info.json"
 TASKS_PATH = "meta/tasks.parquet"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+LEROBOT_VIDEO = VideoEncoding()  # how LeRobot encodes a camera by default
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 FRAME_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 EXTRA = "vlaeval/"  # columns LeRobot ignores: the built-in data's labels, for an exact round trip
 
@@ -61,9 +80,11 @@ class LeRobotDemonstrations:
         horizon: int = 4,
         name: str = "lerobot",
         camera_features: Sequence[str] = (),
+        video_cache_mb: int = 1024,
     ) -> None:
         self.root = str(root)
         self.camera_features = [str(c) for c in camera_features]
+        self.video_cache_mb = int(video_cache_mb)  # decoded video frames kept in memory (least recently used dropped)
         self.state_feature = str(state_feature)
         self.action_feature = str(action_feature)
         self.horizon = int(horizon)
@@ -72,11 +93,19 @@ class LeRobotDemonstrations:
     def validate(self) -> None:
         read_info(Path(self.root), self.state_feature, self.action_feature, self.camera_features)
         require(self.horizon >= 1, f"data.horizon={self.horizon} must be >= 1 (the action chunk length H)")
+        require(self.video_cache_mb >= 1, f"data.video_cache_mb={self.video_cache_mb} must be >= 1 (MiB)")
 
     def load(
         self, cache_dir: str | os.PathLike, progress: Optional[Callable[[int, int, str], None]] = None
     ) -> Tuple[Demonstrations, bool]:
-        demos = read_lerobot(Path(self.root), self.state_feature, self.action_feature, self.name, self.camera_features)
+        demos = read_lerobot(
+            Path(self.root),
+            self.state_feature,
+            self.action_feature,
+            self.name,
+            self.camera_features,
+            video_cache_bytes=self.video_cache_mb << 20,
+        )
         if progress is not None:
             progress(1, 1, f"read {demos.manifest['episodes']} episodes")
         return demos, False
@@ -123,10 +152,15 @@ def read_info(root: Path, state_feature: str, action_feature: str, cameras: Sequ
             f"{', '.join(images) or 'none'}",
         )
         require(
-            dtype == "image",
-            f"data.camera_features: {key} is stored as {dtype}; vlaeval decodes image features (PNG/JPEG in the "
-            "parquet files), not video: leave it out of data.camera_features",
+            dtype in ("image", "video"),
+            f"data.camera_features: {key} has dtype {dtype}; a camera is an image or video feature: "
+            f"{', '.join(images) or 'none'}",
         )
+        if dtype == "video":
+            require(
+                bool(info.get("video_path")) or not str(info.get("codebase_version", "")).startswith("v3"),
+                f"{root / INFO_PATH} has a video feature {key} but no video_path; the dataset is damaged",
+            )
     return info
 
 
@@ -252,31 +286,109 @@ def _episode_extras(root: Path, ids: np.ndarray, lengths: np.ndarray) -> Dict[st
     return extras
 
 
-def _embedded_cameras(
-    root: Path, table: Any, cameras: Sequence[str]
-) -> Tuple[Dict[str, List[bytes]], Dict[str, np.ndarray]]:
-    """Each image feature's encoded frames (a struct {bytes, path} per frame, as LeRobot embeds them)
-    and, for the content digest, the sha256 of their per-frame digests."""
-    frames: Dict[str, List[bytes]] = {}
-    digests: Dict[str, np.ndarray] = {}
+def _read_cameras(
+    root: Path, info: Dict[str, Any], table: Any, cameras: Sequence[str], layout: "EpisodeLayout", cache_bytes: int
+) -> Dict[str, CameraFrames]:
+    """Each named camera's frames: image features from the parquet's embedded bytes, video
+    features from their files (probed now: a bad file is a one-line error before any work)."""
+    out: Dict[str, CameraFrames] = {}
+    cache = DecodedFrameCache(cache_bytes)  # shared by the cameras: one memory bound
     for key in cameras:
-        column = table.column(key).combine_chunks()
-        frames[key] = [b if isinstance(b, bytes) else b"" for b in column.field("bytes").to_pylist()]
-        empty = [i for i, b in enumerate(frames[key]) if not b]
-        require(not empty, f"camera feature {key} of {root} has no embedded image bytes at frame index {empty[:1]}")
-        digest = hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in frames[key])).digest()
-        digests[f"camera:{key}"] = np.frombuffer(digest, dtype=np.uint8)
-    return frames, digests
+        if info["features"][key]["dtype"] == "image":
+            column = table.column(key).combine_chunks()
+            frames = [b if isinstance(b, bytes) else b"" for b in column.field("bytes").to_pylist()]
+            empty = [i for i, b in enumerate(frames) if not b]
+            require(not empty, f"camera feature {key} of {root} has no embedded image bytes at frame index {empty[:1]}")
+            out[key] = EncodedImages(key, frames)
+        else:
+            out[key] = _video_frames(root, info, table, key, layout, cache)
+    return out
+
+
+def _video_frames(
+    root: Path, info: Dict[str, Any], table: Any, key: str, layout: "EpisodeLayout", cache: DecodedFrameCache
+) -> VideoFrames:
+    """Where each frame of video feature `key` is: its episode's file, at the episode's
+    from_timestamp plus the frame's own timestamp."""
+    episodes = _read_episodes(root)
+    v3 = str(info["codebase_version"]).startswith("v3")
+    template = str(
+        info.get("video_path") or "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
+    )
+    files: Dict[str, int] = {}
+    file_of_episode, offset = np.zeros(layout.ids.size, dtype=np.int64), np.zeros(layout.ids.size)
+    by_id = {} if episodes is None else {int(e): i for i, e in enumerate(episodes["episode_index"].to_numpy())}
+    for e, episode_id in enumerate(layout.ids):
+        if v3:
+            columns = [f"videos/{key}/{c}" for c in ("chunk_index", "file_index", "from_timestamp")]
+            require(
+                episodes is not None and all(c in episodes for c in columns),
+                f"the episode metadata of {root} lacks {columns[0]} (and the file index and from_timestamp) of "
+                f"video feature {key}; the dataset is damaged",
+            )
+            row = episodes.iloc[by_id[int(episode_id)]]  # type: ignore[union-attr]
+            name = template.format(video_key=key, chunk_index=int(row[columns[0]]), file_index=int(row[columns[1]]))
+            offset[e] = float(row[columns[2]])
+        else:
+            chunk = int(episode_id) // int(info.get("chunks_size") or 1000)
+            name = template.format(video_key=key, episode_chunk=chunk, episode_index=int(episode_id))
+        file_of_episode[e] = files.setdefault(name, len(files))
+    videos = [probe_video(root / name, key) for name in files]
+    timestamps = table.column("timestamp").to_numpy().astype(np.float64)
+    episode_of_step = np.repeat(np.arange(layout.ids.size), layout.lengths)
+    frames = VideoFrames(
+        key,
+        videos,
+        file_of_episode[episode_of_step],
+        offset[episode_of_step] + timestamps,
+        episode_of_step,
+        cache,
+    )
+    frames.check_timestamps(layout.ids[episode_of_step])
+    shape = list(info["features"][key].get("shape") or [])
+    for video in videos:
+        require(
+            not shape or sorted(shape) == sorted([video.height, video.width, 3]),
+            f"camera feature {key}: {video.path} is {video.height}x{video.width}, but meta/info.json says shape "
+            f"{shape}; the dataset is damaged",
+        )
+    return frames
+
+
+@dataclass(frozen=True)
+class EpisodeLayout:
+    """Where each episode's frames are in the global index: first frame, length, the dataset's id."""
+
+    starts: np.ndarray
+    lengths: np.ndarray
+    ids: np.ndarray
 
 
 def read_lerobot(
-    root: Path, state_feature: str, action_feature: str, name: str, cameras: Sequence[str] = ()
+    root: Path,
+    state_feature: str,
+    action_feature: str,
+    name: str,
+    cameras: Sequence[str] = (),
+    *,
+    video_cache_bytes: int = 1 << 30,
 ) -> Demonstrations:
     """The dataset's frames as Demonstrations, every structural fact checked; camera features are
     kept encoded (decoded per batch, for the anchors it uses)."""
     info = read_info(root, state_feature, action_feature, cameras)
     features = info["features"]
-    columns = [state_feature, action_feature, "episode_index", "frame_index", "index", "task_index", *cameras]
+    images = [c for c in cameras if features[c]["dtype"] == "image"]  # video frames live in videos/, not here
+    timestamp = ["timestamp"] if len(images) < len(cameras) else []
+    columns = [
+        state_feature,
+        action_feature,
+        "episode_index",
+        "frame_index",
+        "index",
+        "task_index",
+        *timestamp,
+        *images,
+    ]
     table = _read_frames(root, columns)
     n = len(table)
     observations = _vector_column(table, state_feature, int(features[state_feature]["shape"][0]))
@@ -307,8 +419,10 @@ def read_lerobot(
         optional["frame_task"] = per_frame
     if not np.array_equal(ids, np.arange(ids.size)):
         optional["episode_index"] = ids
-    camera_frames, camera_digests = _embedded_cameras(root, table, cameras)
-    optional.update(camera_digests)
+    camera_frames = _read_cameras(root, info, table, cameras, EpisodeLayout(starts, lengths, ids), video_cache_bytes)
+    optional.update(
+        {f"camera:{k}": np.frombuffer(frames.content_digest(), dtype=np.uint8) for k, frames in camera_frames.items()}
+    )
     tasks = names if names is not None else instructions
     manifest = {
         "schema_version": 1,
@@ -350,9 +464,17 @@ def dataset_sha256(
 
 
 # ----------------------------------------------------------------------------- export
-def write_lerobot(demos: Demonstrations, root: Path, *, fps: int, robot_type: Optional[str]) -> Path:
+def write_lerobot(
+    demos: Demonstrations,
+    root: Path,
+    *,
+    fps: int,
+    robot_type: Optional[str],
+    video: VideoEncoding = LEROBOT_VIDEO,
+) -> Path:
     """Write demonstrations as a LeRobotDataset v3.0 folder at `root`, atomically: everything is
-    written into a temporary sibling folder that is renamed into place."""
+    written into a temporary sibling folder that is renamed into place. Cameras become video
+    features (one file per camera, every episode placed in it by from_timestamp), encoded as `video`."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -410,6 +532,13 @@ def write_lerobot(demos: Demonstrations, root: Path, *, fps: int, robot_type: Op
                 EXTRA + "success": demos.episode_success.astype(bool),
             }
         )
+        camera_features = _write_videos(demos, staging, fps, video)
+        for key in camera_features:
+            seconds = np.concatenate(([0], np.cumsum(lengths)[:-1])) / float(fps)
+            episodes[f"videos/{key}/chunk_index"] = np.zeros(ids.size, dtype=np.int64)
+            episodes[f"videos/{key}/file_index"] = np.zeros(ids.size, dtype=np.int64)
+            episodes[f"videos/{key}/from_timestamp"] = seconds
+            episodes[f"videos/{key}/to_timestamp"] = seconds + lengths / float(fps)
         path = staging / EPISODES_PATH.format(chunk_index=0, file_index=0)
         path.parent.mkdir(parents=True)
         episodes.to_parquet(path)
@@ -425,8 +554,9 @@ def write_lerobot(demos: Demonstrations, root: Path, *, fps: int, robot_type: Op
             "fps": int(fps),
             "splits": {"train": f"0:{int(ids.size)}"},
             "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
-            "video_path": None,
+            "video_path": VIDEO_PATH if camera_features else None,
             "features": {
+                **camera_features,
                 "observation.state": {"dtype": "float32", "shape": [obs_dim], "names": None},
                 "action": {"dtype": "float32", "shape": [action_dim], "names": None},
                 "timestamp": {"dtype": "float32", "shape": [1], "names": None},
@@ -455,3 +585,16 @@ def write_lerobot(demos: Demonstrations, root: Path, *, fps: int, robot_type: Op
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return root
+
+
+def _write_videos(demos: Demonstrations, staging: Path, fps: int, video: VideoEncoding) -> Dict[str, Any]:
+    """Each camera as one video file of every episode in order (frame k of the file is step k);
+    returns the cameras' info.json features."""
+    features: Dict[str, Any] = {}
+    for key, frames in (demos.cameras or {}).items():
+        pixels = frames.decode(np.arange(len(frames))).transpose(0, 2, 3, 1)
+        path = staging / VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=0)
+        path.parent.mkdir(parents=True)
+        write_video(path, pixels, fps, video)
+        features[key] = video_feature_info(int(pixels.shape[1]), int(pixels.shape[2]), fps, video)
+    return features

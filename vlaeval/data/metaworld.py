@@ -25,6 +25,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, cast
 import numpy as np
 
 from vlaeval.artifacts import atomic_write_json, atomic_write_npz, read_json, sha256_json, stable_seed
+from vlaeval.data.cameras import CameraFrames, FrameArray
+from vlaeval.data.rendering import METAWORLD_CAMERAS, SceneCameras, camera_key
 from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.store import get_or_build
 
@@ -96,23 +98,14 @@ class Demonstrations:
     # left out of the content digest, so the built-in data's digest is unchanged).
     frame_task: Optional[np.ndarray] = None  # int64 (steps,) task per frame, when it changes within an episode
     episode_index: Optional[np.ndarray] = None  # int64 (episodes,) the dataset's own episode ids, when not 0..E-1
-    # Camera features: per feature name, each frame's encoded image (PNG/JPEG bytes), decoded only
-    # for the anchors a batch uses (decode_cameras). Their digest is part of the content digest.
-    cameras: Optional[Dict[str, List[bytes]]] = None
+    # Camera features by name ("observation.images.<camera>"): kept encoded -- image bytes, video
+    # files or the recorder's raw frames (vlaeval/data/cameras.py) -- and decoded only for the
+    # steps a batch uses. Their digest is part of the content digest.
+    cameras: Optional[Dict[str, CameraFrames]] = None
 
     def decode_cameras(self, steps: np.ndarray) -> Dict[str, np.ndarray]:
-        """{feature: float32 (len(steps), 3, height, width) in [0, 1]} for the given flat steps."""
-        if not self.cameras:
-            return {}
-        import io
-
-        from PIL import Image
-
-        out = {}
-        for name, frames in self.cameras.items():
-            images = [np.asarray(Image.open(io.BytesIO(frames[int(s)])).convert("RGB")) for s in np.asarray(steps)]
-            out[name] = (np.stack(images).astype(np.float32) / 255.0).transpose(0, 3, 1, 2).copy()
-        return out
+        """{feature: uint8 (len(steps), 3, height, width)} for the given flat steps (the policy's layout)."""
+        return {name: frames.decode(np.asarray(steps)) for name, frames in (self.cameras or {}).items()}
 
     def episode_ids(self) -> np.ndarray:
         return np.arange(self.episode_length.size) if self.episode_index is None else self.episode_index
@@ -183,6 +176,15 @@ def validate_data_config(data: Any) -> None:
     )
     scenes = str(getattr(data, "scenes", "train"))
     require(scenes in SCENE_SPLITS, f"data.scenes={scenes!r} must be one of {', '.join(SCENE_SPLITS)}")
+    cameras = [str(c) for c in getattr(data, "cameras", ())]
+    for camera in cameras:
+        require(
+            camera in METAWORLD_CAMERAS,
+            f"data.cameras: {camera!r} is not a Meta-World camera; choose from {', '.join(METAWORLD_CAMERAS)}",
+        )
+    require(len(set(cameras)) == len(cameras), f"data.cameras lists a camera twice: {cameras}")
+    size = int(getattr(data, "image_size", 64))
+    require(8 <= size <= 512, f"data.image_size={size} must be between 8 and 512 pixels")
 
 
 def _distance(a: str, b: str) -> int:
@@ -233,11 +235,14 @@ def episode_plan(
 
 
 class EpisodeRunner:
-    """One MuJoCo environment per task, reused across episodes."""
+    """One MuJoCo environment per task, reused across episodes; with `cameras`, a renderer of
+    those cameras at `image_size` for each environment."""
 
-    def __init__(self) -> None:
+    def __init__(self, cameras: Sequence[str] = (), image_size: int = 64) -> None:
         self._metaworld, self._policies = quiet_metaworld()
         self._envs: Dict[tuple[str, int], Any] = {}  # (task, variant family) -> (env, its variants)
+        self.cameras, self.image_size = [str(c) for c in cameras], int(image_size)
+        self._renderers: Dict[int, SceneCameras] = {}
 
     def env(self, task: str, scene: int) -> Any:
         family, variant = scene_of(scene)
@@ -250,13 +255,24 @@ class EpisodeRunner:
         obs, _ = env.reset()
         return env, obs
 
+    def images(self, env: Any) -> Dict[str, np.ndarray]:
+        """Each camera's image of the environment's current state ({} without cameras)."""
+        if not self.cameras:
+            return {}
+        if id(env) not in self._renderers:
+            self._renderers[id(env)] = SceneCameras(env.unwrapped.model, self.cameras, self.image_size)
+        return self._renderers[id(env)].render(env.unwrapped.data)
+
     def expert(self, task: str) -> Any:
         return self._policies[task]()
 
     def close(self) -> None:
+        for renderer in self._renderers.values():
+            renderer.close()
         for env, _ in self._envs.values():
             env.close()
         self._envs.clear()
+        self._renderers.clear()
 
 
 def record_episode(
@@ -266,10 +282,13 @@ def record_episode(
     expert = runner.expert(task)
     rng = np.random.default_rng(seed)
     observations, actions, success = [], [], False
+    images: Dict[str, List[np.ndarray]] = {camera_key(c): [] for c in runner.cameras}
     for _ in range(max_steps):
         clean = np.clip(expert.get_action(obs), -1.0, 1.0).astype(np.float32)
         observations.append(np.asarray(obs, dtype=np.float32))
         actions.append(clean)
+        for key, image in runner.images(env).items():  # what the cameras see at this observation
+            images[key].append(image)
         executed = np.clip(clean + action_noise * rng.standard_normal(ACTION_DIM), -1.0, 1.0)
         obs, _, terminated, truncated, info = env.step(executed)
         if info.get("success"):
@@ -277,7 +296,12 @@ def record_episode(
             break
         if terminated or truncated:
             break
-    return {"observations": np.stack(observations), "actions": np.stack(actions), "success": success}
+    return {
+        "observations": np.stack(observations),
+        "actions": np.stack(actions),
+        "success": success,
+        "images": {key: np.stack(frames) for key, frames in images.items()},
+    }
 
 
 def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str], None]] = None) -> Demonstrations:
@@ -290,7 +314,7 @@ def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str],
         SCENE_SPLITS[str(getattr(data, "scenes", "train"))],
         families,
     )
-    runner = EpisodeRunner()
+    runner = EpisodeRunner(getattr(data, "cameras", ()), int(getattr(data, "image_size", 64)))
     episodes = []
     try:
         for i, ep in enumerate(plan):
@@ -314,6 +338,10 @@ def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str],
         "episode_variant": np.array([ep["variant"] for ep in plan], dtype=np.int64),
         "episode_seed": np.array([ep["seed"] for ep in plan], dtype=np.int64),
     }
+    cameras: Dict[str, CameraFrames] = {
+        camera_key(c): FrameArray(camera_key(c), np.concatenate([e["images"][camera_key(c)] for e in episodes]))
+        for c in runner.cameras
+    }
     instructions = [instruction_for(t) for t in tasks]
     manifest = {
         "schema_version": DATASET_SCHEMA_VERSION,
@@ -324,9 +352,24 @@ def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str],
         "steps": int(lengths.sum()),
         "expert_success_rate": float(arrays["episode_success"].mean()),
         "config": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in _data_fields(data).items()},
-        "content_sha256": content_sha256(arrays, tasks, instructions),
+        "cameras": sorted(cameras),
+        "content_sha256": content_sha256(arrays | camera_arrays(cameras), tasks, instructions),
     }
-    return Demonstrations(**cast(Dict[str, Any], arrays), tasks=tasks, instructions=instructions, manifest=manifest)
+    return Demonstrations(
+        **cast(Dict[str, Any], arrays),
+        tasks=tasks,
+        instructions=instructions,
+        manifest=manifest,
+        cameras=cameras or None,
+    )
+
+
+CAMERA_ARRAY = "camera:"  # a camera's frames in the cached arrays: "camera:observation.images.<name>"
+
+
+def camera_arrays(cameras: Mapping[str, CameraFrames]) -> Dict[str, np.ndarray]:
+    """The recorder's raw frames as arrays of the cache (and of the content digest)."""
+    return {CAMERA_ARRAY + key: cast(FrameArray, frames).pixels for key, frames in cameras.items()}
 
 
 def _data_fields(data: Any) -> Dict[str, Any]:
@@ -344,6 +387,9 @@ def _data_fields(data: Any) -> Dict[str, Any]:
         out.pop("train_families", None)
     if out.get("scenes", "train") == "train":  # likewise the default split
         out.pop("scenes", None)
+    if not out.get("cameras"):  # and data without cameras
+        out.pop("cameras", None)
+        out.pop("image_size", None)
     return out
 
 
@@ -375,6 +421,8 @@ class MetaWorldDemonstrations:
         name: str = "metaworld",
         train_families: Sequence[int] = (0,),
         scenes: str = "train",
+        cameras: Sequence[str] = (),
+        image_size: int = 64,
     ) -> None:
         self.name = str(name)
         self.tasks = [str(t) for t in tasks]
@@ -385,6 +433,10 @@ class MetaWorldDemonstrations:
         self.horizon = int(horizon)
         self.train_families = [int(f) for f in train_families]
         self.scenes = str(scenes)  # train: the training variants; held_out: the evaluation ones
+        # Meta-World cameras recorded at each step (METAWORLD_CAMERAS), square images of image_size
+        # pixels; each becomes the feature observation.images.<camera>.
+        self.cameras = [str(c) for c in cameras]
+        self.image_size = int(image_size)
 
     def validate(self) -> None:
         validate_data_config(self)
@@ -408,13 +460,18 @@ def load_or_build_demonstrations(
             arrays = {k: stored[k] for k in stored.files}
         if content_sha256(arrays, manifest["tasks"], manifest["instructions"]) != manifest["content_sha256"]:
             raise ValueError("the arrays do not match their manifest's content_sha256")
+        cameras = {k[len(CAMERA_ARRAY) :]: arrays.pop(k) for k in list(arrays) if k.startswith(CAMERA_ARRAY)}
         return Demonstrations(
-            **arrays, tasks=manifest["tasks"], instructions=manifest["instructions"], manifest=manifest
+            **arrays,
+            tasks=manifest["tasks"],
+            instructions=manifest["instructions"],
+            manifest=manifest,
+            cameras={key: FrameArray(key, pixels) for key, pixels in cameras.items()} or None,
         )
 
     def build(folder: Path) -> Demonstrations:
         demos = build_demonstrations(data, progress)
-        atomic_write_npz(folder / ARRAYS_FILE, demos.arrays())
+        atomic_write_npz(folder / ARRAYS_FILE, demos.arrays() | camera_arrays(demos.cameras or {}))
         atomic_write_json(folder / MANIFEST_FILE, demos.manifest)
         return demos
 

@@ -1,0 +1,131 @@
+"""Cameras end to end: the built-in recorder renders Meta-World cameras offscreen on the CPU
+(MuJoCo through OSMesa), caches them with the demonstrations, and job=export_lerobot writes them as
+LeRobot writes a camera -- AV1 video under videos/ -- which data=lerobot reads back frame for frame."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from helpers.processes import run_main
+from vlaeval.data.cameras import MIN_ROUND_TRIP_PSNR_DB, pixel_error
+from vlaeval.data.lerobot import read_lerobot
+from vlaeval.data.metaworld import MetaWorldDemonstrations, dataset_key, load_or_build_demonstrations
+from vlaeval.errors import UserInputError
+
+CORNER = "observation.images.corner"
+SMALL = dict(tasks=["reach-v3", "push-v3"], episodes_per_task=1, max_steps=30)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    data = MetaWorldDemonstrations(**SMALL, cameras=["corner", "topview"], image_size=48)
+    demos, built = load_or_build_demonstrations(data, cache)
+    assert built
+    return data, cache, demos
+
+
+def test_the_recorder_renders_each_camera_at_every_step(recorded):
+    data, cache, demos = recorded
+    steps = demos.observations.shape[0]
+    images = demos.decode_cameras(np.arange(steps))
+    assert sorted(images) == [CORNER, "observation.images.topview"]
+    corner = images[CORNER]
+    assert corner.shape == (steps, 3, 48, 48) and corner.dtype == np.uint8
+    # The scene is lit and the arm moves: frames are not blank, and they change along an episode.
+    assert 40 < corner.mean() < 220
+    first, last = corner[0].astype(int), corner[int(demos.episode_length[0]) - 1].astype(int)
+    assert np.abs(first - last).mean() > 1.0
+    # The two cameras see different things.
+    assert np.abs(corner.astype(int) - images["observation.images.topview"].astype(int)).mean() > 10
+    assert demos.manifest["cameras"] == [CORNER, "observation.images.topview"]
+
+
+def test_cameras_are_cached_with_the_demonstrations_and_rendering_is_deterministic(recorded):
+    data, cache, demos = recorded
+    again, built = load_or_build_demonstrations(data, cache)
+    assert not built and again.manifest_sha256 == demos.manifest_sha256
+    steps = np.arange(demos.observations.shape[0])
+    assert np.array_equal(again.decode_cameras(steps)[CORNER], demos.decode_cameras(steps)[CORNER])
+    # A second recording renders the very same pixels (the digest covers them).
+    fresh, built = load_or_build_demonstrations(data, cache / "elsewhere")
+    assert built and fresh.manifest_sha256 == demos.manifest_sha256
+    # Without cameras the data (and its cache key) is what it was before cameras existed.
+    plain = MetaWorldDemonstrations(**SMALL)
+    legacy = SimpleNamespace(**{k: v for k, v in vars(plain).items() if k not in ("cameras", "image_size")})
+    assert dataset_key(plain) == dataset_key(legacy) != dataset_key(data)
+
+
+@pytest.mark.parametrize(
+    "settings, needle",
+    [
+        ({"cameras": ["front"]}, "'front' is not a Meta-World camera; choose from topview, corner"),
+        ({"cameras": ["corner", "corner"]}, "lists a camera twice"),
+        ({"cameras": ["corner"], "image_size": 4}, "data.image_size=4 must be between 8 and 512"),
+    ],
+)
+def test_a_bad_camera_setting_is_one_line_before_recording(settings, needle, tmp_path):
+    with pytest.raises(UserInputError) as error:
+        MetaWorldDemonstrations(**SMALL, **settings).load(tmp_path)
+    assert needle in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "demonstrations").exists()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    work = tmp_path_factory.mktemp("export")
+    env = {"VLAEVAL_CACHE_DIR": str(work / "cache")}
+    proc = run_main(
+        [
+            "job=export_lerobot",
+            "data=tiny_vision",
+            "tracking=disabled",
+            f"export.root={work / 'lerobot'}",
+            f"hydra.run.dir={work / 'run'}",
+        ],
+        work,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return work, env, json.loads((work / "run" / "result.json").read_text())
+
+
+def test_the_export_writes_each_camera_as_av1_video_the_way_lerobot_does(exported):
+    work, env, result = exported
+    root = work / "lerobot"
+    info = json.loads((root / "meta" / "info.json").read_text())
+    feature = info["features"][CORNER]
+    assert feature["dtype"] == "video" and feature["shape"] == [64, 64, 3]
+    assert feature["info"]["video.codec"] == "av1" and feature["info"]["video.pix_fmt"] == "yuv420p"
+    assert info["video_path"] == "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+    assert (root / "videos" / CORNER / "chunk-000" / "file-000.mp4").is_file()
+    episodes = pd.read_parquet(root / "meta" / "episodes" / "chunk-000" / "file-000.parquet")
+    starts = np.r_[0, np.cumsum(episodes["length"])[:-1]] / 80.0
+    assert np.allclose(episodes[f"videos/{CORNER}/from_timestamp"], starts)
+    assert result["round_trip_identical"]  # every array but the pixels, bit for bit
+    camera = result["cameras"][CORNER]
+    assert camera["codec"] == "av1" and camera["within_codec_error"] and camera["psnr_db"] >= MIN_ROUND_TRIP_PSNR_DB
+
+
+def test_the_exported_video_reads_back_frame_for_frame(exported):
+    """Each frame read back is the recorded frame at its own step: its error is the codec's, and
+    it is smaller than against the neighbouring step (a one-frame slip would show)."""
+    work, env, result = exported
+    source = MetaWorldDemonstrations(**{**SMALL, "episodes_per_task": 3, "max_steps": 60}, cameras=["corner"])
+    demos, _ = source.load(work / "cache")
+    back = read_lerobot(work / "lerobot", "observation.state", "action", "x", [CORNER])
+    assert back.manifest_sha256 == result["dataset_sha256"]
+    error = pixel_error(demos.cameras[CORNER], back.cameras[CORNER])
+    assert error.psnr_db == pytest.approx(result["cameras"][CORNER]["psnr_db"], abs=1e-6)
+    steps = np.arange(demos.observations.shape[0])
+    a = demos.decode_cameras(steps)[CORNER].astype(float)
+    b = back.decode_cameras(steps)[CORNER].astype(float)
+    moving = np.flatnonzero(np.abs(a[1:] - a[:-1]).mean(axis=(1, 2, 3)) > 0.5)  # steps where the scene changes
+    aligned = ((a[moving] - b[moving]) ** 2).mean(axis=(1, 2, 3))
+    slipped = ((a[moving + 1] - b[moving]) ** 2).mean(axis=(1, 2, 3))
+    assert moving.size > 50 and np.mean(aligned < slipped) > 0.9
