@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## the default job, the residual audit, on the built-in world (trains the tiny policy on first use)
 	$(PY) main.py
 
-# Debian's PostgreSQL, Chromium and ChromeDriver for the server and UI tests (apt-get, when root and missing).
-system-packages:  ## Debian's PostgreSQL and Chromium for the server and UI tests, when missing
+# Debian's PostgreSQL, Chromium and ChromeDriver for the server and UI tests, and OSMesa (libosmesa6) for
+# MuJoCo's camera rendering on the CPU (apt-get, when root and missing).
+system-packages:  ## Debian's PostgreSQL, Chromium and OSMesa for the server, UI and camera tests, when missing
 	@scripts/system_packages.sh
 
 test: $(STAMP) system-packages  ## every test, nothing skipped (what CI runs); checks docs/reliability.md

@@ -12,12 +12,19 @@ import pandas as pd
 import pytest
 
 from helpers.processes import run_main
+from helpers.servers import need, osmesa_installed
 from vlaeval.data.cameras import MIN_ROUND_TRIP_PSNR_DB, pixel_error
 from vlaeval.data.lerobot import read_lerobot
 from vlaeval.data.metaworld import MetaWorldDemonstrations, dataset_key, load_or_build_demonstrations
 from vlaeval.errors import UserInputError
 
 CORNER = "observation.images.corner"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _osmesa():
+    need(osmesa_installed(), "Debian's libosmesa6 (OSMesa: MuJoCo's camera rendering on the CPU)")
+
 SMALL = dict(tasks=["reach-v3", "push-v3"], episodes_per_task=1, max_steps=30)
 
 

@@ -12,6 +12,7 @@ from vlaeval.config import FlowConfig
 from vlaeval.errors import UserInputError
 from vlaeval.policy.tiny_dit import TinyDiT
 from vlaeval.policy.tiny_vla import TinyVLA
+from vlaeval.policy.tiny_vla_vision import TinyVLAVision
 from vlaeval.residual.gradients import PerSampleGradNorms
 
 FLOW = FlowConfig()
@@ -149,6 +150,58 @@ def test_both_builtin_policies_equal_the_per_sample_loop_in_float64(policy, whic
         assert {"linear_gram", "linear_rows", "functional_vjp"} <= used  # tokens, per-sample rows, no closed form
         assert norms.layer_methods["final_norm"] == "functional_vjp"
         assert norms.layer_methods["blocks.0.cross_attention.key"] == "linear_gram"
+
+
+@pytest.mark.parametrize("which", ["action_head", "all"])
+@pytest.mark.parametrize("method", ["auto", "functional"])
+def test_the_vision_language_policy_equals_the_per_sample_loop_in_float64(which, method):
+    """Conv2d, GroupNorm, Embedding, a learned position table, LayerNorm and attention over words:
+    every per-sample norm exact, on uint8 images the policy resizes itself and its own word ids."""
+    torch.manual_seed(6)
+    camera = "observation.images.corner"
+    model = TinyVLAVision(
+        VOCAB + ["the", "puck"],
+        OBS,
+        A,
+        H,
+        cameras=[camera],
+        image_size=16,
+        image_channels=8,
+        text_width=16,
+        max_words=5,
+        conditioning_dim=16,
+        head_hidden=16,
+        head_layers=2,
+        time_embedding_dim=8,
+    ).double()
+    params = list(model.trainable_parameters(which))
+    for p in model.parameters():
+        p.requires_grad_(any(p is q for q in params))
+    norms = PerSampleGradNorms(model, params, FLOW, method)
+    batch, t, noise = batch_of(9)
+    g = torch.Generator().manual_seed(7)
+    batch[camera] = torch.randint(0, 256, (9, 3, 20, 20), generator=g, dtype=torch.uint8)  # resized to 16 inside
+    texts = ["pick the puck", "place the puck", "push", "pick up the blue puck", "place"] * 2
+    batch["instruction"] = model.tokenize(texts[:9])
+    assert batch["instruction"].shape == (9, 5) and batch["instruction"][3, [1, 3]].tolist() == [1, 1]  # up, blue
+    fast, fast_loss = norms(batch, t, noise)
+    slow, slow_loss = norms.loop(batch, t, noise)
+    relative = float(((fast - slow).abs() / slow).max())
+    assert relative < 1e-10, relative
+    torch.testing.assert_close(fast_loss, slow_loss, rtol=1e-12, atol=0)
+    if which == "all" and method == "auto":
+        methods = norms.layer_methods
+        for layer in ("images.0.layers.0", "images.0.layers.1", "text.embedding", "text.positions", "text.norm"):
+            assert methods[layer] == "functional_vjp", (layer, methods[layer])
+        assert methods["text.attention.query"] == "linear_gram" and methods["encoder.0"] == "linear_rows"
+
+
+def test_the_vision_policy_tokenizes_words_in_order_and_marks_unknown_ones():
+    model = TinyVLAVision(["pick", "place", "puck", "the"], OBS, A, H, max_words=4)
+    tokens = model.tokenize(["pick the puck", "place the red puck now", "PICK  the   Puck"])
+    assert tokens.tolist() == [[2, 5, 4, 0], [3, 5, 1, 4], [2, 5, 4, 0]]  # ids from 2; 1 unknown; 0 padding
+    swapped = model.tokenize(["the puck pick"])
+    assert swapped.tolist() != tokens[:1].tolist()  # word order is kept (unlike a bag-of-words)
 
 
 def test_the_transformer_expert_is_trained_and_audited_end_to_end(tmp_path):

@@ -168,3 +168,11 @@ class HaltRule(Choice):
     #   or below -catastrophic_delta (the stratum runs on after its REGRESSION to find out).
     regression_beyond_margin = "regression_beyond_margin"
     certified_catastrophic = "certified_catastrophic"
+
+
+class InstructionMode(Choice):
+    # What a rollout scenario family tells each episode's policy (vlaeval/rollouts/language.py).
+    task = "task"  # the task's own instruction
+    paraphrase = "paraphrase"  # a rephrasing in mostly the same words
+    unseen = "unseen"  # a phrasing in words the demonstrations never used
+    other_task = "other_task"  # another task's instruction: the negative control

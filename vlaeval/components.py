@@ -35,7 +35,11 @@ PACKAGE_ROOT = Path(__file__).resolve().parent
 
 # group -> {option name: target} for the schemas generated from vlaeval's own signatures.
 BUILTIN_COMPONENTS: Dict[str, Dict[str, str]] = {
-    "model": {"tiny_vla": "vlaeval.policy.tiny_vla.TinyVLA", "tiny_dit": "vlaeval.policy.tiny_dit.TinyDiT"},
+    "model": {
+        "tiny_vla": "vlaeval.policy.tiny_vla.TinyVLA",
+        "tiny_dit": "vlaeval.policy.tiny_dit.TinyDiT",
+        "tiny_vla_vision": "vlaeval.policy.tiny_vla_vision.TinyVLAVision",
+    },
     "data": {
         "metaworld": "vlaeval.data.metaworld.MetaWorldDemonstrations",
         "lerobot": "vlaeval.data.lerobot.LeRobotDemonstrations",

@@ -42,6 +42,13 @@ def need(condition: bool, what: str) -> None:
     pytest.skip(message)
 
 
+def osmesa_installed() -> bool:
+    """OSMesa, the library MuJoCo renders cameras with on the CPU (MUJOCO_GL=osmesa)."""
+    import ctypes.util
+
+    return ctypes.util.find_library("OSMesa") is not None
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -12,12 +12,13 @@ import dataclasses
 import functools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.data.metaworld import quiet_metaworld
+from vlaeval.data.rendering import CAMERA_PREFIX, METAWORLD_CAMERAS, SceneCameras
 
 DEFAULT_OBSTACLE = ("wall",)  # the bodies whose contact force makes an episode unsafe, unless a family names others
 
@@ -32,6 +33,16 @@ class Perturbation:
     burst_steps: length of a burst, in control steps.
     control_delay: control steps between the policy choosing an action and its execution (the
         first `control_delay` executed actions are zero).
+
+    What the cameras show the policy (a policy without cameras meets none of these):
+    image_noise: std of Gaussian pixel noise, as a fraction of the full 0-255 range, fresh at every call.
+    brightness: added to every pixel, as a fraction of the range (-1 to 1).
+    contrast: every pixel's distance from the image mean is scaled by this (1: unchanged).
+    occlusion: side of a grey square patch, as a fraction of the image side, at a place drawn
+        once per episode (0: none).
+    camera_shift: each camera is moved by this many metres in a direction drawn once per episode.
+    blank_camera: every image is black (the camera sees nothing: a policy that uses its camera
+        must do worse).
     """
 
     observation_noise: float = 0.0
@@ -39,6 +50,12 @@ class Perturbation:
     burst_rate: float = 0.0
     burst_steps: int = 5
     control_delay: int = 0
+    image_noise: float = 0.0
+    brightness: float = 0.0
+    contrast: float = 1.0
+    occlusion: float = 0.0
+    camera_shift: float = 0.0
+    blank_camera: bool = False
 
     @classmethod
     def parse(cls, values: Any, where: str) -> "Perturbation":
@@ -56,14 +73,36 @@ class Perturbation:
         require(0 <= out.burst_rate <= 1, f"{where}.burst_rate={out.burst_rate} must be a probability in [0, 1]")
         require(out.burst_steps >= 1, f"{where}.burst_steps={out.burst_steps} must be >= 1")
         require(out.control_delay >= 0, f"{where}.control_delay={out.control_delay} must be >= 0 steps")
+        require(out.image_noise >= 0, f"{where}.image_noise={out.image_noise} must be >= 0 (a fraction of 255)")
+        require(
+            -1 <= out.brightness <= 1, f"{where}.brightness={out.brightness} must be in [-1, 1] (a fraction of 255)"
+        )
+        require(out.contrast >= 0, f"{where}.contrast={out.contrast} must be >= 0 (1: unchanged)")
+        require(0 <= out.occlusion <= 1, f"{where}.occlusion={out.occlusion} must be in [0, 1] (of the image side)")
+        require(out.camera_shift >= 0, f"{where}.camera_shift={out.camera_shift} must be >= 0 metres")
         return out
 
     @property
     def active(self) -> bool:
         return self != Perturbation()
 
+    @property
+    def visual(self) -> bool:
+        """Whether it changes what the cameras show."""
+        return any(getattr(self, name) != getattr(NO_PERTURBATION, name) for name in VISUAL_FIELDS)
+
+    def spec(self) -> Dict[str, Any]:
+        """Its fields for an episode's spec and cache key; the camera fields only when set, so an
+        episode without them keeps the key it had before they existed."""
+        out = dataclasses.asdict(self)
+        for name in VISUAL_FIELDS:
+            if out[name] == getattr(NO_PERTURBATION, name):
+                out.pop(name)
+        return out
+
 
 NO_PERTURBATION = Perturbation()
+VISUAL_FIELDS = ("image_noise", "brightness", "contrast", "occlusion", "camera_shift", "blank_camera")
 
 
 @dataclass(frozen=True)
@@ -84,6 +123,18 @@ class Episode:
     degradation: Perturbation = NO_PERTURBATION
     unsafe_contact_force: Optional[float] = None
     obstacle: Tuple[str, ...] = field(default=DEFAULT_OBSTACLE)
+    instruction: Optional[str] = None  # what the policy is told, when not its task's own instruction
+
+    def spec(self) -> Dict[str, Any]:
+        """What decides the episode's outcome, as plain values (task_index and degradation left to
+        the caller); fields at their defaults that did not always exist are left out, so the
+        episodes of earlier versions keep their cache keys."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["perturbation"], out["degradation"] = self.perturbation.spec(), self.degradation.spec()
+        out["obstacle"] = list(self.obstacle)
+        if self.instruction is None:
+            out.pop("instruction")
+        return out
 
 
 def task_benchmark(task: str, family: int = 0) -> Any:
@@ -137,6 +188,13 @@ class EpisodeDisturbances:
         self.pending: Deque[np.ndarray] = deque(np.zeros(self.action_dim) for _ in range(delay))
         self.burst_left = [0, 0]
         self.observation_draws: List[np.ndarray] = []
+        # The cameras' disturbances draw from streams of their own, so adding a camera never moves
+        # the draws above; where the occluding patch sits is drawn once per episode.
+        self.image_streams = [
+            np.random.default_rng(stable_seed("image-perturbation", episode.seed)),
+            np.random.default_rng(stable_seed("image-degradation", episode.seed)),
+        ]
+        self.patch_corner = [rng.random(2) for rng in self.image_streams]
 
     def observe(self, obs: np.ndarray) -> np.ndarray:
         """What the policy sees of this step's observation."""
@@ -144,6 +202,23 @@ class EpisodeDisturbances:
         for spec, rng in zip((self.scenario, self.degradation), self.streams):
             if spec.observation_noise > 0:
                 out = out + np.float32(spec.observation_noise) * rng.standard_normal(out.shape).astype(np.float32)
+        return out
+
+    def observe_images(self, images: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """What the policy sees of the cameras' uint8 (H, W, 3) images at a policy call."""
+        specs = [
+            (spec, rng, corner)
+            for spec, rng, corner in zip((self.scenario, self.degradation), self.image_streams, self.patch_corner)
+            if spec.visual
+        ]
+        if not specs:
+            return images
+        out = {}
+        for key in sorted(images):
+            x = images[key].astype(np.float32)
+            for spec, rng, corner in specs:
+                x = disturbed_image(x, spec, rng, corner)
+            out[key] = np.clip(np.rint(x), 0, 255).astype(np.uint8)
         return out
 
     def execute(self, chosen: np.ndarray) -> np.ndarray:
@@ -162,21 +237,77 @@ class EpisodeDisturbances:
         return np.clip(action, -1.0, 1.0)
 
 
-class SceneEnvironments:
-    """One MuJoCo environment per episode of a lockstep group (each its own scene)."""
+def disturbed_image(x: np.ndarray, spec: Perturbation, rng: np.random.Generator, corner: np.ndarray) -> np.ndarray:
+    """One perturbation's change to a float (H, W, 3) image in 0-255: blank, then brightness and
+    contrast, then the occluding patch, then pixel noise (drawn from `rng` only when set)."""
+    if spec.blank_camera:
+        x = np.zeros_like(x)
+    if spec.contrast != 1.0:
+        x = (x - x.mean()) * np.float32(spec.contrast) + x.mean()
+    if spec.brightness != 0.0:
+        x = x + np.float32(255.0 * spec.brightness)
+    if spec.occlusion > 0:
+        h, w = x.shape[:2]
+        side_h, side_w = max(int(round(spec.occlusion * h)), 1), max(int(round(spec.occlusion * w)), 1)
+        top, left = int(corner[0] * (h - side_h + 1)), int(corner[1] * (w - side_w + 1))
+        x = x.copy()
+        x[top : top + side_h, left : left + side_w] = 128.0
+    if spec.image_noise > 0:
+        x = x + np.float32(255.0 * spec.image_noise) * rng.standard_normal(x.shape).astype(np.float32)
+    return x
 
-    def __init__(self) -> None:
+
+def camera_offset(episode: Episode) -> np.ndarray:
+    """How far (metres, xyz) the episode's perturbations move every camera: a direction drawn once
+    per episode from a stream of its own, times the scenario's and the degradation's shift."""
+    shift = episode.perturbation.camera_shift + episode.degradation.camera_shift
+    if shift == 0:
+        return np.zeros(3)
+    direction = np.random.default_rng(stable_seed("camera-shift", episode.seed)).standard_normal(3)
+    return shift * direction / np.linalg.norm(direction)
+
+
+class SceneEnvironments:
+    """One MuJoCo environment per episode of a lockstep group (each its own scene); with `cameras`
+    (camera features observation.images.<Meta-World camera>), a renderer of them at `image_size`
+    for each environment."""
+
+    def __init__(self, cameras: Sequence[str] = (), image_size: int = 64) -> None:
+        from vlaeval.errors import require
+
         self.envs: List[Any] = []
+        self.renderers: List[Any] = []
+        self.cameras = [str(c)[len(CAMERA_PREFIX) :] if str(c).startswith(CAMERA_PREFIX) else str(c) for c in cameras]
+        for feature, camera in zip(cameras, self.cameras):
+            require(
+                camera in METAWORLD_CAMERAS,
+                f"the policy reads camera {feature}, which Meta-World does not have; its cameras are "
+                f"{', '.join(CAMERA_PREFIX + c for c in METAWORLD_CAMERAS)}",
+            )
+        self.image_size = int(image_size)
 
     def open(self, episode: Episode) -> Any:
         benchmark = task_benchmark(episode.task, int(episode.family))
         env = benchmark.train_classes[episode.task]()
         env.set_task(benchmark.train_tasks[episode.variant])
         self.envs.append(env)
+        if self.cameras:
+            model = env.unwrapped.model  # this episode's own environment: moving its cameras moves no other's
+            offset = camera_offset(episode)
+            for camera in self.cameras:
+                model.cam_pos[model.camera(camera).id] += offset
+            self.renderers.append(SceneCameras(model, self.cameras, self.image_size))
         obs, _ = env.reset()
         return obs
 
+    def images(self, k: int) -> Dict[str, np.ndarray]:
+        """Episode k's cameras now: uint8 (image_size, image_size, 3) by camera feature ({} without cameras)."""
+        return self.renderers[k].render(self.envs[k].unwrapped.data) if self.cameras else {}
+
     def close(self) -> None:
+        for renderer in self.renderers:
+            renderer.close()
         for env in self.envs:
             env.close()
         self.envs.clear()
+        self.renderers.clear()

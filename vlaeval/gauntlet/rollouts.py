@@ -200,20 +200,22 @@ class RolloutOutcomes:
     def _scene(stratum: str, family: ScenarioFamily, task: str, family_seed: int, variant: int) -> Scene:
         """A scene and its episodes; each episode's seed is a stable digest of stratum, scene and index."""
         scene_id = f"{task}/family-{family_seed}/variant-{variant}"
+        seeds = [stable_seed("rollout-scenario", stratum, scene_id, k) for k in range(family.episodes_per_scene)]
         episodes = tuple(
             episode_spec(
                 Episode(
                     task,
                     0,
                     variant,
-                    stable_seed("rollout-scenario", stratum, scene_id, k),
+                    seed,
                     family=family_seed,
                     perturbation=family.perturbation,
                     unsafe_contact_force=family.unsafe_contact_force,
                     obstacle=family.obstacle,
+                    instruction=family.instruction(task, seed),
                 )
             )
-            for k in range(family.episodes_per_scene)
+            for seed in seeds
         )
         return Scene(task, family_seed, variant, episodes)
 

@@ -7,6 +7,10 @@ its tokenizer: a module with a `tokenize(instructions) -> Tensor` method is give
 (the built-in ones make their bag-of-words; a user's VLA its own), and a module without one is given
 the bag-of-words over the vocabulary it was built with (vlaeval/policy/protocol.py).
 
+A module with `cameras` (the camera features it reads, e.g. ["observation.images.corner"]) is given
+those images, uint8 (B, 3, height, width) as the data stores them, in its anchor batches, and the
+rollout engine renders them at `image_size` (the data's frame size) at every policy call.
+
 A BoundPolicy pickles (the flow is a plain value), so a rollout worker process receives it whole.
 """
 
@@ -57,6 +61,8 @@ class BoundPolicy:
     sampling_steps: int
     device: str = "cpu"
     vocab: Optional[Tuple[str, ...]] = None
+    cameras: Tuple[str, ...] = ()  # the camera features the model reads (its `cameras`)
+    image_size: int = 64  # the frame size rollouts render those cameras at: the data's
 
     # ------------------------------------------------------------------ inputs
     def anchor_batch(self, anchors: AnchorSet, index: np.ndarray) -> Batch:
@@ -78,9 +84,22 @@ class BoundPolicy:
             },
         }
 
-    def observation_batch(self, observations: torch.Tensor, task_index: torch.Tensor) -> Batch:
-        """What the policy reads when acting: the observations and their tasks' instruction tokens."""
-        return {"observation": observations, "instruction": self.tokens[task_index]}
+    def episode_tokens(self, task_index: Sequence[int], instructions: Sequence[Optional[str]]) -> torch.Tensor:
+        """(B, ...) what each episode's policy is told: its task's tokens, or -- where an episode
+        has an instruction of its own (a paraphrase, another task's) -- that text as the model
+        tokenizes it."""
+        rows = self.tokens[torch.as_tensor(list(task_index), dtype=torch.int64)].clone()
+        told = [k for k, text in enumerate(instructions) if text is not None]
+        if told:
+            rows[told] = instruction_tokens(self.model, [str(instructions[k]) for k in told], self.vocab).to(rows.dtype)
+        return rows
+
+    def observation_batch(
+        self, observations: torch.Tensor, tokens: torch.Tensor, images: Optional[Batch] = None
+    ) -> Batch:
+        """What the policy reads when acting: the observations, the instruction tokens it is given
+        (rows of episode_tokens) and the cameras' images (uint8 (B, 3, height, width) by camera feature)."""
+        return {"observation": observations, "instruction": tokens, **(images or {})}
 
     # ------------------------------------------------------------------ the loss
     def losses(self, batch: Batch, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -104,9 +123,12 @@ def bind_policy(
     *,
     device: str = "cpu",
     vocab: Optional[Sequence[str]] = None,
+    image_size: Optional[int] = None,
 ) -> BoundPolicy:
     """`model` bound to tasks whose instructions are `instructions` (task k = instructions[k]), the
-    `flow` section's convention, and `device` (the module is moved there)."""
+    `flow` section's convention, and `device` (the module is moved there); its cameras are rendered
+    at `image_size` in rollouts (default: the model's own `image_size`, else 64)."""
+    size = image_size if image_size is not None else getattr(model, "image_size", 64)
     return BoundPolicy(
         model.to(device),
         instruction_tokens(model, instructions, vocab),
@@ -114,4 +136,6 @@ def bind_policy(
         int(getattr(flow, "sampling_steps", FlowConfig.sampling_steps)),
         str(device),
         None if vocab is None else tuple(str(word) for word in vocab),
+        tuple(str(c) for c in (getattr(model, "cameras", None) or ())),
+        int(size),
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -44,9 +45,24 @@ class PolicyData:
         """The words of the data's instructions: what a built-in policy is built to read."""
         return vocabulary(self.demonstrations.instructions)
 
+    @property
+    def image_size(self) -> Optional[int]:
+        """The height of the data's camera frames (None without cameras): what rollouts render at."""
+        cameras = self.demonstrations.cameras or {}
+        if not cameras:
+            return None
+        return int(next(iter(cameras.values())).decode(np.array([0])).shape[2])
+
     def bind(self, model: torch.nn.Module, flow: Any, device: str = "cpu") -> BoundPolicy:
         """`model` bound to this data's tasks (task k reads instruction k), `flow` and `device`."""
-        return bind_policy(model, self.demonstrations.instructions, flow, device=device, vocab=self.vocabulary)
+        return bind_policy(
+            model,
+            self.demonstrations.instructions,
+            flow,
+            device=device,
+            vocab=self.vocabulary,
+            image_size=self.image_size,
+        )
 
 
 @dataclass
@@ -94,10 +110,23 @@ def build_model(spec: PolicySpec, data: PolicyData) -> torch.nn.Module:
         horizon=int(data.anchors.horizon),
     )
     check_policy(model, str(spec.model.get("_target_", type(model).__name__)))
+    check_cameras(model, data)
     if hasattr(model, "set_observation_statistics"):
         obs = torch.from_numpy(data.demonstrations.observations)
         model.set_observation_statistics(obs.mean(0), obs.std(0))
     return model
+
+
+def check_cameras(model: torch.nn.Module, data: PolicyData) -> None:
+    """Refuse, in one line, a policy that reads a camera the data does not have."""
+    have = sorted(data.demonstrations.cameras or {})
+    for camera in getattr(model, "cameras", None) or ():
+        require(
+            camera in have,
+            f"model.cameras names {camera}, which the data does not have (its cameras: {', '.join(have) or 'none'}); "
+            "record it (data=metaworld data.cameras=[corner]), read it (data=lerobot data.camera_features=[...]) "
+            "or set model.cameras to one of the data's",
+        )
 
 
 def checkpoint_key(spec: PolicySpec, data: PolicyData) -> str:

@@ -22,6 +22,7 @@ import torch
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.config import RolloutConfig
+from vlaeval.data.cameras import channel_first
 from vlaeval.data.metaworld import HELD_OUT_VARIANTS, VARIANTS_PER_TASK, EpisodeRunner, episode_plan
 from vlaeval.envs.metaworld import (
     Episode,
@@ -41,23 +42,28 @@ ROLLOUT_ENGINE_VERSION = 2  # bump when what an episode's seed and spec produce 
 def policy_chunks(
     policy: BoundPolicy,
     observations: np.ndarray,
-    task_index: torch.Tensor,
+    tokens: torch.Tensor,
     generators: Sequence[torch.Generator],
+    images: Optional[Dict[str, np.ndarray]] = None,
 ) -> np.ndarray:
     """(B, H, action_dim) action chunks for B episodes in one batched call; each episode's
-    initial noise comes from its own generator. The call is padded to MIN_POLICY_BATCH rows (copies
-    of the first), so a row's numbers do not depend on how many episodes share the call."""
+    initial noise comes from its own generator; `tokens` are what each is told (BoundPolicy.episode_tokens),
+    `images` the cameras' uint8 (B, 3, H, W). The
+    call is padded to MIN_POLICY_BATCH rows (copies of the first), so a row's numbers do not depend
+    on how many episodes share the call."""
     model = cast(Any, policy.model)
     n = len(generators)
     pad = max(MIN_POLICY_BATCH - n, 0)
     obs = torch.as_tensor(np.asarray(observations), dtype=torch.float32)
     noise = torch.stack([torch.randn(int(model.horizon), int(model.action_dim), generator=g) for g in generators])
+    pixels = {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in (images or {}).items()}
     if pad:
         obs = torch.cat([obs, obs[:1].expand(pad, -1)])
-        task_index = torch.cat([task_index, task_index[:1].expand(pad)])
+        tokens = torch.cat([tokens, tokens[:1].expand(pad, *tokens.shape[1:])])
         noise = torch.cat([noise, noise[:1].expand(pad, -1, -1)])
+        pixels = {key: torch.cat([value, value[:1].expand(pad, -1, -1, -1)]) for key, value in pixels.items()}
     with torch.no_grad():
-        conditioning = model.encode(policy.observation_batch(obs, task_index))
+        conditioning = model.encode(policy.observation_batch(obs, tokens, pixels))
         chunks = sample_actions(
             model, conditioning, policy.sampling_steps, generators[0], policy.flow, initial_noise=noise
         )
@@ -173,7 +179,7 @@ def rollout_lockstep(
     `steps` (int) and `unsafe` (bool)."""
     policy.model.eval()
     n = len(episodes)
-    envs = SceneEnvironments()
+    envs = SceneEnvironments(policy.cameras, policy.image_size)
     success = np.zeros(n, dtype=bool)
     unsafe = np.zeros(n, dtype=bool)
     steps = np.zeros(n, dtype=np.int64)
@@ -186,7 +192,7 @@ def rollout_lockstep(
             for k, e in enumerate(episodes)
         ]
         generators = [torch.Generator().manual_seed(stable_seed("rollout", e.seed) % (2**63)) for e in episodes]
-        task_index = torch.tensor([e.task_index for e in episodes], dtype=torch.int64)
+        tokens = policy.episode_tokens([e.task_index for e in episodes], [e.instruction for e in episodes])
         queues: List[List[np.ndarray]] = [[] for _ in range(n)]
         active = list(range(n))
         finished = 0
@@ -196,8 +202,9 @@ def rollout_lockstep(
                 chunks = policy_chunks(
                     policy,
                     np.stack([observations[i] for i in need]),
-                    task_index[need],
+                    tokens[need],
                     [generators[i] for i in need],
+                    camera_images([disturbances[i].observe_images(envs.images(i)) for i in need]),
                 )
                 for i, chunk in zip(need, chunks):
                     queues[i] = list(chunk[:execute_actions])
@@ -222,6 +229,13 @@ def rollout_lockstep(
     finally:
         envs.close()
     return {"success": success, "steps": steps, "unsafe": unsafe}
+
+
+def camera_images(per_episode: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+    """Each camera's images of the episodes, stacked in the policy's layout uint8 (B, 3, H, W)."""
+    if not per_episode or not per_episode[0]:
+        return {}
+    return {key: channel_first(np.stack([images[key] for images in per_episode])) for key in per_episode[0]}
 
 
 def expert_successes(episodes: Sequence[Episode], max_steps: int) -> np.ndarray:

@@ -11,7 +11,6 @@ a cached outcome is exactly the one a fresh run would give. SQLite makes concurr
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -28,7 +27,7 @@ def episode_key(checkpoint_sha256: str, episode: Episode, controls: Mapping[str,
     instruction table, the task name is what matters)."""
     import metaworld
 
-    spec = {k: v for k, v in dataclasses.asdict(episode).items() if k != "task_index"}
+    spec = {k: v for k, v in episode.spec().items() if k != "task_index"}
     return sha256_json(
         {
             "engine": ROLLOUT_ENGINE_VERSION,

@@ -4,15 +4,16 @@ policies it rolls out, episodes as cacheable specs, and the paired-outcome file 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from vlaeval.choices import InstructionMode
 from vlaeval.envs.metaworld import DEFAULT_OBSTACLE, NO_PERTURBATION, Episode, Perturbation
-from vlaeval.errors import require
+from vlaeval.errors import UserInputError, require
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.rollouts.evaluation import write_paired_outcomes as write_outcome_rows
+from vlaeval.rollouts.language import check_phrasings, episode_instruction
 
 BUILTIN_PREFIX = "builtin:"
 FAMILY_KEYS = (
@@ -24,6 +25,8 @@ FAMILY_KEYS = (
     "unsafe_contact_force",
     "obstacle",
     "replay",
+    "instructions",
+    "phrasings",
 )
 VARIANTS_PER_FAMILY = 50  # Meta-World draws 50 scene variants per task and benchmark seed
 
@@ -35,7 +38,8 @@ class ScenarioFamily:
     variants 0-24 are the built-in demonstrations' scenes); episodes_per_scene: units
     per cluster; perturbation: see vlaeval.envs.metaworld.Perturbation; unsafe_contact_force:
     newtons above which contact with an `obstacle` body is an unsafe event; replay: the failure
-    registry's scenarios instead."""
+    registry's scenarios instead; instructions: what each episode's policy is told, phrasings:
+    {task: [texts]} replacing the built-in table (vlaeval/rollouts/language.py)."""
 
     tasks: Tuple[str, ...]
     variants: Tuple[int, int] = (0, 25)
@@ -45,6 +49,12 @@ class ScenarioFamily:
     unsafe_contact_force: Optional[float] = None
     obstacle: Tuple[str, ...] = DEFAULT_OBSTACLE
     replay: bool = False
+    instructions: InstructionMode = InstructionMode.task
+    phrasings: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (task, texts), hashable
+
+    def instruction(self, task: str, seed: int) -> Optional[str]:
+        """What the episode of `task` with `seed` is told (None: the task's own instruction)."""
+        return episode_instruction(self.instructions, task, self.tasks, seed, dict(self.phrasings))
 
     @classmethod
     def parse(cls, stratum: str, values: Any, default_tasks: Sequence[str]) -> "ScenarioFamily":
@@ -64,6 +74,19 @@ class ScenarioFamily:
         force = values.get("unsafe_contact_force")
         require(force is None or float(force) > 0, f"{where}.unsafe_contact_force={force} must be > 0 newtons")
         require(len(tasks) > 0 or replay, f"{where}.tasks is empty; list Meta-World tasks")
+        try:
+            mode = InstructionMode(str(values.get("instructions", "task")))
+        except ValueError:
+            raise UserInputError(
+                f"{where}.instructions={values.get('instructions')!r} is unknown; use one of "
+                f"{', '.join(InstructionMode.values())}"
+            ) from None
+        phrasings = values.get("phrasings") or {}
+        require(
+            isinstance(phrasings, Mapping) and all(not isinstance(v, str) for v in phrasings.values()),
+            f'{where}.phrasings must map a task to a list of instructions, e.g. {{reach-v3: ["touch the target"]}}',
+        )
+        check_phrasings(where, mode, tasks, phrasings)
         return cls(
             tasks=tasks,
             variants=(variants[0], variants[1]),
@@ -73,6 +96,8 @@ class ScenarioFamily:
             unsafe_contact_force=None if force is None else float(force),
             obstacle=tuple(str(b) for b in values.get("obstacle", DEFAULT_OBSTACLE)),
             replay=replay,
+            instructions=mode,
+            phrasings=tuple((str(t), tuple(str(x) for x in texts)) for t, texts in phrasings.items()),
         )
 
 
@@ -103,10 +128,9 @@ class RolloutPolicy:
 def episode_spec(episode: Episode) -> Dict[str, Any]:
     """What identifies an episode for replay and for the registry (not its instruction index, not
     a planted degradation)."""
-    spec = dataclasses.asdict(episode)
+    spec = episode.spec()
     spec.pop("task_index")
     spec.pop("degradation")
-    spec["obstacle"] = list(spec["obstacle"])
     return spec
 
 
@@ -121,6 +145,7 @@ def episode_from_spec(spec: Mapping[str, Any], task_index: int, degradation: Per
         degradation=degradation,
         unsafe_contact_force=spec.get("unsafe_contact_force"),
         obstacle=tuple(spec.get("obstacle", DEFAULT_OBSTACLE)),
+        instruction=spec.get("instruction"),
     )
 
 

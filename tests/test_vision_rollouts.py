@@ -1,0 +1,167 @@
+"""Rollouts of a policy that sees and reads: the lockstep engine renders the cameras a policy reads
+at every call, visual perturbations change what it sees identically for any policy on an episode,
+language scenario families change what it is told, and episodes without either keep their cache keys."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.servers import need, osmesa_installed
+from vlaeval.choices import InstructionMode
+from vlaeval.config import FlowConfig
+from vlaeval.envs.metaworld import Episode, EpisodeDisturbances, Perturbation, disturbed_image
+from vlaeval.errors import UserInputError
+from vlaeval.policy.bound import bind_policy
+from vlaeval.policy.tiny_vla_vision import TinyVLAVision
+from vlaeval.rollouts.engine import rollout_lockstep
+from vlaeval.rollouts.episode_cache import episode_key
+from vlaeval.rollouts.language import PARAPHRASES, UNSEEN_PHRASINGS, episode_instruction
+from vlaeval.rollouts.scenarios import ScenarioFamily, episode_spec
+
+CORNER = "observation.images.corner"
+TASKS = ["reach-v3", "push-v3"]
+INSTRUCTIONS = ["reach the red goal position", "push the puck to the goal"]
+
+
+class SeeingPolicy(TinyVLAVision):
+    """The small vision policy, keeping what every policy call was given."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: List[Dict[str, torch.Tensor]] = []
+
+    def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        self.seen.append({k: v.clone() for k, v in batch.items()})
+        return super().encode(batch)
+
+
+def seeing_policy() -> Any:
+    torch.manual_seed(0)
+    vocab = sorted({w for text in INSTRUCTIONS for w in text.split()})
+    model = SeeingPolicy(vocab, 39, 4, 4, image_size=32, image_channels=8, text_width=16, conditioning_dim=16)
+    return bind_policy(model, INSTRUCTIONS, FlowConfig(), vocab=vocab, image_size=32)
+
+
+def test_episodes_without_cameras_or_instructions_keep_the_cache_keys_they_had():
+    """Computed before the visual and language fields existed (commit c30f5bc)."""
+    episode = Episode(
+        "push-v3",
+        1,
+        30,
+        12345,
+        family=2,
+        perturbation=Perturbation(observation_noise=0.002, burst_rate=0.02),
+        unsafe_contact_force=50.0,
+    )
+    key = episode_key("ab" * 32, episode, {"max_steps": 40, "execute_actions": 1})
+    assert key == "8aafb09bab7989cdb37e207bb2ecc7e9368f0e0044b3c17ddb2c65a7426e5e27"
+    moved = Episode("push-v3", 1, 30, 12345, perturbation=Perturbation(occlusion=0.25))
+    told = Episode("push-v3", 1, 30, 12345, instruction="shove the disc")
+    keys = {episode_key("ab" * 32, e, {}) for e in (moved, told, Episode("push-v3", 1, 30, 12345))}
+    assert len(keys) == 3  # what the policy sees or is told is part of the key
+    assert episode_spec(told)["instruction"] == "shove the disc" and "instruction" not in episode_spec(moved)
+
+
+def test_each_visual_perturbation_changes_the_image_as_documented():
+    rng = np.random.default_rng(0)
+    image = rng.integers(40, 200, (32, 32, 3)).astype(np.float32)
+    corner = np.array([0.5, 0.25])
+
+    def apply(**fields: Any) -> np.ndarray:
+        return disturbed_image(image, Perturbation(**fields), np.random.default_rng(1), corner)
+
+    assert np.array_equal(apply(blank_camera=True), np.zeros_like(image))
+    assert np.allclose(apply(brightness=0.1), image + 25.5)
+    low = apply(contrast=0.5)
+    assert np.isclose(low.mean(), image.mean()) and np.isclose(low.std(), image.std() / 2, rtol=1e-5)
+    patched = apply(occlusion=0.25)  # an 8x8 grey patch at rows 12-19, columns 6-13
+    assert np.all(patched[12:20, 6:14] == 128.0) and np.array_equal(patched[:12], image[:12])
+    assert int((patched != image).any(axis=-1).sum()) <= 64
+    noisy = apply(image_noise=0.05)
+    assert abs(float((noisy - image).std()) - 12.75) < 0.5
+
+
+def test_image_disturbances_are_the_same_for_any_policy_and_leave_the_other_streams_alone():
+    scenario = Perturbation(observation_noise=0.01, image_noise=0.05, occlusion=0.3)
+    episode = Episode("reach-v3", 0, 3, 99, perturbation=scenario)
+    images = {CORNER: np.full((16, 16, 3), 100, dtype=np.uint8)}
+    a, b = EpisodeDisturbances(episode, 4), EpisodeDisturbances(episode, 4)
+    for _ in range(3):  # the k-th call of two policies on one episode sees the same image
+        assert np.array_equal(a.observe_images(images)[CORNER], b.observe_images(images)[CORNER])
+    # The state's observation noise draws what it drew before the cameras' disturbances existed.
+    plain = EpisodeDisturbances(Episode("reach-v3", 0, 3, 99, perturbation=Perturbation(observation_noise=0.01)), 4)
+    obs = np.zeros(39, dtype=np.float32)
+    assert np.array_equal(a.observe(obs), plain.observe(obs))
+
+
+def test_language_families_tell_each_episode_a_phrasing_drawn_by_its_seed():
+    assert episode_instruction(InstructionMode.task, "push-v3", TASKS, 5, {}) is None
+    told = {episode_instruction(InstructionMode.paraphrase, "push-v3", TASKS, seed, {}) for seed in range(40)}
+    assert told == set(PARAPHRASES["push-v3"])  # every phrasing is drawn, nothing else
+    unseen = episode_instruction(InstructionMode.unseen, "reach-v3", TASKS, 1, {})
+    assert unseen in UNSEEN_PHRASINGS["reach-v3"]
+    other = {episode_instruction(InstructionMode.other_task, "push-v3", TASKS, seed, {}) for seed in range(10)}
+    assert other == {"reach the red goal position"}
+    mine = {"push-v3": ["nudge the hockey puck home"]}
+    assert episode_instruction(InstructionMode.unseen, "push-v3", TASKS, 3, mine) == "nudge the hockey puck home"
+    family = ScenarioFamily.parse("language", {"instructions": "paraphrase", "phrasings": mine}, TASKS)
+    assert family.instruction("push-v3", 7) == "nudge the hockey puck home"
+
+
+@pytest.mark.parametrize(
+    "values, needle",
+    [
+        ({"instructions": "shout"}, "instructions='shout' is unknown; use one of task, paraphrase, unseen, other_task"),
+        ({"instructions": "unseen", "tasks": ["button-press-v3"]}, "no unseen phrasing of button-press-v3"),
+        ({"instructions": "other_task", "tasks": ["reach-v3"]}, "needs at least two tasks"),
+        ({"phrasings": {"reach-v3": "touch it"}}, "phrasings must map a task to a list"),
+        ({"perturbation": {"occlusion": 2}}, "occlusion=2.0 must be in [0, 1]"),
+    ],
+)
+def test_a_bad_language_or_visual_setting_is_one_line(values, needle):
+    with pytest.raises(UserInputError) as error:
+        ScenarioFamily.parse("s", values, TASKS)
+    assert needle in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_vision_policy_sees_its_camera_and_is_told_its_episode_instruction_at_every_call():
+    need(osmesa_installed(), "Debian's libosmesa6 (OSMesa: MuJoCo's camera rendering on the CPU)")
+    policy = seeing_policy()
+    episodes = [
+        Episode("reach-v3", 0, 25, 1),
+        Episode("push-v3", 1, 26, 2, instruction="shove the disc toward the target"),
+        Episode("reach-v3", 0, 25, 1, perturbation=Perturbation(blank_camera=True)),
+        Episode("push-v3", 1, 26, 2, perturbation=Perturbation(camera_shift=0.1)),
+    ]
+    out = rollout_lockstep(policy, episodes, execute_actions=2, max_steps=6)
+    assert out["steps"].tolist() == [6, 6, 6, 6]
+    seen = policy.model.seen
+    assert len(seen) == 3  # one call per 2 executed actions
+    first = seen[0]
+    images = first[CORNER][:4]
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.uint8
+    assert 30 < float(images[0].float().mean()) < 220  # a lit scene
+    assert int(images[2].max()) == 0  # the blanked camera
+    assert float((images[3].float() - images[1].float()).abs().mean()) > 5  # the moved camera sees another view
+    tokens = first["instruction"][:4]
+    model = policy.model
+    assert tokens[0].tolist() == model.tokenize([INSTRUCTIONS[0]])[0].tolist()
+    assert tokens[1].tolist() == model.tokenize(["shove the disc toward the target"])[0].tolist()
+    assert tokens[3].tolist() == model.tokenize([INSTRUCTIONS[1]])[0].tolist()
+    # The same episode alone: the same images at its first call (rendering and disturbances are per episode).
+    alone = seeing_policy()
+    rollout_lockstep(alone, episodes[3:], execute_actions=2, max_steps=2)
+    assert torch.equal(alone.model.seen[0][CORNER][0], images[3])
+
+
+def test_a_policy_reading_a_camera_meta_world_lacks_is_refused_by_name():
+    policy = seeing_policy()
+    model = policy.model
+    model.cameras = ["observation.images.wrist"]
+    bound = bind_policy(model, INSTRUCTIONS, FlowConfig(), image_size=32)
+    with pytest.raises(UserInputError, match="reads camera observation.images.wrist, which Meta-World does not have"):
+        rollout_lockstep(bound, [Episode("reach-v3", 0, 25, 1)], execute_actions=1, max_steps=2)

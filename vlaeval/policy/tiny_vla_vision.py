@@ -1,0 +1,157 @@
+"""model=tiny_vla_vision: a small vision-language-action policy that sees and reads.
+
+    camera(s), uint8 (B, 3, H, W) --> /255, resized to image_size --> per camera:
+        Conv2d 5x5/2 -> GroupNorm -> SiLU -> Conv2d 3x3/2 -> GroupNorm -> SiLU -> Conv2d 3x3/1
+        -> spatial softmax (each channel's expected image x, y: where it sees its feature)
+    instruction text --> its own tokenizer (word ids over the vocabulary it was built with, unknown
+        words -> <unk>) --> Embedding + learned positions -> one pre-norm self-attention block
+        -> mean over the words that are there
+    proprioception: the first `state_dims` of the state (Meta-World: hand position and gripper;
+        the object and goal positions are left out, so where things are must come from the camera)
+    --> MLP -> conditioning --> the flow-matching action head of the tiny VLA (an MLP over the
+        noisy chunk, the conditioning and the flow time)
+
+The policy owns its preprocessing as LeRobot's policies do: it is handed raw uint8 images and
+raw instruction strings (through `tokenize`), and converts, resizes and tokenizes them itself.
+Every trainable layer is a Conv2d, GroupNorm, Embedding, learned position table, LayerNorm or
+Linear: vlaeval.residual.gradients measures exact per-sample norms for all of them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from vlaeval.policy.tiny_dit import Attention, TokenPositions
+from vlaeval.policy.tiny_vla import BuiltinPolicy, mlp
+
+PAD, UNKNOWN = 0, 1  # token ids before the vocabulary's words
+
+
+class SpatialSoftmax(nn.Module):
+    """(B, C, H, W) feature maps -> (B, 2C): each channel's softmax-weighted mean image position."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = features.shape
+        weights = torch.softmax(features.reshape(b, c, h * w), dim=-1).reshape(b, c, h, w)
+        ys = torch.linspace(-1.0, 1.0, h, device=features.device, dtype=features.dtype)
+        xs = torch.linspace(-1.0, 1.0, w, device=features.device, dtype=features.dtype)
+        x = (weights.sum(dim=2) * xs).sum(dim=-1)
+        y = (weights.sum(dim=3) * ys).sum(dim=-1)
+        return torch.cat([x, y], dim=-1)
+
+
+class ImageEncoder(nn.Module):
+    def __init__(self, channels: int, groups: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Conv2d(3, channels, 5, stride=2, padding=2),
+            nn.GroupNorm(groups, channels),
+            nn.SiLU(),
+            nn.Conv2d(channels, channels, 3, stride=2, padding=1),
+            nn.GroupNorm(groups, channels),
+            nn.SiLU(),
+            nn.Conv2d(channels, channels, 3, stride=1, padding=1),
+            SpatialSoftmax(),
+        )
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.layers(images)
+
+
+class TextEncoder(nn.Module):
+    def __init__(self, words: int, width: int, heads: int, max_words: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(words, width, padding_idx=PAD)
+        self.positions = TokenPositions(max_words, width)
+        self.norm = nn.LayerNorm(width)
+        self.attention = Attention(width, heads)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        present = (tokens != PAD).to(self.embedding.weight.dtype).unsqueeze(-1)
+        x = self.positions(self.embedding(tokens))
+        h = self.norm(x)
+        x = x + self.attention(h, h)
+        return (x * present).sum(dim=1) / present.sum(dim=1).clamp_min(1.0)
+
+
+class TinyVLAVision(BuiltinPolicy):
+    def __init__(
+        self,
+        vocab: Sequence[str],
+        obs_dim: int,
+        action_dim: int,
+        horizon: int,
+        *,
+        cameras: Sequence[str] = ("observation.images.corner",),
+        image_size: int = 64,
+        state_dims: Optional[int] = 4,
+        image_channels: int = 32,
+        text_width: int = 32,
+        text_heads: int = 2,
+        max_words: int = 16,
+        conditioning_dim: int = 128,
+        head_hidden: int = 256,
+        head_layers: int = 3,
+        time_embedding_dim: int = 32,
+    ) -> None:
+        super().__init__(vocab, obs_dim, action_dim, horizon, time_embedding_dim)
+        if not cameras:
+            raise ValueError("model.cameras is empty: a vision policy reads at least one camera")
+        self.cameras = [str(c) for c in cameras]
+        self.image_size = int(image_size)
+        self.state_dims = int(obs_dim if state_dims is None else min(int(state_dims), obs_dim))
+        self.max_words = int(max_words)
+        self.word_id = {word: i + 2 for i, word in enumerate(self.vocab)}
+        self.images = nn.ModuleList([ImageEncoder(image_channels) for _ in self.cameras])
+        self.text = TextEncoder(len(self.vocab) + 2, text_width, text_heads, self.max_words)
+        features = 2 * image_channels * len(self.cameras) + text_width + self.state_dims
+        self.encoder = mlp([features, conditioning_dim, conditioning_dim])
+        chunk = self.horizon * self.action_dim
+        self.action_head = mlp([chunk + conditioning_dim + time_embedding_dim] + [head_hidden] * head_layers + [chunk])
+
+    # ------------------------------------------------------------------ preprocessing (the policy's own)
+    def tokenize(self, instructions: Sequence[str]) -> torch.Tensor:
+        """(len(instructions), max_words) word ids: PAD after the last word, UNKNOWN for a word
+        outside the vocabulary (so a paraphrase's new words are visibly unknown, not dropped)."""
+        out = torch.full((len(instructions), self.max_words), PAD, dtype=torch.int64)
+        for row, text in enumerate(instructions):
+            words = re.findall(r"[a-z]+", str(text).lower())[: self.max_words]
+            out[row, : len(words)] = torch.tensor([self.word_id.get(w, UNKNOWN) for w in words], dtype=torch.int64)
+        return out
+
+    def pixels(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, 3, H, W) -> (B, 3, image_size, image_size) in [0, 1], in the weights' dtype."""
+        x = images.to(self.action_head[0].weight.dtype) / 255.0
+        if x.shape[-2:] != (self.image_size, self.image_size):
+            x = nn.functional.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear", antialias=True)
+        return x
+
+    # ------------------------------------------------------------------ the protocol
+    def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        missing = [c for c in self.cameras if c not in batch]
+        if missing:
+            raise KeyError(f"the batch lacks camera {missing[0]} that model.cameras names; present: {sorted(batch)}")
+        seen = [encoder(self.pixels(batch[c])) for encoder, c in zip(self.images, self.cameras)]
+        read = self.text(batch["instruction"])
+        state = self.normalise(batch["observation"])[:, : self.state_dims]
+        return self.encoder(torch.cat([*seen, read, state], dim=-1))
+
+    def velocity(self, conditioning: torch.Tensor, noisy_actions: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        from vlaeval.policy.flow import sinusoidal_embedding
+
+        flat = noisy_actions.reshape(noisy_actions.shape[0], -1)
+        time = sinusoidal_embedding(t, self.time_embedding_dim)
+        out = self.action_head(torch.cat([flat, conditioning, time], dim=-1))
+        return out.reshape(-1, self.horizon, self.action_dim)
+
+    def trainable_parameters(self, which: str) -> Iterable[nn.Parameter]:
+        if which == "action_head":
+            return list(self.action_head.parameters())
+        if which == "all":
+            encoders: List[nn.Module] = [self.images, self.text, self.encoder, self.action_head]
+            return [p for module in encoders for p in module.parameters()]
+        raise ValueError(f"unknown trainable subset {which!r}; use 'action_head' or 'all'")
