@@ -25,6 +25,7 @@ CORNER = "observation.images.corner"
 def _osmesa():
     need(osmesa_installed(), "Debian's libosmesa6 (OSMesa: MuJoCo's camera rendering on the CPU)")
 
+
 SMALL = dict(tasks=["reach-v3", "push-v3"], episodes_per_task=1, max_steps=30)
 
 

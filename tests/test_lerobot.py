@@ -194,6 +194,30 @@ def test_a_foreign_dataset_with_its_own_dimensions_trains_the_builtin_policy_and
     )
 
 
+def test_a_dataset_whose_camera_is_av1_video_is_audited_with_a_vision_policy_reading_it(work, tmp_path):
+    """The issue's user: a LeRobotDataset with an AV1 camera, the vision-language policy trained on
+    its pixels and audited, its convolutions' per-sample gradients exact (checked against the loop)."""
+    work, env = work
+    root = foreign_dataset(tmp_path / "foreign")
+    proc = _audit_foreign(
+        work,
+        env,
+        root,
+        "model=tiny_vla_vision_small",
+        f"model.cameras=[{WRIST}]",
+        f"data.camera_features=[{WRIST}]",
+        "gradients.trainable=all",
+        f"hydra.run.dir={tmp_path / 'audit'}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "audit" / "result.json").read_text())
+    artifact = result["gradient_artifact"]
+    assert artifact["dataset_sha256"] == dataset_sha256(str(root), camera_features=[WRIST])
+    assert artifact["layer_methods"]["images.0.layers.0"] == "functional_vjp"  # the first Conv2d
+    assert artifact["layer_methods"]["text.embedding"] == "functional_vjp"
+    assert result["sample_count"] == 12 and np.isfinite([a["mean_residual"] for a in result["anchors"]]).all()
+
+
 def _snippet():
     text = (REPO / "docs" / "gradient_artifact.md").read_text()
     [code] = re.findall(r"## A writer any training loop can call\n\n```python\n(.*?)```", text, re.S)
@@ -373,3 +397,49 @@ def test_a_bad_dataset_is_one_line_naming_the_problem(tmp_path, case):
     record_outcome(
         "datasets", f"LeRobotDataset: {case}", f"one-line error before any work: `{message}`", kind="bad input"
     )
+
+
+def test_the_frames_of_an_av1_camera_decide_a_vision_policys_scores(tmp_path):
+    """A vision policy scoring a dataset whose camera is AV1 video reads the decoded frames: the
+    same anchors score differently when only the video's pixels differ (another video of the same
+    length: a textured scene, where the flat colours of the original give the spatial softmax no
+    place to point), and identically when the video is the same."""
+    import shutil
+
+    import torch
+
+    from helpers.lerobot import write_av1
+    from vlaeval.config import FlowConfig
+    from vlaeval.data.anchors import build_anchors
+    from vlaeval.policy.builtin import PolicyData
+    from vlaeval.policy.tiny_vla_vision import TinyVLAVision
+    from vlaeval.residual.estimators import score_anchors
+
+    root = foreign_dataset(tmp_path / "d")
+    other = tmp_path / "other"
+    shutil.copytree(root, other)
+    rng = np.random.default_rng(0)
+    for video in (other / "videos").rglob("*.mp4"):
+        import av
+
+        with av.open(str(video)) as container:
+            frames = container.streams.video[0].frames
+        blocks = rng.integers(0, 256, (frames, 8, 8, 3), dtype=np.uint8)
+        write_av1(video, np.ascontiguousarray(blocks.repeat(8, axis=1).repeat(8, axis=2)))
+
+    def scores(folder):
+        demos = read_lerobot(folder, "observation.state", "action", "x", [WRIST])
+        data = PolicyData(demos, build_anchors(demos, 4), False)
+        torch.manual_seed(0)
+        model = TinyVLAVision(data.vocabulary, 7, 2, 4, cameras=[WRIST], image_size=32, image_channels=8)
+        policy = data.bind(model, FlowConfig())
+        index = np.arange(0, len(data.anchors.base_index), 7)
+        return score_anchors(
+            policy, data.anchors, index, kind="iid", seeds=[1, 2], samples_per_estimator=4, anchor_batch_size=16
+        ).estimator_residuals.mean(axis=0)
+
+    seen, again, textured = scores(root), scores(root), scores(other)
+    assert np.array_equal(seen, again)
+    # The pixels move the scores: far beyond float32 rounding (~1e-7 here), though an untrained
+    # spatial softmax is nearly flat, so by little.
+    assert np.abs(seen - textured).max() > 1e-5

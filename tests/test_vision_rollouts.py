@@ -165,3 +165,61 @@ def test_a_policy_reading_a_camera_meta_world_lacks_is_refused_by_name():
     bound = bind_policy(model, INSTRUCTIONS, FlowConfig(), image_size=32)
     with pytest.raises(UserInputError, match="reads camera observation.images.wrist, which Meta-World does not have"):
         rollout_lockstep(bound, [Episode("reach-v3", 0, 25, 1)], execute_actions=1, max_steps=2)
+
+
+def test_train_evaluates_the_vision_policy_clean_and_under_each_condition(tmp_path):
+    """job=train on pixels (data=tiny_vision), then the held-out evaluation on the same episodes
+    clean, with the camera blanked and with another task's instruction; all reported and logged."""
+    import json
+
+    from helpers.processes import run_main
+
+    need(osmesa_installed(), "Debian's libosmesa6 (OSMesa: MuJoCo's camera rendering on the CPU)")
+    proc = run_main(
+        [
+            "job=train",
+            "data=tiny_vision",
+            "model=tiny_vla_vision_small",
+            "train.steps=30",
+            "train.batch_size=32",
+            "evaluate.episodes_per_task=2",
+            "evaluate.max_steps=20",
+            "rollout.workers=1",
+            "+evaluate.conditions.blank_camera.perturbation.blank_camera=true",
+            "+evaluate.conditions.other_instruction.instructions=other_task",
+            f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+        env={"VLAEVAL_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    evaluation = result["evaluation"]
+    assert sorted(evaluation["conditions"]) == ["blank_camera", "other_instruction"]
+    blank = evaluation["conditions"]["blank_camera"]
+    assert blank["changed"] == "blank_camera=True" and set(blank["per_task"]) == {"reach-v3", "push-v3"}
+    assert blank["drop"] == pytest.approx(evaluation["policy_success_rate"] - blank["policy_success_rate"])
+    assert evaluation["conditions"]["other_instruction"]["changed"] == "instructions=other_task"
+    assert "The same episodes under each condition" in proc.stdout
+    assert result["metrics"]["eval.condition.blank_camera.drop"] == blank["drop"]
+
+
+def test_a_bad_evaluation_condition_is_one_line_before_any_work(tmp_path):
+    from helpers.processes import run_main
+
+    proc = run_main(
+        [
+            "job=evaluate",
+            "data=tiny",
+            "tracking=disabled",
+            "+evaluate.conditions.dark.perturbation.brightnes=-0.5",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+        env={"VLAEVAL_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "evaluate.conditions.dark.perturbation.brightnes is not a perturbation" in lines[0]
+    assert not (tmp_path / "cache" / "demonstrations").exists()

@@ -188,6 +188,10 @@ class EvaluateConfig:
     seed: int = 1
     execute_actions: int = 1  # actions of each sampled chunk executed before re-planning
     max_steps: int = 150
+    # Probes run on the very same episodes besides the clean run: {name: {perturbation: {...},
+    # instructions: task|paraphrase|unseen|other_task}} (vlaeval/rollouts/evaluation.py). What a
+    # policy does with its camera blanked or another task's instruction shows whether it sees and reads.
+    conditions: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

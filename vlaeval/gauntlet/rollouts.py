@@ -21,7 +21,6 @@ ones in the failure registry (vlaeval.gauntlet.registry).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -136,7 +135,7 @@ class RolloutOutcomes:
             role: {"reference": p.reference, "version": p.version, "sha256": p.sha256}
             for role, p in self.policies.items()
         }
-        scenarios = {k: dataclasses.asdict(f) for k, f in self.families.items()}
+        scenarios = {k: f.spec() for k, f in self.families.items()}
         controls = self.controls()
         return {
             "kind": "rollout",

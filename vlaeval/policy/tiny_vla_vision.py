@@ -125,7 +125,7 @@ class TinyVLAVision(BuiltinPolicy):
 
     def pixels(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, 3, H, W) -> (B, 3, image_size, image_size) in [0, 1], in the weights' dtype."""
-        x = images.to(self.action_head[0].weight.dtype) / 255.0
+        x = images.to(next(self.action_head.parameters()).dtype) / 255.0
         if x.shape[-2:] != (self.image_size, self.image_size):
             x = nn.functional.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear", antialias=True)
         return x

@@ -14,6 +14,7 @@ the demonstrations never used.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, cast
 
@@ -33,6 +34,8 @@ from vlaeval.envs.metaworld import (
 )
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import sample_actions
+from vlaeval.rollouts.evaluation import evaluation_conditions
+from vlaeval.rollouts.language import episode_instruction
 
 DEFAULT_LOCKSTEP_GROUP = RolloutConfig.lockstep_group  # one default: the rollout section's
 MIN_POLICY_BATCH = 8  # rows of every batched policy call (padded): see the module docstring
@@ -258,6 +261,12 @@ def expert_successes(episodes: Sequence[Episode], max_steps: int) -> np.ndarray:
     return out
 
 
+def condition_episode(condition: Any, episode: Episode, tasks: Sequence[str]) -> Episode:
+    """The episode under an evaluation condition: its perturbation, and what its policy is told."""
+    told = episode_instruction(condition.instructions, episode.task, tasks, episode.seed, {})
+    return dataclasses.replace(episode, perturbation=condition.perturbation, instruction=told)
+
+
 def evaluate_closed_loop(
     policy: BoundPolicy,
     tasks: List[str],
@@ -272,19 +281,23 @@ def evaluate_closed_loop(
 
     plan = episode_plan(tasks, int(evaluate.episodes_per_task), int(evaluate.seed), HELD_OUT_VARIANTS)
     episodes = [Episode(ep["task"], ep["task_index"], ep["variant"], ep["seed"]) for ep in plan]
+    conditions = evaluation_conditions(evaluate)
+    jobs = [RolloutJob(policy, episodes)] + [
+        RolloutJob(policy, [condition_episode(c, e, tasks) for e in episodes]) for c in conditions
+    ]
     executor = make_executor(str(rollout.executor), int(rollout.workers), rollout.ray_address)
     try:
-        successes = rollout_episodes(
-            policy,
-            episodes,
+        outcomes = rollout_jobs(
+            jobs,
+            executor,
             execute_actions=int(evaluate.execute_actions),
             max_steps=int(evaluate.max_steps),
             group_size=int(rollout.lockstep_group),
-            executor=executor,
             progress=None if progress is None else (lambda done, total: progress(done, total, "policy episodes")),
-        )["success"]
+        )
     finally:
         executor.close()
+    successes = outcomes[0]["success"]
     expert = expert_successes(episodes, int(evaluate.max_steps))
     rows = {}
     for task in tasks:
@@ -304,6 +317,15 @@ def evaluate_closed_loop(
         ],
         "policy_success_rate": float(np.mean(successes)),
         "expert_success_rate": float(np.mean(expert)),
+        "conditions": {
+            c.name: {
+                "policy_success_rate": float(np.mean(out["success"])),
+                "drop": float(np.mean(successes) - np.mean(out["success"])),
+                "per_task": {t: float(np.mean(out["success"][[e.task == t for e in episodes]])) for t in tasks},
+                "changed": c.describe(),
+            }
+            for c, out in zip(conditions, outcomes[1:])
+        },
         "held_out_variants": [HELD_OUT_VARIANTS.start, HELD_OUT_VARIANTS.stop],
         "rollout": "lockstep: one batched policy call per control step for every episode that needs a chunk",
     }

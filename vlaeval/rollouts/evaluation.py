@@ -3,14 +3,60 @@ job=train share them)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes, atomic_write_text
-from vlaeval.errors import require, require_at_least
+from vlaeval.choices import InstructionMode
+from vlaeval.envs.metaworld import NO_PERTURBATION, Perturbation
+from vlaeval.errors import UserInputError, require, require_at_least
+
+CONDITION_KEYS = ("perturbation", "instructions")
+
+
+@dataclass(frozen=True)
+class EvaluationCondition:
+    """A probe run on the evaluation's very episodes: what the policy sees (a perturbation, e.g.
+    {blank_camera: true}) and what it is told (an instruction mode, e.g. other_task)."""
+
+    name: str
+    perturbation: Perturbation = NO_PERTURBATION
+    instructions: InstructionMode = InstructionMode.task
+
+    @classmethod
+    def parse(cls, name: str, values: Any) -> "EvaluationCondition":
+        where = f"evaluate.conditions.{name}"
+        require(isinstance(values, Mapping), f"{where} must be a mapping of {', '.join(CONDITION_KEYS)}")
+        for key in values:
+            require(key in CONDITION_KEYS, f"{where}.{key} is not a condition setting; use {', '.join(CONDITION_KEYS)}")
+        try:
+            mode = InstructionMode(str(values.get("instructions", "task")))
+        except ValueError:
+            raise UserInputError(
+                f"{where}.instructions={values.get('instructions')!r} is unknown; use one of "
+                f"{', '.join(InstructionMode.values())}"
+            ) from None
+        out = cls(str(name), Perturbation.parse(values.get("perturbation"), f"{where}.perturbation"), mode)
+        require(
+            out.perturbation.active or out.instructions != InstructionMode.task,
+            f"{where} changes nothing; give it a perturbation or an instructions mode",
+        )
+        return out
+
+    def describe(self) -> str:
+        changed = [f"{k}={v}" for k, v in self.perturbation.spec().items() if getattr(NO_PERTURBATION, k) != v]
+        if self.instructions != InstructionMode.task:
+            changed.append(f"instructions={self.instructions.value}")
+        return ", ".join(changed)
+
+
+def evaluation_conditions(evaluate: Any) -> List[EvaluationCondition]:
+    """evaluate.conditions, parsed and checked (one-line errors before any episode runs)."""
+    return [EvaluationCondition.parse(str(k), v) for k, v in dict(evaluate.get("conditions") or {}).items()]
 
 
 def validate_evaluate(cfg: DictConfig) -> None:
@@ -22,6 +68,9 @@ def validate_evaluate(cfg: DictConfig) -> None:
     )
     require_at_least("evaluate.max_steps", e.max_steps, 1)
     require_at_least("flow.sampling_steps", cfg.flow.sampling_steps, 1)
+    conditions = evaluation_conditions(e)
+    if any(c.instructions == InstructionMode.other_task for c in conditions):
+        require(len(cfg.data.get("tasks") or []) >= 2, "evaluate.conditions: instructions=other_task needs two tasks")
     validate_rollout(cfg.rollout)
 
 
@@ -39,6 +88,9 @@ def evaluation_view(evaluation: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[
     for task, row in evaluation["per_task"].items():
         metrics[f"eval.{task}.policy_success_rate"] = row["policy_success_rate"]
         metrics[f"eval.{task}.expert_success_rate"] = row["expert_success_rate"]
+    for name, row in evaluation.get("conditions", {}).items():
+        metrics[f"eval.condition.{name}.policy_success_rate"] = row["policy_success_rate"]
+        metrics[f"eval.condition.{name}.drop"] = row["drop"]
     return metrics, {}
 
 
@@ -58,6 +110,18 @@ def print_evaluation(evaluation: Dict[str, Any]) -> None:
     console.show(
         console.table("Closed-loop success on held-out episodes", ["task", "policy", "expert", "episodes"], rows)
     )
+    conditions = evaluation.get("conditions", {})
+    if conditions:
+        console.show(
+            console.table(
+                "The same episodes under each condition",
+                ["condition", "policy", "drop from clean", "what changed"],
+                [
+                    (name, f"{c['policy_success_rate']:.2f}", f"{c['drop']:+.2f}", c["changed"])
+                    for name, c in conditions.items()
+                ],
+            )
+        )
 
 
 # The paired outcomes of an evaluation, in the format outcomes=file reads: the scripted expert is the

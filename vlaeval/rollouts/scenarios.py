@@ -4,6 +4,7 @@ policies it rolls out, episodes as cacheable specs, and the paired-outcome file 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -51,6 +52,19 @@ class ScenarioFamily:
     replay: bool = False
     instructions: InstructionMode = InstructionMode.task
     phrasings: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (task, texts), hashable
+
+    def spec(self) -> Dict[str, Any]:
+        """Its settings as plain values (the source's description and digest); the camera and
+        language settings only when set, so a family without them describes itself as before."""
+        out = dataclasses.asdict(self)
+        out["perturbation"] = self.perturbation.spec()
+        if self.instructions == InstructionMode.task:
+            out.pop("instructions")
+        else:
+            out["instructions"] = self.instructions.value
+        if not self.phrasings:
+            out.pop("phrasings")
+        return out
 
     def instruction(self, task: str, seed: int) -> Optional[str]:
         """What the episode of `task` with `seed` is told (None: the task's own instruction)."""
