@@ -222,8 +222,9 @@ def _readme_adapter():
 
 
 def test_the_readme_adapter_is_audited_end_to_end(tmp_path):
+    """The adapter sees and reads: trained on the corner camera's pixels and its own word ids, audited."""
     code, config = _readme_adapter()
-    assert len(code.strip().splitlines()) <= 40  # "about 30 lines"
+    assert len(code.strip().splitlines()) <= 45
     (tmp_path / "my_code" / "my_team").mkdir(parents=True)
     (tmp_path / "my_code" / "my_team" / "__init__.py").write_text("")
     (tmp_path / "my_code" / "my_team" / "adapter.py").write_text(code)
@@ -237,17 +238,20 @@ def test_the_readme_adapter_is_audited_end_to_end(tmp_path):
             "model=my_policy",
             f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
             "tracking=disabled",
-            *[o for o in AUDIT_SMALL if not o.startswith("model=")],
+            *[o for o in AUDIT_SMALL if not o.startswith(("model=", "data="))],
+            "data=tiny_vision",
+            "gradients.trainable=all",
             f"hydra.run.dir={work / 'audit'}",
         ],
         work,
-        env={"PYTHONPATH": str(tmp_path / "my_code")},
+        env={"PYTHONPATH": str(tmp_path / "my_code"), "VLAEVAL_CACHE_DIR": str(tmp_path / "cache")},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((work / "audit" / "result.json").read_text())
     assert result["sample_count"] == 16 and "Residual audit gate" in proc.stdout
     methods = result["gradient_artifact"]["layer_methods"]
-    assert methods == {"net.head.0": "linear_rows", "net.head.2": "linear_rows"}  # the adapter's action head
+    assert methods["net.vision.0"] == "functional_vjp" and methods["net.words"] == "functional_vjp"
+    assert methods["net.head.0"] == methods["net.prefix.0"] == "linear_rows"
 
 
 @pytest.mark.parametrize(

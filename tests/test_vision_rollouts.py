@@ -169,7 +169,9 @@ def test_a_policy_reading_a_camera_meta_world_lacks_is_refused_by_name():
 
 def test_train_evaluates_the_vision_policy_clean_and_under_each_condition(tmp_path):
     """job=train on pixels (data=tiny_vision), then the held-out evaluation on the same episodes
-    clean, with the camera blanked and with another task's instruction; all reported and logged."""
+    clean, with the camera blanked and with another task's instruction; all reported and logged.
+    The rollout workers are forked after this process rendered the recording: they render too
+    (a llvmpipe thread pool inherited across fork once hung them; vlaeval/__init__.py)."""
     import json
 
     from helpers.processes import run_main
@@ -184,7 +186,8 @@ def test_train_evaluates_the_vision_policy_clean_and_under_each_condition(tmp_pa
             "train.batch_size=32",
             "evaluate.episodes_per_task=2",
             "evaluate.max_steps=20",
-            "rollout.workers=1",
+            "rollout.workers=2",
+            "rollout.lockstep_group=2",
             "+evaluate.conditions.blank_camera.perturbation.blank_camera=true",
             "+evaluate.conditions.other_instruction.instructions=other_task",
             f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
@@ -192,6 +195,7 @@ def test_train_evaluates_the_vision_policy_clean_and_under_each_condition(tmp_pa
         ],
         tmp_path,
         env={"VLAEVAL_CACHE_DIR": str(tmp_path / "cache")},
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())

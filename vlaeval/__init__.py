@@ -7,3 +7,8 @@ __version__ = "0.1.0"
 # MuJoCo picks its OpenGL backend when it is imported: render cameras offscreen on the CPU
 # (OSMesa) unless the environment says otherwise (MUJOCO_GL=egl on a GPU machine).
 os.environ.setdefault("MUJOCO_GL", "osmesa")
+# OSMesa's llvmpipe rasterises on a pool of threads by default. Rollout workers are forked, and a
+# process forked after rendering inherits a pool whose threads are gone: its first render waits for
+# them forever. Rasterising in the calling thread avoids that, at no cost for small frames
+# (measured: 7.4 ms a 64x64 frame either way), and leaves the cores to the rollout workers.
+os.environ.setdefault("LP_NUM_THREADS", "0")
