@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -34,6 +34,15 @@ from vlaeval.data.anchors import draw
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.residual.gradients import PerSampleGradNorms, _LossModule, gradient_draws, split_half_reliability
+
+# policy -> (config overrides, trainable subset, seeds for speed): the vision policy's whole network
+# (Conv2d, GroupNorm, Embedding, positions, LayerNorm, attention, Linear), on its 64x64 camera, at
+# 1/8 of the seeds (an image per pair: the full size would hold 32k images).
+POLICIES: Dict[str, Tuple[List[str], str, int]] = {
+    "tiny_vla": (["model=tiny_vla"], "action_head", 1),
+    "tiny_dit": (["model=tiny_dit"], "action_head", 1),
+    "tiny_vla_vision": (["model=tiny_vla_vision", "data=metaworld_vision"], "all", 8),
+}
 
 
 def opacus_norms(model: torch.nn.Module, parameters, flow) -> Optional[Callable]:
@@ -84,11 +93,12 @@ def chunked(fn, batch, t, noise, size):
 
 
 def measure(name: str, trained: torch.nn.Module, cfg: Any, data: Any, args) -> Dict[str, Any]:
+    _, subset, divisor = POLICIES[name]
     index, _ = draw(data.anchors, args.anchors, 0)
     methods: Dict[str, Any] = {}
     # Exactness, float64.
     model = copy.deepcopy(trained).double().eval()
-    params = list(model.trainable_parameters("action_head"))  # type: ignore[operator]
+    params = list(model.trainable_parameters(subset))  # type: ignore[operator]
     for p in model.parameters():
         p.requires_grad_(any(p is q for q in params))
     batch, t, noise = pairs_of(model, data, index, [1, 2, 3, 4], cfg.flow, torch.float64)
@@ -105,10 +115,10 @@ def measure(name: str, trained: torch.nn.Module, cfg: Any, data: Any, args) -> D
         methods[method] = {"max_relative_difference_float64": float(((sq - reference).abs() / reference).max())}
     # Speed and memory, float32, the default size.
     model = copy.deepcopy(trained).float().eval()
-    params = list(model.trainable_parameters("action_head"))  # type: ignore[operator]
+    params = list(model.trainable_parameters(subset))  # type: ignore[operator]
     for p in model.parameters():
         p.requires_grad_(any(p is q for q in params))
-    seeds = list(range(5000, 5000 + args.seeds))
+    seeds = list(range(5000, 5000 + args.seeds // divisor))
     batch, t, noise = pairs_of(model, data, index, seeds, cfg.flow, torch.float32)
     auto = PerSampleGradNorms(model, params, cfg.flow, "auto")
     timed: Dict[str, Callable] = {
@@ -150,6 +160,7 @@ def measure(name: str, trained: torch.nn.Module, cfg: Any, data: Any, args) -> D
     layer_methods = sorted(set(auto.layer_methods.values()))
     summary = {
         "policy": name,
+        "trainable": subset,
         "parameters_trainable": parameter_count,
         "pairs": int(t.shape[0]),
         "loop_seconds_scaled": loop_s,
@@ -193,13 +204,14 @@ def memory_in_a_fresh_process(policy: str, method: str, args) -> Optional[int]:
 
 def memory_child(spec: str, args) -> None:
     policy, method = spec.split(":")
-    cfg, data, handle = default_policy([f"model={policy}"])
+    overrides, subset, divisor = POLICIES[policy]
+    cfg, data, handle = default_policy(overrides)
     index, _ = draw(data.anchors, args.anchors, 0)
     model = handle.model.float().eval()
-    params = list(model.trainable_parameters("action_head"))
+    params = list(model.trainable_parameters(subset))
     for p in model.parameters():
         p.requires_grad_(any(p is q for q in params))
-    seeds = list(range(5000, 5000 + (args.loop_seeds if method == "loop" else args.seeds)))
+    seeds = list(range(5000, 5000 + (args.loop_seeds if method == "loop" else args.seeds // divisor)))
     batch, t, noise = pairs_of(model, data, index, seeds, cfg.flow, torch.float32)
     fn: Optional[Callable] = (
         opacus_norms(model, params, cfg.flow)
@@ -221,7 +233,7 @@ def figures_body(out: Dict[str, Any]) -> str:
             memory = m.get("peak_rss_increase_bytes")
             rows.append(
                 (
-                    name,
+                    f"{name} ({summary['trainable']}, {summary['pairs']:,} pairs)",
                     method,
                     f"{m['max_relative_difference_float64']:.1e}",
                     f"{m['pairs_per_second']:,.0f}" if "pairs_per_second" in m else "—",
@@ -239,11 +251,13 @@ def figures_body(out: Dict[str, Any]) -> str:
         )
         for name, summary in out.items()
     ]
-    first = next(iter(out.values()))
+    vision = out.get("tiny_vla_vision", {}).get("auto_layer_methods", [])
     return (
-        f"{first['pairs']:,} (anchor, seed) pairs of each built-in policy's action head; each method's squared "
-        "norms against a per-sample autograd loop in float64, then its speed (pairs/s, against the loop "
-        "scaled from a few seeds) and its peak memory in a fresh process in float32.\n\n"
+        "(anchor, seed) pairs of each built-in policy -- the action head of the state policies, the whole vision "
+        "policy (its Conv2d, GroupNorm, Embedding, learned positions, LayerNorm, attention and Linear layers"
+        + (f"; methods used: {', '.join(vision)}" if vision else "")
+        + "); each method's squared norms against a per-sample autograd loop in float64, then its speed "
+        "(pairs/s, against the loop scaled from a few seeds) and its peak memory in a fresh process in float32.\n\n"
         + markdown_table(["policy", "method", "max relative difference", "pairs/s", "x the loop", "peak RSS"], rows)
         + "\n\nSplit-half reliability of gradient RMS by the number of gradient seeds (the default config "
         "uses 512 and promises at least 0.8 on tiny_vla; the benchmark exits 1 below it):\n\n"
@@ -266,8 +280,8 @@ def main() -> None:
         return
     torch.use_deterministic_algorithms(True)
     out = {}
-    for name in ("tiny_vla", "tiny_dit"):
-        cfg, data, handle = default_policy([f"model={name}"])
+    for name, (overrides, _, _) in POLICIES.items():
+        cfg, data, handle = default_policy(overrides)
         out[name] = measure(name, handle.model, cfg, data, args)
     atomic_write_json(args.out, out)
     write_figures(

@@ -10,7 +10,8 @@ as workers (rollout.executor=ray): local pool vs Ray on the same machine, same o
 
 The simulator-alone figure opens the same scenes and steps each for as many steps as the lockstep
 run took there, with zero actions, on the same number of processes: the physical bound of any
-rollout engine on these cores.
+rollout engine on these cores. For the vision policy (tiny_vla_vision on the corner camera) the
+bound also renders that camera at every step, as the engine does at every policy call.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, Dict, List
 
 import numpy as np
 
@@ -31,62 +33,60 @@ from vlaeval.envs.metaworld import Episode, SceneEnvironments, task_benchmark
 from vlaeval.rollouts.engine import rollout_episodes
 
 
-def simulate(episodes, steps) -> None:
-    envs = SceneEnvironments()
+def simulate(episodes, steps, cameras=(), image_size=64) -> None:
+    """Open each episode's scene and step it `steps` times with zero actions, rendering `cameras`
+    at every step (as the engine does for a policy that reads them, one chunk action per call)."""
+    envs = SceneEnvironments(cameras, image_size)
     try:
         zero = np.zeros(4)
-        for e, n in zip(episodes, steps):
+        for k, (e, n) in enumerate(zip(episodes, steps)):
             envs.open(e)
             for _ in range(int(n)):
                 envs.envs[-1].step(zero)
+                envs.images(k)
     finally:
         envs.close()
 
 
-def simulator_alone(episodes, steps, workers: int) -> float:
+def simulator_alone(episodes, steps, workers: int, cameras=(), image_size=64) -> float:
     started = time.perf_counter()
     if workers <= 1:
-        simulate(episodes, steps)
+        simulate(episodes, steps, cameras, image_size)
     else:
-        halves = [(episodes[i::workers], steps[i::workers]) for i in range(workers)]
+        parts = [(episodes[i::workers], steps[i::workers], cameras, image_size) for i in range(workers)]
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            list(pool.map(simulate, *zip(*halves)))
+            list(pool.map(simulate, *zip(*parts)))
     return time.perf_counter() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--episodes-per-task", type=int, default=5)
-    parser.add_argument("--max-steps", type=int, default=150)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--no-ray", action="store_true", help="skip the Ray executor")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rollout_throughput.json")
-    args = parser.parse_args()
-    cfg, data, handle = default_policy()
+def measure(name, cfg, data, handle, episodes_per_task, max_steps, workers, ray_too) -> Dict[str, Any]:
+    """Env steps/s of the lockstep engine on 1 process and on `workers`, one episode at a time, and
+    on Ray, against the simulator (plus the renderer of the policy's cameras) alone."""
     tasks = data.demonstrations.tasks
     for task in tasks:  # built once per process before any timing (and inherited by forked workers)
         task_benchmark(task)
-    plan = episode_plan(tasks, args.episodes_per_task, int(cfg.evaluate.seed), HELD_OUT_VARIANTS)
+    plan = episode_plan(tasks, episodes_per_task, int(cfg.evaluate.seed), HELD_OUT_VARIANTS)
     episodes = [Episode(p["task"], p["task_index"], p["variant"], p["seed"]) for p in plan]
-    common = dict(execute_actions=int(cfg.evaluate.execute_actions), max_steps=args.max_steps)
-    group = -(-len(episodes) // (2 * args.workers))  # two groups per worker
+    common = dict(execute_actions=int(cfg.evaluate.execute_actions), max_steps=max_steps)
+    group = -(-len(episodes) // (2 * workers))  # two groups per worker
+    policy = data.bind(handle.model, cfg.flow)
 
     def timed(**kwargs):
         started = time.perf_counter()
-        out = rollout_episodes(data.bind(handle.model, cfg.flow), episodes, **common, **kwargs)
+        out = rollout_episodes(policy, episodes, **common, **kwargs)
         return out, time.perf_counter() - started
 
     lockstep_1, lockstep_1_s = timed(group_size=group, workers=1)
-    lockstep_w, lockstep_w_s = timed(group_size=group, workers=args.workers)
+    lockstep_w, lockstep_w_s = timed(group_size=group, workers=workers)
     single, single_s = timed(group_size=1, workers=1)
     assert np.array_equal(lockstep_1["success"], lockstep_w["success"])  # workers change only the speed
     on_ray_s = None
-    if not args.no_ray:
+    if ray_too:
         import ray
 
         from vlaeval.rollouts.executors import RayExecutor
 
-        ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         executor = RayExecutor()
         timed(group_size=group, executor=executor)  # warm: the workers start and build the scenes once
         on_ray, on_ray_s = timed(group_size=group, executor=executor)
@@ -94,13 +94,18 @@ def main() -> None:
         assert np.array_equal(on_ray["steps"], lockstep_1["steps"])  # the executor changes only the speed
     steps = lockstep_1["steps"]
     total = int(steps.sum())
-    bound_1 = total / simulator_alone(episodes, steps, 1)
-    bound_w = total / simulator_alone(episodes, steps, args.workers)
+    cameras, size = policy.cameras, policy.image_size
+    bound_1 = total / simulator_alone(episodes, steps, 1, cameras, size)
+    bound_w = total / simulator_alone(episodes, steps, workers, cameras, size)
     summary = {
+        "policy": name,
+        "cameras": list(cameras),
+        "image_size": size if cameras else None,
+        "tasks": list(tasks),
         "episodes": len(episodes),
         "env_steps": total,
         "lockstep_group": group,
-        "workers": args.workers,
+        "workers": workers,
         "simulator_alone_steps_per_second_1_process": bound_1,
         "simulator_alone_steps_per_second_workers": bound_w,
         "lockstep_steps_per_second_1_process": total / lockstep_1_s,
@@ -113,12 +118,15 @@ def main() -> None:
         "ray_steps_per_second_workers": None if on_ray_s is None else total / on_ray_s,
         "ray_fraction_of_local_pool": None if on_ray_s is None else lockstep_w_s / on_ray_s,
     }
-    print(f"{len(episodes)} episodes, {total} env steps ({', '.join(tasks)}), groups of {group}")
-    print(f"  simulator alone: {bound_1:,.0f} steps/s on 1 process, {bound_w:,.0f} on {args.workers}")
+    seen = f" rendering {', '.join(cameras)} at {size}x{size}" if cameras else ""
+    print(f"{name}: {len(episodes)} episodes, {total} env steps{seen}, groups of {group}")
+    print(
+        f"  simulator{' + renderer' if cameras else ''} alone: {bound_1:,.0f} steps/s on 1 process, {bound_w:,.0f} on {workers}"
+    )
     print(
         f"  lockstep engine: {total / lockstep_1_s:,.0f} steps/s on 1 process "
         f"({summary['lockstep_fraction_of_bound_1_process']:.0%} of the bound), {total / lockstep_w_s:,.0f} on "
-        f"{args.workers} ({summary['lockstep_fraction_of_bound_workers']:.0%})"
+        f"{workers} ({summary['lockstep_fraction_of_bound_workers']:.0%})"
     )
     print(
         f"  one episode at a time: {summary['one_at_a_time_steps_per_second']:,.0f} steps/s "
@@ -126,30 +134,78 @@ def main() -> None:
     )
     if on_ray_s is not None:
         print(
-            f"  Ray tasks on a local instance ({args.workers} CPUs, warm workers): {total / on_ray_s:,.0f} steps/s "
+            f"  Ray tasks on a local instance ({workers} CPUs, warm workers): {total / on_ray_s:,.0f} steps/s "
             f"({summary['ray_fraction_of_local_pool']:.2f}x the local pool)"
         )
-    atomic_write_json(args.out, summary)
+    return summary
+
+
+def table(summary: Dict[str, Any]) -> str:
+    w = summary["workers"]
+    bound = (
+        "the simulator and renderer alone (no policy): the bound"
+        if summary["cameras"]
+        else ("the simulator alone (no policy): the bound")
+    )
     rows = [
-        ("the simulator alone (no policy): the bound", f"{bound_1:,.0f}", f"{bound_w:,.0f}"),
+        (
+            bound,
+            f"{summary['simulator_alone_steps_per_second_1_process']:,.0f}",
+            f"{summary['simulator_alone_steps_per_second_workers']:,.0f}",
+        ),
         (
             "lockstep engine",
-            f"{total / lockstep_1_s:,.0f} ({summary['lockstep_fraction_of_bound_1_process']:.0%} of the bound)",
-            f"{total / lockstep_w_s:,.0f} ({summary['lockstep_fraction_of_bound_workers']:.0%})",
+            f"{summary['lockstep_steps_per_second_1_process']:,.0f} ({summary['lockstep_fraction_of_bound_1_process']:.0%} of the bound)",
+            f"{summary['lockstep_steps_per_second_workers']:,.0f} ({summary['lockstep_fraction_of_bound_workers']:.0%})",
         ),
         ("one episode at a time", f"{summary['one_at_a_time_steps_per_second']:,.0f}", "—"),
     ]
-    if on_ray_s is not None:
-        rows.append(("Ray tasks, a local instance (warm workers)", "—", f"{total / on_ray_s:,.0f}"))
+    if summary["ray_steps_per_second_workers"] is not None:
+        rows.append(
+            ("Ray tasks, a local instance (warm workers)", "—", f"{summary['ray_steps_per_second_workers']:,.0f}")
+        )
+    seen = (
+        f"; the policy reads {', '.join(summary['cameras'])}, rendered at {summary['image_size']}x{summary['image_size']} "
+        "at every policy call"
+        if summary["cameras"]
+        else ""
+    )
+    return (
+        f"**{summary['policy']}**: {summary['episodes']} held-out episodes ({', '.join(summary['tasks'])}), "
+        f"{summary['env_steps']:,} environment steps, lockstep groups of {summary['lockstep_group']}{seen}. "
+        f"Lockstep is {summary['lockstep_speedup_over_one_at_a_time']:.1f}x faster than one episode at a time.\n\n"
+        + markdown_table(["how", "steps/s, 1 process", f"steps/s, {w} workers"], rows)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--episodes-per-task", type=int, default=5)
+    parser.add_argument("--max-steps", type=int, default=150)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray executor")
+    parser.add_argument("--no-vision", action="store_true", help="skip the vision policy (rendered cameras)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rollout_throughput.json")
+    args = parser.parse_args()
+    policies: Dict[str, List[str]] = {"tiny_vla (state)": []}
+    if not args.no_vision:
+        policies["tiny_vla_vision (corner camera)"] = ["model=tiny_vla_vision", "data=metaworld_vision"]
+    out = {}
+    for name, overrides in policies.items():
+        cfg, data, handle = default_policy(overrides)
+        out[name] = measure(
+            name, cfg, data, handle, args.episodes_per_task, args.max_steps, args.workers, not args.no_ray
+        )
+    atomic_write_json(args.out, out)
     write_figures(
         "rollout_throughput",
         "Closed-loop rollout throughput",
         "python benchmarks/rollout_throughput.py",
-        f"{len(episodes)} held-out episodes of the built-in policy ({', '.join(tasks)}), {total:,} environment "
-        f"steps, lockstep groups of {group}; environment steps per second. The lockstep engine is "
-        f"{summary['lockstep_speedup_over_one_at_a_time']:.1f}x faster than one episode at a time; the outcomes "
+        "Environment steps per second of the lockstep engine against the simulator alone -- and, for a policy "
+        "that reads a camera, the simulator plus the offscreen renderer (OSMesa on the CPU) rendering that "
+        "camera as often -- on the same episodes and cores: the bound of any rollout engine here. The outcomes "
         "are identical whatever the workers and groups (tested).\n\n"
-        + markdown_table(["how", "steps/s, 1 process", f"steps/s, {args.workers} workers"], rows),
+        + "\n\n".join(table(summary) for summary in out.values()),
     )
 
 

@@ -174,6 +174,7 @@ def test_the_vision_language_policy_equals_the_per_sample_loop_in_float64(which,
         head_layers=2,
         time_embedding_dim=8,
     ).double()
+    model.eval()  # as gradient_measurements runs it: no training-time image shifts
     params = list(model.trainable_parameters(which))
     for p in model.parameters():
         p.requires_grad_(any(p is q for q in params))
@@ -191,7 +192,14 @@ def test_the_vision_language_policy_equals_the_per_sample_loop_in_float64(which,
     torch.testing.assert_close(fast_loss, slow_loss, rtol=1e-12, atol=0)
     if which == "all" and method == "auto":
         methods = norms.layer_methods
-        for layer in ("images.0.layers.0", "images.0.layers.1", "text.embedding", "text.positions", "text.norm"):
+        for layer in (
+            "images.0.layers.0",  # Conv2d
+            "images.0.layers.1",  # GroupNorm
+            "images.0.layers.7",  # the spatial softmax's sharpness
+            "text.embedding",
+            "text.positions",
+            "text.norm",
+        ):
             assert methods[layer] == "functional_vjp", (layer, methods[layer])
         assert methods["text.attention.query"] == "linear_gram" and methods["encoder.0"] == "linear_rows"
 
@@ -230,3 +238,23 @@ def test_the_transformer_expert_is_trained_and_audited_end_to_end(tmp_path):
     assert artifact["layer_methods"]["blocks.0.self_attention.query"] == "linear_gram"
     assert artifact["layer_methods"]["blocks.0.modulation"] == "linear_rows"
     assert result["metrics"]["repeatability.spearman"] > 0.5
+
+
+def test_the_vision_policy_shifts_its_images_only_while_training():
+    torch.manual_seed(8)
+    model = TinyVLAVision(VOCAB, OBS, A, H, image_size=16, augment_shift=3)
+    images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    model.eval()
+    assert torch.equal(model.pixels(images), images.float() / 255)  # scoring, gradients, rollouts: as given
+    model.train()
+    torch.manual_seed(9)
+    shifted = model.pixels(images)
+    torch.manual_seed(9)
+    assert torch.equal(model.pixels(images), shifted)  # drawn from torch's seeded generator
+    moved = (shifted - images.float() / 255).abs().flatten(1).amax(dim=1)
+    assert int((moved > 0).sum()) >= 3  # (a zero shift is one of 49 draws per image)
+    whole = torch.zeros(1, 3, 16, 16, dtype=torch.uint8)
+    whole[..., 8, 8] = 255  # one bright pixel moves by whole pixels, staying one pixel
+    torch.manual_seed(10)
+    out = model.pixels(whole)[0, 0]
+    assert torch.isclose(out.sum(), torch.tensor(1.0)) and float(out.max()) == pytest.approx(1.0)

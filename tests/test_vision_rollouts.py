@@ -227,3 +227,48 @@ def test_a_bad_evaluation_condition_is_one_line_before_any_work(tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert "evaluate.conditions.dark.perturbation.brightnes is not a perturbation" in lines[0]
     assert not (tmp_path / "cache" / "demonstrations").exists()
+
+
+@pytest.mark.slow
+def test_a_rollout_gauntlet_with_visual_and_language_strata_decides_and_saves_every_rollout(tmp_path):
+    """The small vision gauntlet end to end: two vision policies trained on pixels, each visual and
+    language family a stratum with a decision, every episode pair written, the families' settings
+    in the lineage; a second run takes every episode from the cache."""
+    import json
+
+    import pandas as pd
+
+    from helpers.processes import run_main
+
+    need(osmesa_installed(), "Debian's libosmesa6 (OSMesa: MuJoCo's camera rendering on the CPU)")
+    common = [
+        "job=gauntlet",
+        "model=tiny_vla_vision_small",
+        "strata=vision",
+        "outcomes=rollout_vision_small",
+        "tracking=disabled",
+        "gauntlet.plot=false",
+        "gauntlet.preflight=off",
+        "rollout.workers=2",
+        "rollout.lockstep_group=4",
+    ]
+    env = {"VLAEVAL_CACHE_DIR": str(tmp_path / "cache")}
+    runs = []
+    for name in ("first", "again"):
+        proc = run_main([*common, f"hydra.run.dir={tmp_path / name}"], tmp_path, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads((tmp_path / name / "result.json").read_text()))
+    first, again = runs
+    strata = {s["stratum"]: s for s in first["strata"]}
+    families = ["camera_pose", "occlusion", "visual_shift", "paraphrase", "unseen_phrasing"]
+    assert set(families) <= set(strata) and all(strata[f]["decision"] for f in families)
+    pairs = pd.read_csv(first["rollouts"]["paired_outcomes"])
+    for family in families:
+        assert (pairs["stratum"] == family).sum() == strata[family]["units_evaluated"] > 0
+    scenarios = first["lineage"]["data_source"]["scenarios"]
+    assert scenarios["paraphrase"]["instructions"] == "paraphrase"
+    assert scenarios["occlusion"]["perturbation"]["occlusion"] == 0.2
+    assert "instructions" not in scenarios["nominal"] and "occlusion" not in scenarios["nominal"]["perturbation"]
+    assert first["rollouts"]["episodes_run"] == 2 * len(pairs) and first["rollouts"]["episodes_from_cache"] == 0
+    assert again["rollouts"]["episodes_run"] == 0  # the same episodes, from the cache
+    assert [s["decision"] for s in again["strata"]] == [s["decision"] for s in first["strata"]]

@@ -1,8 +1,10 @@
 """model=tiny_vla_vision: a small vision-language-action policy that sees and reads.
 
-    camera(s), uint8 (B, 3, H, W) --> /255, resized to image_size --> per camera:
+    camera(s), uint8 (B, 3, H, W) --> /255, resized to image_size (and, while training, shifted by
+        up to augment_shift pixels) --> per camera:
         Conv2d 5x5/2 -> GroupNorm -> SiLU -> Conv2d 3x3/2 -> GroupNorm -> SiLU -> Conv2d 3x3/1
-        -> spatial softmax (each channel's expected image x, y: where it sees its feature)
+        -> spatial softmax at a learned sharpness (each channel's expected image x, y: where it
+           sees its feature)
     instruction text --> its own tokenizer (word ids over the vocabulary it was built with, unknown
         words -> <unk>) --> Embedding + learned positions -> one pre-norm self-attention block
         -> mean over the words that are there
@@ -32,16 +34,34 @@ PAD, UNKNOWN = 0, 1  # token ids before the vocabulary's words
 
 
 class SpatialSoftmax(nn.Module):
-    """(B, C, H, W) feature maps -> (B, 2C): each channel's softmax-weighted mean image position."""
+    """(B, C, H, W) feature maps -> (B, 2C): each channel's softmax-weighted mean image position,
+    at a learned sharpness (a flat softmax, as at initialisation, points nowhere)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_sharpness = nn.Parameter(torch.tensor(1.0))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         b, c, h, w = features.shape
-        weights = torch.softmax(features.reshape(b, c, h * w), dim=-1).reshape(b, c, h, w)
+        logits = features.reshape(b, c, h * w) * self.log_sharpness.exp()
+        weights = torch.softmax(logits, dim=-1).reshape(b, c, h, w)
         ys = torch.linspace(-1.0, 1.0, h, device=features.device, dtype=features.dtype)
         xs = torch.linspace(-1.0, 1.0, w, device=features.device, dtype=features.dtype)
         x = (weights.sum(dim=2) * xs).sum(dim=-1)
         y = (weights.sum(dim=3) * ys).sum(dim=-1)
         return torch.cat([x, y], dim=-1)
+
+
+def random_shift(images: torch.Tensor, pixels: int) -> torch.Tensor:
+    """Each image translated by up to `pixels` in x and y (edges repeated), drawn per image from
+    torch's generator: the augmentation image policies train with (DrQ, Diffusion Policy)."""
+    b, _, h, w = images.shape
+    shift = torch.randint(-pixels, pixels + 1, (b, 2), device=images.device).to(images.dtype)
+    theta = torch.zeros(b, 2, 3, dtype=images.dtype, device=images.device)
+    theta[:, 0, 0] = theta[:, 1, 1] = 1.0
+    theta[:, 0, 2], theta[:, 1, 2] = 2.0 * shift[:, 0] / w, 2.0 * shift[:, 1] / h
+    grid = nn.functional.affine_grid(theta, list(images.shape), align_corners=False)
+    return nn.functional.grid_sample(images, grid, padding_mode="border", align_corners=False)
 
 
 class ImageEncoder(nn.Module):
@@ -88,6 +108,7 @@ class TinyVLAVision(BuiltinPolicy):
         *,
         cameras: Sequence[str] = ("observation.images.corner",),
         image_size: int = 64,
+        augment_shift: int = 4,
         state_dims: Optional[int] = 4,
         image_channels: int = 32,
         text_width: int = 32,
@@ -103,6 +124,7 @@ class TinyVLAVision(BuiltinPolicy):
             raise ValueError("model.cameras is empty: a vision policy reads at least one camera")
         self.cameras = [str(c) for c in cameras]
         self.image_size = int(image_size)
+        self.augment_shift = int(augment_shift)  # pixels of random shift while training (0: none)
         self.state_dims = int(obs_dim if state_dims is None else min(int(state_dims), obs_dim))
         self.max_words = int(max_words)
         self.word_id = {word: i + 2 for i, word in enumerate(self.vocab)}
@@ -128,6 +150,8 @@ class TinyVLAVision(BuiltinPolicy):
         x = images.to(next(self.action_head.parameters()).dtype) / 255.0
         if x.shape[-2:] != (self.image_size, self.image_size):
             x = nn.functional.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear", antialias=True)
+        if self.training and self.augment_shift > 0:
+            x = random_shift(x, self.augment_shift)
         return x
 
     # ------------------------------------------------------------------ the protocol
