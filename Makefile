@@ -64,6 +64,9 @@ bench: $(STAMP)  ## the benchmarks (figures in benchmarks/results/ and docs/)
 	$(PY) benchmarks/certified_decisions.py
 	$(PY) benchmarks/score_shards.py
 	$(PY) benchmarks/ablation.py
+	$(PY) benchmarks/rollout_throughput.py
+	$(PY) benchmarks/camera_video.py
+	$(PY) benchmarks/vision_policy.py
 
 clean:  ## caches and run outputs
 	rm -rf .cache outputs/2* multirun_sweeps/2*

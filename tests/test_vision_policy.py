@@ -1,6 +1,7 @@
-"""Rollouts of a policy that sees and reads: the lockstep engine renders the cameras a policy reads
-at every call, visual perturbations change what it sees identically for any policy on an episode,
-language scenario families change what it is told, and episodes without either keep their cache keys."""
+"""A policy that sees and reads, in rollouts and jobs: the lockstep engine renders the cameras a
+policy reads at every call, visual perturbations change what it sees identically for any policy on
+an episode, language families change what it is told, episodes without either keep their cache
+keys; job=train's evaluation conditions, the vision gauntlet and the ablation run on it."""
 
 from __future__ import annotations
 
@@ -272,3 +273,37 @@ def test_a_rollout_gauntlet_with_visual_and_language_strata_decides_and_saves_ev
     assert first["rollouts"]["episodes_run"] == 2 * len(pairs) and first["rollouts"]["episodes_from_cache"] == 0
     assert again["rollouts"]["episodes_run"] == 0  # the same episodes, from the cache
     assert [s["decision"] for s in again["strata"]] == [s["decision"] for s in first["strata"]]
+
+
+@pytest.mark.slow
+def test_the_ablation_runs_on_the_vision_policy(tmp_path):
+    """job=ablation end to end on a policy trained on pixels: the anchors' gradients through its
+    convolutions, importance-weighted fine-tuning under each proposal, the held-out loss on the
+    held-out scenes' camera frames and the closed-loop check with rendered cameras."""
+    import json
+
+    from helpers.configs import ABLATION_SMALL
+    from helpers.processes import run_main
+
+    need(osmesa_installed(), "Debian's libosmesa6 (OSMesa: MuJoCo's camera rendering on the CPU)")
+    overrides = [o for o in ABLATION_SMALL if not o.startswith(("data=", "model="))]
+    proc = run_main(
+        [
+            *overrides,
+            "data=tiny_vision",
+            "model=tiny_vla_vision_small",
+            "tracking=disabled",
+            "rollout.workers=2",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+        env={"VLAEVAL_CACHE_DIR": str(tmp_path / "cache")},
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    summary = result["summary"]
+    assert set(summary) == {"uniform", "residual", "residual_flow_time"}
+    assert len(result["runs"]) == 6 and result["heldout_anchors"] > 0
+    for proposal in summary.values():
+        assert np.isfinite(proposal["final_heldout_loss"]["mean"]) and "success_rate" in proposal
