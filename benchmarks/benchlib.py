@@ -62,3 +62,14 @@ def write_figures(name: str, title: str, command: str, body: str) -> Path:
         f"{body.strip()}\n"
     )
     return atomic_write_text(FIGURES / f"{name}.md", text)
+
+
+def scoring_anchors_per_second(cfg: Any, policy: Any, anchors: Any, index: Any) -> float:
+    """The audit's scoring (the estimator section of `cfg`) of anchors[index] by `policy`, in anchors/s."""
+    import time
+
+    from vlaeval.residual.estimators import estimator_arguments, score_anchors
+
+    started = time.perf_counter()
+    score_anchors(policy, anchors, index, **estimator_arguments(cfg.estimator))
+    return len(index) / (time.perf_counter() - started)

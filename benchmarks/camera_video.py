@@ -20,31 +20,15 @@ from typing import Any, Dict, List, cast
 
 import numpy as np
 
-from benchlib import REPO, compose_default, markdown_table, write_figures
+from benchlib import REPO, compose_default, markdown_table, scoring_anchors_per_second, write_figures
 from vlaeval.artifacts import atomic_write_json
 from vlaeval.data.anchors import build_anchors, draw
 from vlaeval.data.cameras import VideoEncoding, VideoFrames, pixel_error
 from vlaeval.data.lerobot import read_lerobot, write_lerobot
 from vlaeval.policy.builtin import PolicyData, PolicySpec, obtain_policy, prepare_data
-from vlaeval.residual.estimators import score_anchors
 
 CORNER = "observation.images.corner"
 CODECS = {"AV1 (libsvtav1)": "libsvtav1", "H.264 (libx264)": "libx264"}
-
-
-def scoring_rate(cfg: Any, policy: Any, data: PolicyData, index: np.ndarray) -> float:
-    e = cfg.estimator
-    started = time.perf_counter()
-    score_anchors(
-        policy,
-        data.anchors,
-        index,
-        kind=str(e.kind),
-        seeds=[int(s) for s in e.seeds],
-        samples_per_estimator=int(e.samples_per_estimator),
-        anchor_batch_size=int(e.anchor_batch_size),
-    )
-    return index.size / (time.perf_counter() - started)
 
 
 def main() -> None:
@@ -103,8 +87,8 @@ def main() -> None:
             video_demos = read_lerobot(av1, "observation.state", "action", "x", cameras)
             video_data = PolicyData(video_demos, build_anchors(video_demos, data.anchors.horizon), False)
             policy = video_data.bind(handle.model, cfg.flow)
-            rates[f"{role}_cold"] = scoring_rate(cfg, policy, video_data, index)
-            rates[f"{role}_warm"] = scoring_rate(cfg, policy, video_data, index)
+            rates[f"{role}_cold"] = scoring_anchors_per_second(cfg, policy, video_data.anchors, index)
+            rates[f"{role}_warm"] = scoring_anchors_per_second(cfg, policy, video_data.anchors, index)
         out["scoring_anchors_per_second"] = rates
         print("scoring anchors/s", {k: round(v, 1) for k, v in rates.items()})
     atomic_write_json(args.out, out)

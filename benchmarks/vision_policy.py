@@ -20,11 +20,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from benchlib import REPO, compose_default, markdown_table, write_figures
+from benchlib import REPO, compose_default, markdown_table, scoring_anchors_per_second, write_figures
 from vlaeval.artifacts import atomic_write_json
 from vlaeval.data.anchors import draw
 from vlaeval.policy.builtin import PolicySpec, obtain_policy, prepare_data
-from vlaeval.residual.estimators import score_anchors
 from vlaeval.residual.gradients import gradient_measurements
 from vlaeval.rollouts.engine import evaluate_closed_loop
 
@@ -41,18 +40,7 @@ def anchors_per_second(cfg: Any, data: Any, policy: Any, anchors: int, device: s
     """The audit's scoring (its estimator settings) and the gradient artifact (its seeds, all
     trainable parameters) on `anchors` anchors, in anchors/s."""
     index, _ = draw(data.anchors, anchors, 0)
-    e = cfg.estimator
-    started = time.perf_counter()
-    score_anchors(
-        policy,
-        data.anchors,
-        index,
-        kind=str(e.kind),
-        seeds=[int(s) for s in e.seeds],
-        samples_per_estimator=int(e.samples_per_estimator),
-        anchor_batch_size=int(e.anchor_batch_size),
-    )
-    scoring = anchors / (time.perf_counter() - started)
+    scoring = scoring_anchors_per_second(cfg, policy, data.anchors, index)
     g = cfg.gradients
     seeds = [int(s) for s in g.seeds][:128]
     started = time.perf_counter()

@@ -13,7 +13,8 @@ from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes, atomic_write_text
 from vlaeval.choices import InstructionMode
 from vlaeval.envs.metaworld import NO_PERTURBATION, Perturbation
-from vlaeval.errors import UserInputError, require, require_at_least
+from vlaeval.errors import require, require_at_least
+from vlaeval.rollouts.language import instruction_mode
 
 CONDITION_KEYS = ("perturbation", "instructions")
 
@@ -33,13 +34,7 @@ class EvaluationCondition:
         require(isinstance(values, Mapping), f"{where} must be a mapping of {', '.join(CONDITION_KEYS)}")
         for key in values:
             require(key in CONDITION_KEYS, f"{where}.{key} is not a condition setting; use {', '.join(CONDITION_KEYS)}")
-        try:
-            mode = InstructionMode(str(values.get("instructions", "task")))
-        except ValueError:
-            raise UserInputError(
-                f"{where}.instructions={values.get('instructions')!r} is unknown; use one of "
-                f"{', '.join(InstructionMode.values())}"
-            ) from None
+        mode = instruction_mode(values.get("instructions", "task"), f"{where}.instructions")
         out = cls(str(name), Perturbation.parse(values.get("perturbation"), f"{where}.perturbation"), mode)
         require(
             out.perturbation.active or out.instructions != InstructionMode.task,

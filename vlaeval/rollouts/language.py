@@ -20,7 +20,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 from vlaeval.artifacts import stable_seed
 from vlaeval.choices import InstructionMode
 from vlaeval.data.metaworld import instruction_for
-from vlaeval.errors import require
+from vlaeval.errors import UserInputError, require
 
 PARAPHRASES: Dict[str, Tuple[str, ...]] = {
     "reach-v3": ("reach the goal position", "move to the red goal position", "reach the red goal"),
@@ -60,6 +60,16 @@ UNSEEN_PHRASINGS: Dict[str, Tuple[str, ...]] = {
     "push-wall-v3": ("shove the disc around the barrier toward the target",),
     "pick-place-wall-v3": ("grab the disc and drop it on the target beyond the barrier",),
 }
+
+
+def instruction_mode(value: object, where: str) -> InstructionMode:
+    """The mode `value` names; a one-line error naming the choices otherwise."""
+    try:
+        return InstructionMode(str(value))
+    except ValueError:
+        raise UserInputError(
+            f"{where}={value!r} is unknown; use one of {', '.join(InstructionMode.values())}"
+        ) from None
 
 
 def phrasing_table(mode: InstructionMode, overrides: Mapping[str, Sequence[str]]) -> Dict[str, Tuple[str, ...]]:

@@ -11,10 +11,10 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from vlaeval.choices import InstructionMode
 from vlaeval.envs.metaworld import DEFAULT_OBSTACLE, NO_PERTURBATION, Episode, Perturbation
-from vlaeval.errors import UserInputError, require
+from vlaeval.errors import require
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.rollouts.evaluation import write_paired_outcomes as write_outcome_rows
-from vlaeval.rollouts.language import check_phrasings, episode_instruction
+from vlaeval.rollouts.language import check_phrasings, episode_instruction, instruction_mode
 
 BUILTIN_PREFIX = "builtin:"
 FAMILY_KEYS = (
@@ -88,13 +88,7 @@ class ScenarioFamily:
         force = values.get("unsafe_contact_force")
         require(force is None or float(force) > 0, f"{where}.unsafe_contact_force={force} must be > 0 newtons")
         require(len(tasks) > 0 or replay, f"{where}.tasks is empty; list Meta-World tasks")
-        try:
-            mode = InstructionMode(str(values.get("instructions", "task")))
-        except ValueError:
-            raise UserInputError(
-                f"{where}.instructions={values.get('instructions')!r} is unknown; use one of "
-                f"{', '.join(InstructionMode.values())}"
-            ) from None
+        mode = instruction_mode(values.get("instructions", "task"), f"{where}.instructions")
         phrasings = values.get("phrasings") or {}
         require(
             isinstance(phrasings, Mapping) and all(not isinstance(v, str) for v in phrasings.values()),
