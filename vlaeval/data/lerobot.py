@@ -542,41 +542,9 @@ def write_lerobot(
         path = staging / EPISODES_PATH.format(chunk_index=0, file_index=0)
         path.parent.mkdir(parents=True)
         episodes.to_parquet(path)
-        info = {
-            "codebase_version": CODEBASE_VERSION,
-            "robot_type": robot_type,
-            "total_episodes": int(ids.size),
-            "total_frames": int(n),
-            "total_tasks": len(demos.instructions),
-            "chunks_size": 1000,
-            "data_files_size_in_mb": 100,
-            "video_files_size_in_mb": 200,
-            "fps": int(fps),
-            "splits": {"train": f"0:{int(ids.size)}"},
-            "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
-            "video_path": VIDEO_PATH if camera_features else None,
-            "features": {
-                **camera_features,
-                "observation.state": {"dtype": "float32", "shape": [obs_dim], "names": None},
-                "action": {"dtype": "float32", "shape": [action_dim], "names": None},
-                "timestamp": {"dtype": "float32", "shape": [1], "names": None},
-                "frame_index": {"dtype": "int64", "shape": [1], "names": None},
-                "episode_index": {"dtype": "int64", "shape": [1], "names": None},
-                "index": {"dtype": "int64", "shape": [1], "names": None},
-                "task_index": {"dtype": "int64", "shape": [1], "names": None},
-            },
-        }
+        info = _info_json(demos, fps, robot_type, camera_features)
         (staging / INFO_PATH).write_text(json.dumps(info, indent=4), encoding="utf-8")
-        stats = {
-            key: {
-                "mean": values.mean(0).tolist(),
-                "std": values.std(0).tolist(),
-                "min": values.min(0).tolist(),
-                "max": values.max(0).tolist(),
-                "count": [int(n)],
-            }
-            for key, values in (("observation.state", demos.observations), ("action", demos.actions))
-        }
+        stats = _stats_json(demos)
         (staging / "meta" / "stats.json").write_text(json.dumps(stats, indent=4), encoding="utf-8")
         if root.exists():
             root.rmdir()  # empty (checked above)
@@ -585,6 +553,53 @@ def write_lerobot(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return root
+
+
+def _info_json(
+    demos: Demonstrations, fps: int, robot_type: Optional[str], camera_features: Dict[str, Any]
+) -> Dict[str, Any]:
+    """meta/info.json of an export: LeRobot v3.0's fields, the cameras as video features."""
+    n, ids = demos.observations.shape[0], demos.episode_ids()
+    obs_dim, action_dim = demos.observations.shape[1], demos.actions.shape[1]
+    return {
+        "codebase_version": CODEBASE_VERSION,
+        "robot_type": robot_type,
+        "total_episodes": int(ids.size),
+        "total_frames": int(n),
+        "total_tasks": len(demos.instructions),
+        "chunks_size": 1000,
+        "data_files_size_in_mb": 100,
+        "video_files_size_in_mb": 200,
+        "fps": int(fps),
+        "splits": {"train": f"0:{int(ids.size)}"},
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "video_path": VIDEO_PATH if camera_features else None,
+        "features": {
+            **camera_features,
+            "observation.state": {"dtype": "float32", "shape": [obs_dim], "names": None},
+            "action": {"dtype": "float32", "shape": [action_dim], "names": None},
+            "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+            "frame_index": {"dtype": "int64", "shape": [1], "names": None},
+            "episode_index": {"dtype": "int64", "shape": [1], "names": None},
+            "index": {"dtype": "int64", "shape": [1], "names": None},
+            "task_index": {"dtype": "int64", "shape": [1], "names": None},
+        },
+    }
+
+
+def _stats_json(demos: Demonstrations) -> Dict[str, Any]:
+    """meta/stats.json of an export: per-feature mean, std, min, max and count."""
+    n = demos.observations.shape[0]
+    return {
+        key: {
+            "mean": values.mean(0).tolist(),
+            "std": values.std(0).tolist(),
+            "min": values.min(0).tolist(),
+            "max": values.max(0).tolist(),
+            "count": [int(n)],
+        }
+        for key, values in (("observation.state", demos.observations), ("action", demos.actions))
+    }
 
 
 def _write_videos(demos: Demonstrations, staging: Path, fps: int, video: VideoEncoding) -> Dict[str, Any]:
