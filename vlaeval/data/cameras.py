@@ -57,6 +57,11 @@ class CameraFrames(ABC):
     def content_digest(self) -> bytes:
         """sha256 of what decides the pixels (32 bytes): part of the dataset's content digest."""
 
+    @property
+    def height(self) -> int:
+        """The frames' height in pixels (the first frame's, decoded, unless the store knows it)."""
+        return int(self.decode(np.array([0])).shape[2])
+
 
 @dataclass
 class EncodedImages(CameraFrames):
@@ -90,6 +95,10 @@ class FrameArray(CameraFrames):
 
     def decode(self, steps: np.ndarray) -> np.ndarray:
         return channel_first(self.pixels[np.asarray(steps, dtype=np.int64)])
+
+    @property
+    def height(self) -> int:
+        return int(self.pixels.shape[1])
 
     def content_digest(self) -> bytes:
         return hashlib.sha256(np.ascontiguousarray(self.pixels).tobytes()).digest()
@@ -191,6 +200,10 @@ class VideoFrames(CameraFrames):
 
     def __len__(self) -> int:
         return int(self.timestamps.size)
+
+    @property
+    def height(self) -> int:  # from the probe: no segment decoded for it
+        return self.files[0].height
 
     def check_timestamps(self, episode_of_step: np.ndarray) -> None:
         """Every step's timestamp lies inside its file's video (checked from the container's header)."""
@@ -360,9 +373,9 @@ class VideoEncoding:
         )
 
 
-def write_video(path: Path, frames: np.ndarray, fps: int, encoding: VideoEncoding) -> List[float]:
-    """Encode uint8 (n, height, width, 3) frames at `fps` into `path` (an MP4); returns each frame's
-    presentation time in seconds, as the file stores it."""
+def write_video(path: Path, frames: np.ndarray, fps: int, encoding: VideoEncoding) -> None:
+    """Encode uint8 (n, height, width, 3) frames at `fps` into `path` (an MP4): frame i is shown at
+    i / fps seconds."""
     import os
 
     import av
@@ -371,7 +384,6 @@ def write_video(path: Path, frames: np.ndarray, fps: int, encoding: VideoEncodin
     require(
         encoding.codec in av.codecs_available, f"export.video_codec={encoding.codec} is not an encoder this FFmpeg has"
     )
-    times: List[float] = []
     with av.open(str(path), "w", format="mp4") as container:
         stream: Any = container.add_stream(
             encoding.codec, rate=int(fps), options={"g": str(encoding.gop), "crf": str(encoding.crf)}
@@ -382,10 +394,8 @@ def write_video(path: Path, frames: np.ndarray, fps: int, encoding: VideoEncodin
             frame.pts = i
             for packet in stream.encode(frame):
                 container.mux(packet)
-            times.append(i / float(fps))
         for packet in stream.encode():
             container.mux(packet)
-    return times
 
 
 def video_feature_info(height: int, width: int, fps: int, encoding: VideoEncoding) -> Dict[str, Any]:

@@ -263,10 +263,9 @@ def _episode_layout(root: Path, episode: np.ndarray, frame: np.ndarray) -> Tuple
     return starts, lengths, ids
 
 
-def _episode_extras(root: Path, ids: np.ndarray, lengths: np.ndarray) -> Dict[str, np.ndarray]:
+def _episode_extras(root: Path, episodes: Optional[Any], ids: np.ndarray, lengths: np.ndarray) -> Dict[str, np.ndarray]:
     """vlaeval's own per-episode columns (variant, seed, success) from the episode metadata, whose
     lengths must match the frames; {} for a dataset without episode metadata."""
-    episodes = _read_episodes(root)
     extras: Dict[str, np.ndarray] = {}
     if episodes is None:
         return extras
@@ -287,7 +286,13 @@ def _episode_extras(root: Path, ids: np.ndarray, lengths: np.ndarray) -> Dict[st
 
 
 def _read_cameras(
-    root: Path, info: Dict[str, Any], table: Any, cameras: Sequence[str], layout: "EpisodeLayout", cache_bytes: int
+    root: Path,
+    info: Dict[str, Any],
+    table: Any,
+    cameras: Sequence[str],
+    layout: "EpisodeLayout",
+    episodes: Optional[Any],
+    cache_bytes: int,
 ) -> Dict[str, CameraFrames]:
     """Each named camera's frames: image features from the parquet's embedded bytes, video
     features from their files (probed now: a bad file is a one-line error before any work)."""
@@ -301,16 +306,21 @@ def _read_cameras(
             require(not empty, f"camera feature {key} of {root} has no embedded image bytes at frame index {empty[:1]}")
             out[key] = EncodedImages(key, frames)
         else:
-            out[key] = _video_frames(root, info, table, key, layout, cache)
+            out[key] = _video_frames(root, info, table, key, layout, episodes, cache)
     return out
 
 
 def _video_frames(
-    root: Path, info: Dict[str, Any], table: Any, key: str, layout: "EpisodeLayout", cache: DecodedFrameCache
+    root: Path,
+    info: Dict[str, Any],
+    table: Any,
+    key: str,
+    layout: "EpisodeLayout",
+    episodes: Optional[Any],
+    cache: DecodedFrameCache,
 ) -> VideoFrames:
     """Where each frame of video feature `key` is: its episode's file, at the episode's
     from_timestamp plus the frame's own timestamp."""
-    episodes = _read_episodes(root)
     v3 = str(info["codebase_version"]).startswith("v3")
     template = str(
         info.get("video_path") or "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
@@ -401,7 +411,8 @@ def read_lerobot(
         int(task.max()) < len(instructions) and int(task.min()) >= 0,
         f"the dataset at {root} has frames with task_index {int(task.max())} but {len(instructions)} tasks",
     )
-    extras = _episode_extras(root, ids, lengths)
+    episodes = _read_episodes(root)  # the episode metadata, read once for the extras and the videos
+    extras = _episode_extras(root, episodes, ids, lengths)
     episode_task = task[starts]
     per_frame = task if np.any(task != np.repeat(episode_task, lengths)) else None
     arrays: Dict[str, np.ndarray] = {
@@ -419,7 +430,9 @@ def read_lerobot(
         optional["frame_task"] = per_frame
     if not np.array_equal(ids, np.arange(ids.size)):
         optional["episode_index"] = ids
-    camera_frames = _read_cameras(root, info, table, cameras, EpisodeLayout(starts, lengths, ids), video_cache_bytes)
+    camera_frames = _read_cameras(
+        root, info, table, cameras, EpisodeLayout(starts, lengths, ids), episodes, video_cache_bytes
+    )
     optional.update(
         {f"camera:{k}": np.frombuffer(frames.content_digest(), dtype=np.uint8) for k, frames in camera_frames.items()}
     )

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -49,9 +48,7 @@ class PolicyData:
     def image_size(self) -> Optional[int]:
         """The height of the data's camera frames (None without cameras): what rollouts render at."""
         cameras = self.demonstrations.cameras or {}
-        if not cameras:
-            return None
-        return int(next(iter(cameras.values())).decode(np.array([0])).shape[2])
+        return next(iter(cameras.values())).height if cameras else None
 
     def bind(self, model: torch.nn.Module, flow: Any, device: str = "cpu") -> BoundPolicy:
         """`model` bound to this data's tasks (task k reads instruction k), `flow` and `device`."""

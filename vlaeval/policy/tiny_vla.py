@@ -77,7 +77,40 @@ class BuiltinPolicy(ObservationStatistics):
         return bag_of_words(instructions, self.vocab)
 
 
-class TinyVLA(BuiltinPolicy):
+class MLPFlowPolicy(BuiltinPolicy):
+    """The tiny VLA's flow-matching action head, shared by the built-in MLP policies: an MLP over the
+    flattened noisy chunk, the conditioning and the flow time's sinusoidal embedding. A subclass
+    builds its encoders, then the head (`build_action_head`), and names its encoders."""
+
+    action_head: nn.Sequential
+
+    def build_action_head(self, conditioning_dim: int, head_hidden: int, head_layers: int) -> None:
+        chunk = self.horizon * self.action_dim
+        self.action_head = mlp(
+            [chunk + conditioning_dim + self.time_embedding_dim] + [head_hidden] * head_layers + [chunk]
+        )
+
+    def encoder_modules(self) -> List[nn.Module]:
+        """The modules before the head ("all" trains them too)."""
+        raise NotImplementedError
+
+    def time_embedding(self, t: torch.Tensor) -> torch.Tensor:
+        return sinusoidal_embedding(t, self.time_embedding_dim)
+
+    def velocity(self, conditioning: torch.Tensor, noisy_actions: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        flat = noisy_actions.reshape(noisy_actions.shape[0], -1)
+        out = self.action_head(torch.cat([flat, conditioning, self.time_embedding(t)], dim=-1))
+        return out.reshape(-1, self.horizon, self.action_dim)
+
+    def trainable_parameters(self, which: str) -> Iterable[nn.Parameter]:
+        if which == "action_head":
+            return list(self.action_head.parameters())
+        if which == "all":
+            return [p for module in [*self.encoder_modules(), self.action_head] for p in module.parameters()]
+        raise ValueError(f"unknown trainable subset {which!r}; use 'action_head' or 'all'")
+
+
+class TinyVLA(MLPFlowPolicy):
     def __init__(
         self,
         vocab: Sequence[str],
@@ -93,24 +126,11 @@ class TinyVLA(BuiltinPolicy):
     ) -> None:
         super().__init__(vocab, obs_dim, action_dim, horizon, time_embedding_dim)
         self.encoder = mlp([obs_dim + len(self.vocab), encoder_hidden, encoder_hidden, conditioning_dim])
-        chunk = self.horizon * self.action_dim
-        self.action_head = mlp([chunk + conditioning_dim + time_embedding_dim] + [head_hidden] * head_layers + [chunk])
+        self.build_action_head(conditioning_dim, head_hidden, head_layers)
 
     def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         obs = self.normalise(batch["observation"])
         return self.encoder(torch.cat([obs, batch["instruction"]], dim=-1))
 
-    def time_embedding(self, t: torch.Tensor) -> torch.Tensor:
-        return sinusoidal_embedding(t, self.time_embedding_dim)
-
-    def velocity(self, conditioning: torch.Tensor, noisy_actions: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        flat = noisy_actions.reshape(noisy_actions.shape[0], -1)
-        out = self.action_head(torch.cat([flat, conditioning, self.time_embedding(t)], dim=-1))
-        return out.reshape(-1, self.horizon, self.action_dim)
-
-    def trainable_parameters(self, which: str) -> Iterable[nn.Parameter]:
-        if which == "action_head":
-            return list(self.action_head.parameters())
-        if which == "all":
-            return list(self.encoder.parameters()) + list(self.action_head.parameters())
-        raise ValueError(f"unknown trainable subset {which!r}; use 'action_head' or 'all'")
+    def encoder_modules(self) -> List[nn.Module]:
+        return [self.encoder]

@@ -22,13 +22,13 @@ Linear: vlaeval.residual.gradients measures exact per-sample norms for all of th
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
 
 from vlaeval.policy.tiny_dit import Attention, TokenPositions
-from vlaeval.policy.tiny_vla import BuiltinPolicy, mlp
+from vlaeval.policy.tiny_vla import MLPFlowPolicy, mlp
 
 PAD, UNKNOWN = 0, 1  # token ids before the vocabulary's words
 
@@ -98,7 +98,7 @@ class TextEncoder(nn.Module):
         return (x * present).sum(dim=1) / present.sum(dim=1).clamp_min(1.0)
 
 
-class TinyVLAVision(BuiltinPolicy):
+class TinyVLAVision(MLPFlowPolicy):
     def __init__(
         self,
         vocab: Sequence[str],
@@ -132,8 +132,7 @@ class TinyVLAVision(BuiltinPolicy):
         self.text = TextEncoder(len(self.vocab) + 2, text_width, text_heads, self.max_words)
         features = 2 * image_channels * len(self.cameras) + text_width + self.state_dims
         self.encoder = mlp([features, conditioning_dim, conditioning_dim])
-        chunk = self.horizon * self.action_dim
-        self.action_head = mlp([chunk + conditioning_dim + time_embedding_dim] + [head_hidden] * head_layers + [chunk])
+        self.build_action_head(conditioning_dim, head_hidden, head_layers)
 
     # ------------------------------------------------------------------ preprocessing (the policy's own)
     def tokenize(self, instructions: Sequence[str]) -> torch.Tensor:
@@ -164,18 +163,5 @@ class TinyVLAVision(BuiltinPolicy):
         state = self.normalise(batch["observation"])[:, : self.state_dims]
         return self.encoder(torch.cat([*seen, read, state], dim=-1))
 
-    def velocity(self, conditioning: torch.Tensor, noisy_actions: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        from vlaeval.policy.flow import sinusoidal_embedding
-
-        flat = noisy_actions.reshape(noisy_actions.shape[0], -1)
-        time = sinusoidal_embedding(t, self.time_embedding_dim)
-        out = self.action_head(torch.cat([flat, conditioning, time], dim=-1))
-        return out.reshape(-1, self.horizon, self.action_dim)
-
-    def trainable_parameters(self, which: str) -> Iterable[nn.Parameter]:
-        if which == "action_head":
-            return list(self.action_head.parameters())
-        if which == "all":
-            encoders: List[nn.Module] = [self.images, self.text, self.encoder, self.action_head]
-            return [p for module in encoders for p in module.parameters()]
-        raise ValueError(f"unknown trainable subset {which!r}; use 'action_head' or 'all'")
+    def encoder_modules(self) -> List[nn.Module]:
+        return [self.images, self.text, self.encoder]
