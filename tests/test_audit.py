@@ -367,6 +367,17 @@ def test_audit_job_end_to_end(audit_run):
     assert memory["peak_rss_bytes"] > 10_000_000 and memory["scope"] == "sampled while this work ran"
     assert 0 <= memory["peak_rss_increase_bytes"] < memory["peak_rss_bytes"]  # scoring's own peak, not training's
     assert (work / "audit" / "residual_audit.png").stat().st_size > 10_000
+    # The prediction's error from auditing these anchors, and where the gradient's noise is (the
+    # artifact records each draw's flow time)
+    low, high = al["proposal"]["ratio_interval"]
+    assert low <= al["proposal"]["information_to_baseline_ratio"] <= high and al["proposal"]["ratio_bootstrap_sd"] > 0
+    decomposition = result["noise_decomposition"]
+    assert decomposition["anchors"] == 16 and decomposition["draws"] == 16 and decomposition["bins"] == 10
+    assert abs(sum(decomposition["variance_shares"].values()) - 1) < 1e-9
+    assert abs(sum(decomposition["second_moment_by_time_bin"]) - 1) < 1e-9
+    assert len(artifact["anchors"][0]["per_seed"]["flow_time"]) == 16
+    assert (work / "audit" / "noise_decomposition.png").stat().st_size > 10_000
+    assert "where the gradient's noise is" in proc.stdout
 
 
 def _bad_artifact(audit_run, mutate, name):

@@ -15,7 +15,7 @@ from helpers.configs import CONF, MAIN, REPO, compose_config, typed_gauntlet
 from helpers.reliability import record_outcome
 from vlaeval.config import DataLabel, StratumConfig
 
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("sweep", "hydra"))
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("sweep", "hydra", "arm"))
 LAUNCHER_TARGETS = {
     "local_processes": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
     "local_submitit": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
@@ -55,6 +55,26 @@ def test_launcher_presets_compose_onto_their_plugins(preset):
         assert str(launcher.submitit_folder).endswith("/.submitit")
     elif "submitit" in launcher._target_:
         assert str(launcher.submitit_folder).endswith("/.submitit/%j")
+
+
+@pytest.mark.parametrize("arm", _options("arm"))
+def test_each_training_comparison_arm_composes_onto_job_train_and_changes_what_it_names(arm):
+    """+arm=<name> on job=train: every arm sets the sampling it is named for (the reference arm
+    nothing), and the sweep that runs them lists them all."""
+    cfg = compose_config(["job=train", f"+arm={arm}"])
+    default = compose_config(["job=train"])
+    changed = {k for k in cfg.train if cfg.train[k] != default.train[k]}
+    expected = {
+        "uniform": set(),
+        "uniform_large_batch": {"batch_size"},
+        "adaptive_time": {"time_sampling"},
+        "adaptive_time_residual": {"time_sampling", "anchor_sampling"},
+    }[arm]
+    assert changed == expected
+    if arm == "uniform_large_batch":
+        assert cfg.train.batch_size == 1.5 * default.train.batch_size
+    sweep = compose_config(["+sweep=training_comparison"])
+    assert sweep.job.name == "train"
 
 
 @pytest.mark.parametrize("sweep", _options("sweep"))

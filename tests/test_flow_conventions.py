@@ -99,3 +99,8 @@ def test_each_time_distribution_samples_what_its_quantile_says(overrides):
     grid = np.sort(convention.time_quantile((np.arange(20_000) + 0.5) / 20_000))
     assert kstest(drawn, lambda x: np.searchsorted(grid, x) / grid.size).pvalue > 0.001
     assert drawn.min() >= 0.0 and drawn.max() <= 1.0
+    # time_level inverts time_quantile, so a recorded flow time gives back its quantile level, and the
+    # levels of training draws are uniform (both ends, both noise conventions)
+    u = np.array([1e-4, 0.01, 0.3, 0.5, 0.77, 0.99, 1 - 1e-4])
+    assert np.allclose(convention.time_level(convention.time_quantile(u)), u, atol=1e-9)
+    assert kstest(convention.time_level(drawn), "uniform").pvalue > 0.001

@@ -118,6 +118,24 @@ class TimeDistribution(Choice):
     logit_normal = "logit_normal"  # x = sigmoid(N(logit_mean, logit_std)) (SD3-style)
 
 
+class TimeSampling(Choice):
+    # How job=train draws flow time (vlaeval/policy/time_sampling.py).
+    uniform = "uniform"  # from the training distribution itself (the policy's own objective, unweighted)
+    adaptive = "adaptive"  # over equal-probability bins, refreshed online from each bin's loss, importance-weighted
+
+
+class AnchorSampling(Choice):
+    # How job=train draws anchors.
+    uniform = "uniform"  # every anchor equally often (the training distribution)
+    residual = "residual"  # the audit's proposal from each anchor's residual, importance-weighted 1 / (N q)
+
+
+class TimeSignal(Choice):
+    # What the adaptive flow-time sampler tracks per bin; bin k is drawn with p_k ~ sqrt(EMA of it).
+    loss = "loss"  # the per-sample loss: for a squared error, ||d loss / d velocity||^2 = 4 loss / entries
+    squared_loss = "squared_loss"  # its square (Improved DDPM's importance sampling of the timestep)
+
+
 class GradientMethod(Choice):
     auto = "auto"  # per-layer exact norms from one backward (Linear by its Gram form), torch.func for other layers
     functional = "functional"  # torch.func per-sample gradients of the whole trainable set, in chunks

@@ -21,6 +21,7 @@ from vlaeval.choices import (
     DEFAULT_BET_RULE,
     AblationProposal,
     AlarmFwer,
+    AnchorSampling,
     BetRule,
     CheckpointKind,
     ClusterOrder,
@@ -36,6 +37,8 @@ from vlaeval.choices import (
     StratumKind,
     TestMode,
     TimeDistribution,
+    TimeSampling,
+    TimeSignal,
     TrainableSubset,
     VelocityTarget,
 )
@@ -169,11 +172,32 @@ class FlowConfig:
 class TrainConfig:
     steps: int = 3000
     batch_size: int = 256
-    learning_rate: float = 1e-3
+    learning_rate: float = 1e-3  # the peak of a cosine schedule to zero at `steps`
     weight_decay: float = 0.0
+    optimizer: Optimizer = Optimizer.adamw
+    momentum: float = 0.9  # optimizer=sgd only (heavy-ball momentum)
     seed: int = 0
     log_every: int = 50
     evaluate_after: bool = True
+    # Flow time from the training distribution (uniform), or over time_bins equal-probability bins drawn
+    # with p_k ~ sqrt(moving average of each bin's time_signal) mixed with time_floor of uniform, each
+    # loss weighted by (1 / K) / p_k so the objective stays the policy's own (vlaeval/policy/time_sampling.py).
+    time_sampling: TimeSampling = TimeSampling.uniform
+    time_signal: TimeSignal = TimeSignal.loss
+    time_bins: int = 16
+    time_decay: float = 0.98  # the moving average's weight on the past, per step
+    time_floor: float = 0.2  # no weight above 1 / time_floor
+    time_warmup_steps: int = 20
+    # Anchors drawn uniformly, or from the audit's proposal (audit.alpha, percentile_epsilon,
+    # proposal_power) over the residual of every anchor, scored (estimator.*) by the model training
+    # starts from; the scoring time is charged to the run's clock.
+    anchor_sampling: AnchorSampling = AnchorSampling.uniform
+    init_from: Optional[str] = None  # a weights-only checkpoint to start from (e.g. an early one)
+    # The held-out flow-matching loss (the data's held-out scenes, heldout_episodes_per_task episodes,
+    # heldout_draws fixed draws per anchor) every heldout_every steps, against the run's clock (0: off).
+    heldout_every: int = 0
+    heldout_episodes_per_task: int = 4
+    heldout_draws: int = 4
 
 
 @dataclass
@@ -240,6 +264,9 @@ class AuditConfig:
     alpha: float = 0.2  # uniform mixing of the proposal
     percentile_epsilon: float = 0.1  # winsorisation of the scores
     proposal_power: float = 0.5  # gamma: weights = winsorised score ** gamma
+    # Equal-probability flow-time bins of the gradient second moment's decomposition over anchor, flow time
+    # and the rest (vlaeval/audit/decomposition.py); made when the artifact records each draw's flow time.
+    decomposition_bins: int = 10
     permutations: int = 10_000
     permutation_seed: int = 9100
     plot: bool = True
@@ -292,7 +319,11 @@ class AblationConfig:
     heldout_episodes_per_task: int = 4
     heldout_draws: int = 4
     evaluate: bool = True  # closed-loop success after fine-tuning on the evaluate.* episodes
-    audit_result: Optional[str] = None  # a job=residual_audit result.json: its predicted ratio and gate
+    # A job=residual_audit result.json: its predicted ratio and gate. Refused when its gate failed, unless
+    # allow_failed_gate (e.g. to measure how often a failed gate was right), or when it was audited under
+    # other settings (proposal, estimator, gradient subset, checkpoint, dataset) than this run's.
+    audit_result: Optional[str] = None
+    allow_failed_gate: bool = False
     scores: Optional[str] = None  # job=score's scores.json or shard folder (null: score every anchor here)
     plot: bool = True
 

@@ -38,11 +38,16 @@ def defaults() -> Dict[str, str]:
     return chosen
 
 
+# Groups that are not in the defaults list: added with +<group>=<option> (sweep presets and the
+# training comparison's arms) or Hydra's own.
+ADDED_GROUPS = ("hydra", "sweep", "arm")
+
+
 def group_options() -> Dict[str, List[str]]:
     return {
         d.name: sorted(p.stem for p in d.glob("*.yaml"))
         for d in sorted(CONF.iterdir())
-        if d.is_dir() and d.name not in ("hydra", "sweep")
+        if d.is_dir() and d.name not in ADDED_GROUPS
     }
 
 
@@ -62,6 +67,9 @@ def help_text() -> str:
         "",
         "Sweep presets (+sweep=<name>, runs with -m built in):",
         "  " + ", ".join(sweeps),
+        "",
+        "Training-comparison arms (+arm=<name>, job=train; +sweep=training_comparison runs them all):",
+        "  " + ", ".join(sorted(p.stem for p in (CONF / "arm").glob("*.yaml"))),
         "",
         "Launchers (hydra/launcher=<name>):",
         "  " + ", ".join(sorted(p.stem for p in (CONF / "hydra" / "launcher").glob("*.yaml"))) + ", basic, joblib",

@@ -44,6 +44,29 @@ def load_data(cfg: DictConfig) -> Any:
         return prepare_data(cfg.data, str(cfg.paths.cache_dir), progress)
 
 
+def load_heldout_data(cfg: DictConfig, episodes_per_task: int) -> Any:
+    """The data component's held-out scenes (data.scenes=held_out), episodes_per_task per task:
+    what a held-out flow-matching loss is measured on (recorded on first use, with progress)."""
+    from vlaeval import console
+    from vlaeval.errors import require
+    from vlaeval.policy.builtin import prepare_data
+
+    require(
+        "scenes" in cfg.data,
+        f"the data component {cfg.data.get('_target_')} has no held-out scenes (a `scenes` argument); "
+        "turn the held-out loss off",
+    )
+    held = OmegaConf.create(OmegaConf.to_container(cfg.data, resolve=True))
+    held.scenes = "held_out"
+    held.episodes_per_task = int(episodes_per_task)
+    with console.unit_progress("held-out demonstrations", 1) as update:
+        return prepare_data(
+            held,
+            str(cfg.paths.cache_dir),
+            lambda done, total, task: update(completed=done, total=total, description=f"recording {task}"),
+        )
+
+
 def load_data_and_policy(cfg: DictConfig) -> Tuple[Any, Any]:
     """Demonstrations and the policy the checkpoint group names (checkpoint=builtin trains it on
     first use, with progress)."""

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 from scipy.stats import kendalltau, rankdata, spearmanr
 
+from vlaeval.artifacts import stable_seed
 from vlaeval.audit.statistics import (
     information_to_baseline_ratio,
     oracle_ratio,
@@ -63,12 +64,25 @@ class ProposalStatistics:
     max_to_min_probability: float
     attainable_oracle_ratio: Optional[float] = None
     fraction_of_attainable_oracle_gain: Optional[float] = None
+    # The ratio's sampling error from auditing these N anchors: the SD and 95% percentile interval of
+    # the ratio over anchors resampled with replacement, the proposal rebuilt on each (ratio_bootstrap).
+    ratio_bootstrap_sd: Optional[float] = None
+    ratio_interval: Optional[Tuple[float, float]] = None
+
+    OPTIONAL = (
+        "attainable_oracle_ratio",
+        "fraction_of_attainable_oracle_gain",
+        "ratio_bootstrap_sd",
+        "ratio_interval",
+    )
 
     def as_dict(self) -> Dict[str, Any]:
         out = dataclasses.asdict(self)
-        for name in ("attainable_oracle_ratio", "fraction_of_attainable_oracle_gain"):
+        for name in self.OPTIONAL:
             if out[name] is None:
-                del out[name]  # absent, as in results written without per-seed values
+                del out[name]  # absent, as in results written without per-seed values or a bootstrap
+        if "ratio_interval" in out:
+            out["ratio_interval"] = list(out["ratio_interval"])
         return out
 
     @classmethod
@@ -87,6 +101,8 @@ class ProposalStatistics:
             max_to_min_probability=_finite_or_nan(data.get("max_to_min_probability")),
             attainable_oracle_ratio=None if attainable is None else float(attainable),
             fraction_of_attainable_oracle_gain=None if attainable_gain is None else float(attainable_gain),
+            ratio_bootstrap_sd=None if data.get("ratio_bootstrap_sd") is None else float(data["ratio_bootstrap_sd"]),
+            ratio_interval=None if data.get("ratio_interval") is None else tuple(data["ratio_interval"]),
         )
 
 
@@ -338,6 +354,35 @@ def proposal_statistics(
     )
 
 
+def ratio_bootstrap(
+    scores: np.ndarray,
+    gradient_rms: np.ndarray,
+    *,
+    alpha: float,
+    percentile_epsilon: float,
+    proposal_power: float,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Tuple[float, Tuple[float, float]]:
+    """The SD and 95% percentile interval of the proposal's second-moment ratio over `resamples`
+    resamples of the N anchors with replacement (seeded), the proposal rebuilt from each resample's
+    scores as the audit builds it. This is the prediction's error from auditing N anchors of the
+    dataset; the noise of each anchor's gradient RMS over its seeds is not in it.
+
+    scores, gradient_rms: shape (N,), N >= 2."""
+    scores = np.asarray(scores, dtype=np.float64)
+    rms = np.asarray(gradient_rms, dtype=np.float64)
+    index = np.random.default_rng(stable_seed("prediction-bootstrap", int(seed))).integers(
+        0, scores.size, size=(int(resamples), scores.size)
+    )
+    q = proposal_distribution(
+        scores[index], alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power
+    )
+    ratios = information_to_baseline_ratio(rms[index], q)
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return float(ratios.std(ddof=1)), (float(low), float(high))
+
+
 def permutation_control(
     scores: np.ndarray,
     gradient_rms: np.ndarray,
@@ -415,7 +460,10 @@ def alignment_audit(
     kwargs: Dict[str, Any] = dict(alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power)
     rho = spearmanr(scores, gradient_rms)
     tau = kendalltau(scores, gradient_rms)
-    proposal = proposal_statistics(scores, gradient_rms, **kwargs)
+    sd, interval = ratio_bootstrap(scores, gradient_rms, **kwargs, seed=bootstrap_seed)
+    proposal = dataclasses.replace(
+        proposal_statistics(scores, gradient_rms, **kwargs), ratio_bootstrap_sd=sd, ratio_interval=interval
+    )
     baseline: Optional[BaselineComparison] = None
     if per_seed_gradient_rms is not None and per_seed_losses is not None and np.shape(per_seed_gradient_rms)[0] >= 4:
         baseline = cross_fitted_baseline(

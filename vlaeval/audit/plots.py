@@ -1,5 +1,5 @@
-"""The residual audit's figure: score vs gradient RMS, permutation nulls, leave-one-out and the
-per-anchor spread across estimator seeds."""
+"""The residual audit's figures: score vs gradient RMS, permutation nulls, leave-one-out and the
+per-anchor spread across estimator seeds; where the gradient's noise is; the ablation's."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 
 from vlaeval.artifacts import atomic_write_bytes
 from vlaeval.audit.alignment import Alignment
+from vlaeval.audit.decomposition import NoiseDecomposition
 from vlaeval.audit.result import AblationResult
 from vlaeval.audit.statistics import LeaveOneOut
 
@@ -110,6 +111,39 @@ def plot_ablation(result: AblationResult, path: Path) -> Path:
     ax[1].set_xticks(np.arange(len(measured)), [str(s) for s in measured])
     ax[1].set(title="realized second-moment ratio vs uniform (95% across seeds)", xlabel="step", ylabel="ratio")
     ax[1].legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write_bytes(path, lambda handle: fig.savefig(handle, format="png", dpi=100))
+    plt.close(fig)
+    return path
+
+
+def plot_noise_decomposition(decomposition: NoiseDecomposition, path: Path) -> Path:
+    """Where the gradient's noise is: the uniform second moment's share per flow-time bin, and the
+    variance shares with each axis's oracle ratio."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4))
+    k = decomposition.bins
+    ax[0].bar(np.arange(k), decomposition.second_moment_by_time_bin, color="tab:blue")
+    ax[0].axhline(1.0 / k, color="grey", linestyle="--", label="uniform share")
+    ax[0].set(
+        xlabel="flow-time bin (equal probability under training; noise rises with the bin)",
+        ylabel="share of the second moment",
+        title="gradient second moment by flow time",
+    )
+    ax[0].legend()
+    shares = decomposition.variance_shares
+    oracles = decomposition.oracle_ratios
+    names = ["anchor", "flow_time", "interaction", "rest"]
+    ax[1].bar(names, [shares[n] for n in names], color=["tab:orange", "tab:blue", "tab:purple", "tab:grey"])
+    note = "best proposal's ratio to uniform\n" + "\n".join(
+        f"over {name.replace('_', ' ')}: {value:.3f}" for name, value in oracles.items() if value is not None
+    )
+    ax[1].text(0.98, 0.95, note, transform=ax[1].transAxes, ha="right", va="top", fontsize=9)
+    ax[1].set(ylabel="share of Var(squared gradient norm)", title="what explains the per-sample gradient's size")
     fig.tight_layout()
     atomic_write_bytes(path, lambda handle: fig.savefig(handle, format="png", dpi=100))
     plt.close(fig)

@@ -189,6 +189,42 @@ def seed_interval(values: Sequence[float], level: float = 0.95) -> Interval:
     return Interval(mean, mean - half, mean + half, tuple(x.tolist()), level)
 
 
+def prediction_agreement(
+    realized: Sequence[float], predicted: float, predicted_sd: Optional[float], level: float = 0.95
+) -> Dict[str, Any]:
+    """The realized ratio and the audit's prediction as two estimates with errors, not one of them
+    as an exact number.
+
+    realized: the n >= 2 per-seed realized ratios (finite); predicted: the audit's ratio;
+    predicted_sd: its bootstrap SD (None: treated as exact, 0). Returns their difference, its
+    standard error se = sqrt(s^2 / n + sd^2) (s the spread of the per-seed values), t = difference / se,
+    the Welch-Satterthwaite degrees of freedom se^4 / ((s^2 / n)^2 / (n - 1)) (the bootstrap SD counted
+    as known: it comes from thousands of resamples), and whether |t| is within the level's t quantile.
+    With 3 seeds and an exact prediction a normal quantile would call a correct prediction
+    inconsistent about 3 times too often."""
+    x = np.asarray([float(v) for v in realized], dtype=np.float64)
+    if x.size < 2 or not np.all(np.isfinite(x)):
+        raise ValueError(f"need at least 2 finite per-seed realized ratios, got {x.tolist()}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level={level} must be in (0, 1)")
+    sd = 0.0 if predicted_sd is None else float(predicted_sd)
+    seed_part = float(x.var(ddof=1) / x.size)
+    difference = float(x.mean() - float(predicted))
+    se = float(np.sqrt(seed_part + sd**2))
+    df = float("inf") if seed_part == 0 else float((seed_part + sd**2) ** 2 / (seed_part**2 / (x.size - 1)))
+    t = difference / se if se > 0 else (0.0 if difference == 0 else float("inf"))
+    critical = float(stats.t.ppf(0.5 + level / 2, df)) if np.isfinite(df) else float(stats.norm.ppf(0.5 + level / 2))
+    return {
+        "realized_minus_predicted": difference,
+        "standard_error": se,
+        "t": float(t),
+        "degrees_of_freedom": df,
+        "prediction_sd": None if predicted_sd is None else sd,
+        "level": level,
+        "consistent": bool(abs(t) <= critical),
+    }
+
+
 def minibatch_moments(gradients: np.ndarray) -> Dict[str, float]:
     """From K minibatch gradients (K, P) at the same parameters: the mean squared norm
     E||g_B||^2, the total variance tr Cov(g_B) (unbiased), and the squared norm of their mean."""

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from vlaeval.audit.alignment import Alignment
+from vlaeval.audit.decomposition import NoiseDecomposition
 from vlaeval.audit.statistics import LeaveOneOut, Repeatability
 
 GATE_EXIT_CODES = {"pass": 0, "fail": 12, "smoke": 13}  # audit.exit_code_from_gate
@@ -158,6 +159,9 @@ class AuditResult:
     leave_one_out_robustness: LeaveOneOut
     gate: GateDecision
     anchors: Tuple[AnchorScore, ...]
+    # Where the gradient's noise is (anchor, flow time, interaction, the rest), when the artifact
+    # records each draw's flow time; None otherwise (and in results written before it).
+    noise_decomposition: Optional[NoiseDecomposition] = None
 
     @property
     def sample_count(self) -> int:
@@ -180,6 +184,7 @@ class AuditResult:
             "alignment.top25_overlap": al.top25_overlap,
             "alignment.attenuation_corrected_spearman": al.reliability.attenuation_corrected_spearman,
             "proposal.information_to_baseline_ratio": prop.information_to_baseline_ratio,
+            "proposal.ratio_bootstrap_sd": prop.ratio_bootstrap_sd,
             "proposal.oracle_ratio": prop.oracle_ratio,
             "proposal.fraction_of_oracle_gain": prop.fraction_of_oracle_gain,
             "proposal.attainable_oracle_ratio": prop.attainable_oracle_ratio,
@@ -194,6 +199,25 @@ class AuditResult:
             "timing.score_seconds": self.score_runtime["elapsed_seconds"],
             "timing.anchors_per_second": self.score_runtime["anchors_per_second"],
         }
+        decomposition = self.noise_decomposition
+        if decomposition is not None:
+            shares, oracles = decomposition.variance_shares, decomposition.oracle_ratios
+            metrics.update(
+                {
+                    "decomposition.share_anchor": shares["anchor"],
+                    "decomposition.share_flow_time": shares["flow_time"],
+                    "decomposition.share_interaction": shares["interaction"],
+                    "decomposition.share_rest": shares["rest"],
+                }
+            )
+            # An oracle a cell without draws leaves out is absent, not None (a rerun compares what is there)
+            for key, name in (
+                ("decomposition.oracle_ratio_anchor", "anchor"),
+                ("decomposition.oracle_ratio_flow_time", "flow_time"),
+                ("decomposition.oracle_ratio_anchor_and_flow_time", "anchor_and_flow_time"),
+            ):
+                if oracles[name] is not None:
+                    metrics[key] = oracles[name]
         baseline = al.baseline_comparison
         if baseline is not None:
             shared = baseline.training_loss_shared_draws
@@ -232,6 +256,7 @@ class AuditResult:
             "alignment": self.alignment.as_dict(),
             "leave_one_out_robustness": self.leave_one_out_robustness.as_dict(),
             "gate": self.gate.to_json(),
+            "noise_decomposition": None if self.noise_decomposition is None else self.noise_decomposition.as_dict(),
             "anchors": [a.to_json() for a in self.anchors],
         }
 
@@ -250,6 +275,9 @@ class AuditResult:
             leave_one_out_robustness=LeaveOneOut.from_json(data["leave_one_out_robustness"]),
             gate=GateDecision.from_json(data["gate"]),
             anchors=tuple(anchors),
+            noise_decomposition=(
+                NoiseDecomposition.from_json(data["noise_decomposition"]) if data.get("noise_decomposition") else None
+            ),
         )
 
 
@@ -268,7 +296,10 @@ class ProposalSummary:
     heldout_loss_minus_uniform: Optional[Mapping[str, Any]] = None
     success_rate: Optional[Mapping[str, Any]] = None
     predicted_ratio: Optional[float] = None  # the residual proposal: the audit's prediction
-    prediction_within_interval: Optional[bool] = None
+    # step -> the realized ratio and the prediction as two estimates with errors (prediction_agreement),
+    # at the audited parameters (step 0) and at the end
+    prediction_vs_realized: Optional[Mapping[str, Mapping[str, Any]]] = None
+    prediction_within_interval: Optional[bool] = None  # results before prediction_vs_realized: read, not made
 
     def to_json(self) -> Dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -321,10 +352,13 @@ class AblationResult:
         residual = self.summary.get("residual")
         if residual is None:
             return {}
-        return {
-            "residual_gain_is_real": residual.gain_is_real,
-            "prediction_within_interval": bool(residual.prediction_within_interval),
-        }
+        checks = {"residual_gain_is_real": residual.gain_is_real}
+        if residual.prediction_vs_realized is not None:
+            at_audit = residual.prediction_vs_realized[str(self.measure_steps[0])]
+            checks["prediction_consistent_with_realized"] = bool(at_audit["consistent"])
+        elif residual.prediction_within_interval is not None:
+            checks["prediction_within_interval"] = bool(residual.prediction_within_interval)
+        return checks
 
     def to_json(self) -> Dict[str, Any]:
         return {

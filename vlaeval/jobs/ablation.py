@@ -20,13 +20,15 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from vlaeval import console
+from vlaeval.audit.alignment import ratio_bootstrap
 from vlaeval.audit.proposals import (
     Proposal,
     minibatch_moments,
     per_sample_second_moment,
+    prediction_agreement,
     score_proposal,
     seed_interval,
     time_bin_probabilities,
@@ -49,7 +51,16 @@ from vlaeval.residual.ablation import (
 )
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import read_scores, scoring_settings
-from vlaeval.runs import RunReport, lineage_tags, load_data, load_policy, now_ms, output_dir, publish
+from vlaeval.runs import (
+    RunReport,
+    lineage_tags,
+    load_data,
+    load_heldout_data,
+    load_policy,
+    now_ms,
+    output_dir,
+    publish,
+)
 
 JOB = "ablation"
 COMPONENTS = ("data", "model")
@@ -96,7 +107,67 @@ def validate_ablation(cfg: DictConfig) -> None:
     validate_estimator_config(cfg.estimator)
     FlowConvention.of(cfg.flow).validate()
     if a.audit_result is not None:
-        read_audit_result(str(a.audit_result))
+        check_audit_result(read_audit_result(str(a.audit_result)), cfg)
+
+
+def check_audit_result(result: Dict[str, Any], cfg: DictConfig) -> None:
+    """Refuse, before any work, an audit whose gate failed (unless ablation.allow_failed_gate) or whose
+    prediction was made under other settings than this run's: the proposal's alpha, epsilon and gamma,
+    the estimator that made the scores, and the gradient subset the second moment is over. The
+    checkpoint and the dataset are checked once they are loaded (audit_prediction)."""
+    source = f"ablation.audit_result={cfg.ablation.audit_result}"
+    gate = result["gate"]
+    if not gate["pass"] and not cfg.ablation.allow_failed_gate:
+        failed = sorted(name for name, ok in gate["checks"].items() if not ok)
+        raise UserInputError(
+            f"{source}: the audit's gate failed ({', '.join(failed) or gate['status']}), so its proposal is not "
+            "licensed for training; fix what failed, or set ablation.allow_failed_gate=true to measure it anyway"
+        )
+    proposal, score = result["alignment"]["proposal"], result["score_definition"]
+    audited = {
+        "audit.alpha": (proposal["alpha"], cfg.audit.alpha),
+        "audit.percentile_epsilon": (proposal["percentile_epsilon"], cfg.audit.percentile_epsilon),
+        "audit.proposal_power": (proposal["proposal_power"], cfg.audit.proposal_power),
+        "estimator.kind": (score["estimator"], str(cfg.estimator.kind)),
+        "estimator.seeds": (list(score["estimator_seeds"]), [int(x) for x in cfg.estimator.seeds]),
+        "estimator.samples_per_estimator": (score["samples_per_estimator"], cfg.estimator.samples_per_estimator),
+        "gradients.trainable": (result["gradient_artifact"]["trainable"], str(cfg.gradients.trainable)),
+    }
+    differ = [
+        (key, then, now)
+        for key, (then, now) in audited.items()
+        if (then != now if isinstance(then, (str, list)) else not np.isclose(float(then), float(now), rtol=1e-12))
+    ]
+    if differ:
+        raise UserInputError(
+            f"{source} predicted its ratio under other settings ("
+            + ", ".join(f"{key}={then} there, {now} here" for key, then, now in differ)
+            + "); set them as the audit did, or audit with these"
+        )
+
+
+def check_audited_data(cfg: DictConfig, data: Any) -> None:
+    """The audit's dataset is this run's (checked once the data is loaded, before the policy)."""
+    if cfg.ablation.audit_result is None:
+        return
+    audited = str(read_audit_result(str(cfg.ablation.audit_result))["gradient_artifact"]["dataset_sha256"])
+    require(
+        audited == data.demonstrations.manifest_sha256,
+        f"ablation.audit_result audited dataset {audited[:12]}..., not this run's "
+        f"({data.demonstrations.manifest_sha256[:12]}...); give the audit's data settings or audit this data",
+    )
+
+
+def check_audited_checkpoint(cfg: DictConfig, handle: Any) -> None:
+    """The audit's checkpoint is this run's (checked once it is loaded, before any scoring)."""
+    if cfg.ablation.audit_result is None:
+        return
+    audited = str(read_audit_result(str(cfg.ablation.audit_result)).get("checkpoint_sha256"))
+    require(
+        audited == handle.sha256,
+        f"ablation.audit_result audited checkpoint {audited[:12]}..., not this one ({handle.sha256[:12]}...); "
+        "audit this checkpoint or give its checkpoint",
+    )
 
 
 def read_audit_result(path: str) -> Dict[str, Any]:
@@ -173,14 +244,12 @@ def audit_prediction(cfg: DictConfig, data: Any, handle: Any, residual: np.ndarr
     seeds, the same transform of the residual) on the cached artifact for this checkpoint."""
     if cfg.ablation.audit_result is not None:
         result = read_audit_result(str(cfg.ablation.audit_result))
-        require(
-            result.get("checkpoint_sha256") == handle.sha256,
-            f"ablation.audit_result audited checkpoint {str(result.get('checkpoint_sha256'))[:12]}..., not this "
-            f"one ({handle.sha256[:12]}...); audit this checkpoint or give its checkpoint",
-        )
+        proposal = result["alignment"]["proposal"]
         return {
             "source": str(cfg.ablation.audit_result),
-            "predicted_ratio": float(result["alignment"]["proposal"]["information_to_baseline_ratio"]),
+            "predicted_ratio": float(proposal["information_to_baseline_ratio"]),
+            "predicted_ratio_sd": proposal.get("ratio_bootstrap_sd"),  # None in results before it existed
+            "predicted_ratio_interval": proposal.get("ratio_interval"),
             "anchors": int(result["sample_count"]),
             "gate_status": result["gate"]["status"],
             "eligible_for_500_step_ablation": bool(result["gate"]["eligible_for_500_step_ablation"]),
@@ -194,15 +263,25 @@ def audit_prediction(cfg: DictConfig, data: Any, handle: Any, residual: np.ndarr
         data.demonstrations, data.anchors, artifact_anchors, metadata["dataset_sha256"], metadata["path"]
     )
     rms = np.array([x["gradient_rms"] for x in artifact_anchors])
-    q = proposal_distribution(
+    settings = {
+        "alpha": float(cfg.audit.alpha),
+        "percentile_epsilon": float(cfg.audit.percentile_epsilon),
+        "proposal_power": float(cfg.audit.proposal_power),
+    }
+    q = proposal_distribution(residual[index], **settings)
+    sd, interval = ratio_bootstrap(
         residual[index],
-        alpha=float(cfg.audit.alpha),
-        percentile_epsilon=float(cfg.audit.percentile_epsilon),
-        proposal_power=float(cfg.audit.proposal_power),
+        rms,
+        alpha=settings["alpha"],
+        percentile_epsilon=settings["percentile_epsilon"],
+        proposal_power=settings["proposal_power"],
+        seed=int(cfg.audit.permutation_seed),
     )
     return {
         "source": "computed the audit's way on its gradient artifact " + str(metadata["path"]),
         "predicted_ratio": float(information_to_baseline_ratio(rms, q)),
+        "predicted_ratio_sd": sd,
+        "predicted_ratio_interval": list(interval),
         "anchors": int(index.size),
         "gradient_seeds": len(metadata["gradient_seeds"]),
         "gate_status": None,
@@ -250,20 +329,9 @@ def residual_scores(cfg: DictConfig, data: Any, handle: Any) -> tuple:
 
 
 def heldout_data(cfg: DictConfig) -> Optional[Any]:
-    from vlaeval.policy.builtin import prepare_data
-
     if int(cfg.ablation.heldout_episodes_per_task) == 0:
         return None
-    held = OmegaConf.create(OmegaConf.to_container(cfg.data, resolve=True))
-    with open_dict(held):
-        held.scenes = "held_out"
-        held.episodes_per_task = int(cfg.ablation.heldout_episodes_per_task)
-    with console.unit_progress("held-out demonstrations", 1) as update:
-        return prepare_data(
-            held,
-            str(cfg.paths.cache_dir),
-            lambda done, total, task: update(completed=done, total=total, description=f"recording {task}"),
-        )
+    return load_heldout_data(cfg, int(cfg.ablation.heldout_episodes_per_task))
 
 
 def every_anchor_gradients(cfg: DictConfig, policy: Any, anchors: Any, model: Any, keys: List[tuple]) -> Any:
@@ -428,8 +496,10 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     names = [str(p) for p in a.proposals]
     seeds = [int(s) for s in a.seeds]
     data = load_data(cfg)
+    check_audited_data(cfg, data)
     heldout = heldout_data(cfg)
     handle = load_policy(cfg, data)
+    check_audited_checkpoint(cfg, handle)
     n = len(data.anchors)
     policy = data.bind(handle.model, cfg.flow, str(cfg.device))
     trainable = str(cfg.gradients.trainable)
@@ -575,9 +645,16 @@ def summarise(
         if success is not None:
             row["success_rate"] = seed_interval([r["success"]["success_rate"] for r in mine]).as_dict()
         if name == AblationProposal.residual:
+            # At step 0 the run's parameters are the audited ones: the like-for-like comparison; later
+            # steps say whether the prediction still holds as training moves the parameters.
             predicted = prediction["predicted_ratio"]
             row["predicted_ratio"] = predicted
-            row["prediction_within_interval"] = bool(final["low"] <= predicted <= final["high"])
+            row["prediction_vs_realized"] = {
+                str(step): prediction_agreement(
+                    row["realized_ratio"][str(step)]["values"], predicted, prediction.get("predicted_ratio_sd")
+                )
+                for step in (measured[0], measured[-1])
+            }
         out[name] = ProposalSummary.from_json(row)
     return out
 

@@ -5,8 +5,10 @@ then its anchors -- named by (episode, frame) -- in the dataset present, before 
 or build and cache an artifact for the builtin checkpoint; score every
 anchor with the configured estimator (batched across anchors, one encode per anchor); measure
 repeatability across estimator seeds, alignment with gradient RMS (beside the training loss),
-the proposal's second-moment ratio with its permutation control, and leave-one-out robustness;
-decide the gate; save the result, plot, log to MLflow, print the gate table.
+the proposal's second-moment ratio with its permutation control and its bootstrap interval over
+anchors, and leave-one-out robustness; decide the gate; split the gradient's second moment over
+anchor, flow time and the rest (when the artifact records flow times); save the result, plot, log
+to MLflow, print the gate table.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from omegaconf import DictConfig
 from vlaeval import console
 from vlaeval.artifacts import sha256_file
 from vlaeval.audit import Alignment, alignment_audit, gate_decision, leave_one_out_robustness, repeatability
-from vlaeval.audit.plots import plot_audit
+from vlaeval.audit.decomposition import NoiseDecomposition, noise_decomposition
+from vlaeval.audit.plots import plot_audit, plot_noise_decomposition
 from vlaeval.audit.result import AnchorScore, AuditResult, GateDecision, ScoreDefinition
 from vlaeval.audit.statistics import LeaveOneOut, Repeatability
 from vlaeval.choices import CheckpointKind
@@ -33,6 +36,7 @@ from vlaeval.policy.flow import FlowConvention
 from vlaeval.residual.artifact import (
     cached_gradient_artifact,
     load_gradient_artifact,
+    per_seed_flow_times,
     per_seed_values,
     recover_anchors,
 )
@@ -60,6 +64,7 @@ def validate_audit(cfg: DictConfig) -> None:
     require(0.0 <= a.percentile_epsilon < 0.5, f"audit.percentile_epsilon={a.percentile_epsilon} must be in [0, 0.5)")
     require(a.proposal_power > 0, f"audit.proposal_power={a.proposal_power} must be > 0")
     require_at_least("audit.permutations", a.permutations, 1)
+    require_at_least("audit.decomposition_bins", a.decomposition_bins, 2)
     require(g.min_anchors >= 4, f"gate.min_anchors={g.min_anchors} must be >= 4")
     FlowConvention.of(cfg.flow).validate()
     validate_checkpoint_config(cfg.checkpoint)
@@ -168,6 +173,17 @@ def audit_statistics(
     return rep, alignment, robustness, gate
 
 
+def where_the_noise_is(cfg: DictConfig, artifact_anchors: List[Any]) -> Optional[NoiseDecomposition]:
+    """The artifact's per-draw squared gradient norms split over anchor, flow time, their interaction
+    and the rest, when it records each draw's flow time (vlaeval's artifacts do); else None."""
+    flow_times = per_seed_flow_times(artifact_anchors)
+    per_seed_rms, _ = per_seed_values(artifact_anchors)
+    if flow_times is None or per_seed_rms is None:
+        return None
+    levels = FlowConvention.of(cfg.flow).time_level(flow_times)
+    return noise_decomposition(per_seed_rms**2, levels, bins=int(cfg.audit.decomposition_bins))
+
+
 def score_definition(cfg: DictConfig) -> ScoreDefinition:
     kind, seeds = str(cfg.estimator.kind), [int(s) for s in cfg.estimator.seeds]
     return ScoreDefinition(
@@ -236,11 +252,14 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     matrix = scores.estimator_residuals
     score = matrix.mean(axis=0)
     rep, alignment, robustness, gate = audit_statistics(cfg, matrix, artifact_anchors, metadata)
+    decomposition = where_the_noise_is(cfg, artifact_anchors)
     plots = []
     if cfg.audit.plot:
         gradient_rms = np.array([anchor["gradient_rms"] for anchor in artifact_anchors])
         path = output_dir(cfg) / "residual_audit.png"
         plots.append(plot_audit(score, gradient_rms, matrix, alignment, robustness, path))
+        if decomposition is not None:
+            plots.append(plot_noise_decomposition(decomposition, output_dir(cfg) / "noise_decomposition.png"))
     audit = AuditResult(
         schema_version=RESULT_SCHEMA_VERSION,
         checkpoint=str(handle.path),
@@ -253,6 +272,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         leave_one_out_robustness=robustness,
         gate=gate,
         anchors=anchor_scores(scores, score, artifact_anchors),
+        noise_decomposition=decomposition,
     )
     published = publish(
         cfg,
@@ -291,6 +311,18 @@ def print_summary(audit: AuditResult, run: Mapping[str, Any]) -> None:
         + (f", attainable oracle {attainable:.3f}" if attainable else "")
         + ")"
     )
+    interval = audit.alignment.proposal.ratio_interval
+    if interval is not None:
+        console.show(f"second-moment ratio 95% bootstrap interval over anchors: [{interval[0]:.3f}, {interval[1]:.3f}]")
+    if audit.noise_decomposition is not None:
+        shares, oracles = audit.noise_decomposition.variance_shares, audit.noise_decomposition.oracle_ratios
+        console.show(
+            "where the gradient's noise is (share of variance): "
+            + ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in shares.items())
+            + " | best proposal over anchors "
+            + f"{oracles['anchor']:.3f}, over flow time "
+            + ("n/a" if oracles["flow_time"] is None else f"{oracles['flow_time']:.3f}")
+        )
     baseline = audit.alignment.baseline_comparison
     if baseline is not None:
         console.show(

@@ -1,34 +1,47 @@
 """job=train: train the built-in tiny VLA on the built-in Meta-World demonstrations.
 
-Build (or load the cached) demonstrations, train with the flow-matching loss, save a weights-only
-checkpoint with its JSON sidecar into the run directory and into the builtin cache slot, evaluate
-it closed-loop beside the scripted expert, and log the loss curve and success rates to MLflow.
+Build (or load the cached) demonstrations; build the policy (from train.init_from's weights when
+given); for a training comparison, score every anchor for the residual proposal
+(train.anchor_sampling=residual, its time charged to the run's clock) and record the held-out scenes
+(train.heldout_every); train with the flow-matching loss (flow time from the training distribution
+or the adaptive sampler, every loss importance-weighted); save a weights-only checkpoint with its
+JSON sidecar into the run directory and into the builtin cache slot, evaluate it closed-loop beside
+the scripted expert, and log the loss curves and success rates to MLflow.
 """
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Dict
+from typing import Any, BinaryIO, Callable, Dict, Optional
 
+import numpy as np
+import torch
 from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes
+from vlaeval.audit.statistics import proposal_distribution
+from vlaeval.choices import AnchorSampling
 from vlaeval.config import POLICY_SECTIONS
 from vlaeval.errors import require, require_at_least
 from vlaeval.policy.builtin import PolicySpec, checkpoint_key, train_and_save
 from vlaeval.policy.checkpoint import sidecar_path
 from vlaeval.policy.flow import FlowConvention
+from vlaeval.policy.time_sampling import validate_time_sampling
+from vlaeval.policy.training import TrainingExtras
+from vlaeval.residual.ablation import mean_loss
+from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.rollouts.engine import evaluate_closed_loop
 from vlaeval.rollouts.evaluation import evaluation_view, plot_success, print_evaluation, validate_evaluate
-from vlaeval.runs import RunReport, lineage_tags, load_data, now_ms, output_dir, publish
+from vlaeval.runs import RunReport, lineage_tags, load_data, load_heldout_data, now_ms, output_dir, publish
 
 JOB = "train"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
 # The config sections this job reads besides job, paths and tracking: the only ones it is given,
 # logs and digests (vlaeval.jobs.dispatch).
-READS = ("train", "evaluate", *POLICY_SECTIONS)
+READS = ("train", "evaluate", "estimator", "audit", *POLICY_SECTIONS)
 
 
 def validate_train(cfg: DictConfig) -> None:
@@ -37,7 +50,78 @@ def validate_train(cfg: DictConfig) -> None:
     require_at_least("train.batch_size", t.batch_size, 1)
     require(t.learning_rate > 0, f"train.learning_rate={t.learning_rate} must be > 0")
     require_at_least("train.log_every", t.log_every, 1)
+    require(0.0 <= t.momentum < 1.0, f"train.momentum={t.momentum} must be in [0, 1)")
+    validate_time_sampling(t)
     FlowConvention.of(cfg.flow).validate()
+    if AnchorSampling.parse(t.anchor_sampling, "train.anchor_sampling") == AnchorSampling.residual:
+        validate_estimator_config(cfg.estimator)
+        a = cfg.audit
+        require(0.0 < a.alpha <= 1.0, f"audit.alpha={a.alpha} must be in (0, 1] to bound the weights 1 / (N q)")
+        require(
+            0.0 <= a.percentile_epsilon < 0.5, f"audit.percentile_epsilon={a.percentile_epsilon} must be in [0, 0.5)"
+        )
+        require(a.proposal_power > 0, f"audit.proposal_power={a.proposal_power} must be > 0")
+    if t.init_from is not None:
+        require(
+            Path(str(t.init_from)).is_file(),
+            f"train.init_from={t.init_from} is not a file; give a weights-only checkpoint (e.g. a job=train run's model.pt)",
+        )
+    require(t.heldout_every >= 0, f"train.heldout_every={t.heldout_every} must be >= 0 (0: no held-out loss)")
+    if t.heldout_every > 0:
+        require_at_least("train.heldout_episodes_per_task", t.heldout_episodes_per_task, 1)
+        require_at_least("train.heldout_draws", t.heldout_draws, 1)
+        require(
+            "scenes" in cfg.data,
+            f"the data component {cfg.data.get('_target_')} has no held-out scenes; set train.heldout_every=0",
+        )
+
+
+def comparison_extras(cfg: DictConfig, data: Any) -> Optional[Callable[[torch.nn.Module], TrainingExtras]]:
+    """What a training comparison needs from the model training starts from: the residual proposal
+    over every anchor (scored by that model; the scoring time charged to the run's clock) and the
+    held-out loss along the way. None for a plain run."""
+    t = cfg.train
+    residual = AnchorSampling.parse(t.anchor_sampling, "train.anchor_sampling") == AnchorSampling.residual
+    heldout = load_heldout_data(cfg, int(t.heldout_episodes_per_task)) if t.heldout_every > 0 else None
+    if not residual and heldout is None:
+        return None
+
+    def make(model: torch.nn.Module) -> TrainingExtras:
+        q, seconds = None, 0.0
+        if residual:
+            started = time.perf_counter()
+            with console.unit_progress(f"scoring every anchor ({cfg.estimator.kind})", len(data.anchors)) as update:
+                scores = score_anchors(
+                    data.bind(model.eval(), cfg.flow),
+                    data.anchors,
+                    np.arange(len(data.anchors)),
+                    **estimator_arguments(cfg.estimator),
+                    progress=lambda done, total: update(completed=done),
+                )
+            q = proposal_distribution(
+                scores.estimator_residuals.mean(axis=0),
+                alpha=float(cfg.audit.alpha),
+                percentile_epsilon=float(cfg.audit.percentile_epsilon),
+                proposal_power=float(cfg.audit.proposal_power),
+            )
+            seconds = time.perf_counter() - started
+        held = None
+        if heldout is not None:
+            held_policy = data.bind(model, cfg.flow).for_instructions(heldout.demonstrations.instructions)
+
+            def held(m: torch.nn.Module) -> float:
+                return mean_loss(
+                    held_policy.with_model(m), heldout.anchors, draws_per_anchor=int(t.heldout_draws), key=("train",)
+                )
+
+        return TrainingExtras(
+            anchor_probabilities=None if q is None else q / q.sum(),
+            seconds_before=seconds,
+            heldout=held,
+            heldout_every=int(t.heldout_every),
+        )
+
+    return make
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
@@ -53,10 +137,14 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             data,
             out / "model.pt",
             lambda step, loss: update(completed=step, description=f"training loss {loss:.4f}"),
+            comparison_extras(cfg, data),
         )
-    # The run's checkpoint also fills the builtin cache slot for this config.
-    slot = cfg.paths.cache_dir + f"/checkpoints/{checkpoint_key(PolicySpec.of(cfg), data)}"
-    _copy_checkpoint(handle.path, slot)
+    # The run's checkpoint also fills the builtin cache slot for this config, when the slot's key
+    # describes it (a residual proposal depends on the estimator and audit settings too).
+    diverged = handle.sidecar["metrics"].get("diverged_at_step")
+    if cfg.train.anchor_sampling == AnchorSampling.uniform and diverged is None:
+        slot = cfg.paths.cache_dir + f"/checkpoints/{checkpoint_key(PolicySpec.of(cfg), data)}"
+        _copy_checkpoint(handle.path, slot)
     metrics_train = handle.sidecar["metrics"]
     result: Dict[str, Any] = {
         "checkpoint": str(handle.path),
@@ -73,9 +161,24 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         "model.parameters": result["parameters"],
     }
     history = {"train.loss": metrics_train["loss_curve"]}
+    if "heldout_curve" in metrics_train:  # against steps; the clock (scoring included) is in result.json
+        history["train.heldout_loss"] = [(step, loss) for step, _, loss in metrics_train["heldout_curve"]]
+        metrics["train.heldout_loss_final"] = metrics_train["heldout_curve"][-1][2]
+        metrics["timing.clock_seconds"] = metrics_train["clock_seconds"]
+    if "time_sampling" in metrics_train:  # the adaptive sampler's bin probabilities, as curves in the UI
+        sampling = metrics_train["time_sampling"]
+        metrics["train.time_max_weight"] = sampling["max_weight"]
+        for k in range(sampling["bins"]):
+            history[f"train.time_bin_probability.{k:02d}"] = [(step, p[k]) for step, p in sampling["history"]]
     checks: Dict[str, bool] = {}
     plots = []
-    if cfg.train.evaluate_after:
+    if diverged is not None:  # a learning-rate grid's too-high end: a result, not a crash of the sweep
+        console.print_warning(
+            f"training diverged at step {diverged} (its loss was not finite): train.learning_rate="
+            f"{cfg.train.learning_rate} is too high for train.optimizer={cfg.train.optimizer}; not evaluated"
+        )
+        checks["train.trained_to_the_end"] = False
+    elif cfg.train.evaluate_after:
         evaluation = evaluate_closed_loop(
             data.bind(handle.model, cfg.flow), data.demonstrations.tasks, cfg.evaluate, cfg.rollout
         )
@@ -98,9 +201,11 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             artifacts=[(handle.path, "checkpoint"), (sidecar_path(handle.path), "checkpoint")],
         ),
     )
+    final = metrics_train["final_loss"]
     console.show(
         f"trained {result['parameters']:,} parameters for {metrics_train['steps']} steps in "
-        f"{metrics_train['train_seconds']:.1f} s: final loss {metrics_train['final_loss']:.4f}"
+        f"{metrics_train['train_seconds']:.1f} s: final loss "
+        + (f"{final:.4f}" if final is not None else f"none (diverged at step {diverged})")
     )
     if "evaluation" in result:
         print_evaluation(result["evaluation"])

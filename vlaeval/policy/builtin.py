@@ -22,13 +22,22 @@ from vlaeval.policy.bound import BoundPolicy, bind_policy
 from vlaeval.policy.checkpoint import load_state_dict, save_checkpoint
 from vlaeval.policy.protocol import check_policy
 from vlaeval.policy.tiny_vla import vocabulary
-from vlaeval.policy.training import train_policy
+from vlaeval.policy.training import TrainingExtras, train_policy
 from vlaeval.store import get_or_build
 
 log = logging.getLogger(__name__)
 
 # Training settings that do not change the trained weights (left out of the cache key).
-NON_WEIGHT_TRAIN_KEYS = ("log_every", "evaluate_after")
+NON_WEIGHT_TRAIN_KEYS = ("log_every", "evaluate_after", "heldout_every", "heldout_episodes_per_task", "heldout_draws")
+# Settings added after checkpoints were first cached, left out of the key while they train exactly as
+# before they existed (AdamW; flow time from the training distribution), so those checkpoints keep their
+# keys: {the setting that switches them on: (its value before, the settings it alone uses)}.
+LATER_TRAIN_KEYS = {
+    "optimizer": ("adamw", ("momentum",)),
+    "time_sampling": ("uniform", ("time_signal", "time_bins", "time_decay", "time_floor", "time_warmup_steps")),
+    "anchor_sampling": ("uniform", ()),
+    "init_from": ("None", ()),
+}
 
 CHECKPOINT_FILE = "model.pt"  # a built-in checkpoint in its store entry
 
@@ -126,8 +135,18 @@ def check_cameras(model: torch.nn.Module, data: PolicyData) -> None:
         )
 
 
+def weight_train_settings(train: Any) -> Dict[str, Any]:
+    """The train settings the trained weights depend on, as the checkpoint key sees them."""
+    out = {k: v for k, v in to_plain(train).items() if k not in NON_WEIGHT_TRAIN_KEYS}
+    for switch, (before, uses) in LATER_TRAIN_KEYS.items():
+        if str(out.get(switch, before)) == before:
+            for key in (switch, *uses):
+                out.pop(key, None)
+    return out
+
+
 def checkpoint_key(spec: PolicySpec, data: PolicyData) -> str:
-    train = {k: v for k, v in to_plain(spec.train).items() if k not in NON_WEIGHT_TRAIN_KEYS}
+    train = weight_train_settings(spec.train)
     return sha256_json(
         {
             "data_manifest": data.demonstrations.manifest_sha256,
@@ -151,10 +170,20 @@ def sidecar_for(spec: PolicySpec, data: PolicyData, metrics: Dict[str, Any]) -> 
 
 
 def train_and_save(
-    spec: PolicySpec, data: PolicyData, path: Path, progress: Optional[Callable[[int, float], None]] = None
+    spec: PolicySpec,
+    data: PolicyData,
+    path: Path,
+    progress: Optional[Callable[[int, float], None]] = None,
+    extras: Optional[Callable[[torch.nn.Module], TrainingExtras]] = None,
 ) -> PolicyHandle:
+    """Build the model (from train.init_from's weights when given), train it and save it. `extras`
+    makes a comparison's additions from the model training starts from (job=train)."""
     model = build_model(spec, data)
-    metrics = train_policy(data.bind(model, spec.flow), data.anchors, spec.train, progress)
+    init_from = spec.train.get("init_from")
+    if init_from is not None:
+        model.load_state_dict(load_policy(spec, data, Path(str(init_from))).model.state_dict(), strict=True)
+    made = extras(model) if extras is not None else None
+    metrics = train_policy(data.bind(model, spec.flow), data.anchors, spec.train, progress, made)
     sidecar = save_checkpoint(model, path, sidecar_for(spec, data, metrics))
     return PolicyHandle(model, path, sidecar["sha256"], sidecar, True)
 

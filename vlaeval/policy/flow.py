@@ -99,6 +99,24 @@ class FlowConvention:
         v = u if self.noise_at == NoiseEnd.one else 1.0 - u
         return self._x_quantile(v) * self.time_scale + self.time_offset
 
+    def _x_cdf(self, x: np.ndarray) -> np.ndarray:
+        x = np.clip(x, 0.0, 1.0)
+        if self.time_distribution == TimeDistribution.uniform:
+            return x
+        if self.time_distribution == TimeDistribution.logit_normal:
+            from scipy.stats import norm
+
+            inner = np.clip(x, 1e-12, 1 - 1e-12)
+            return norm.cdf((np.log(inner / (1.0 - inner)) - self.logit_mean) / self.logit_std)
+        from scipy.stats import beta as beta_dist
+
+        return beta_dist.cdf(x, self.beta_a, self.beta_b)
+
+    def time_level(self, t: np.ndarray) -> np.ndarray:
+        """The quantile level u of flow times t: the inverse of time_quantile (noise rising with u)."""
+        v = self._x_cdf((np.asarray(t, dtype=np.float64) - self.time_offset) / self.time_scale)
+        return v if self.noise_at == NoiseEnd.one else 1.0 - v
+
     def noise_level(self, t: torch.Tensor) -> torch.Tensor:
         return t if self.noise_at == NoiseEnd.one else 1.0 - t
 

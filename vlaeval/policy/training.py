@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from vlaeval.artifacts import stable_seed
+from vlaeval.choices import Optimizer
 from vlaeval.data.anchors import AnchorSet
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import FlowConvention
+from vlaeval.policy.time_sampling import time_sampler
 
 
 def flow_draws(
@@ -22,41 +25,131 @@ def flow_draws(
     return t, noise
 
 
+def make_optimizer(parameters: Any, train: Any) -> torch.optim.Optimizer:
+    """AdamW (the built-in recipe) or SGD with heavy-ball momentum, at train.learning_rate."""
+    lr, decay = float(train.learning_rate), float(train.weight_decay)
+    if Optimizer.parse(train.get("optimizer", "adamw"), "train.optimizer") == Optimizer.sgd:
+        return torch.optim.SGD(parameters, lr=lr, momentum=float(train.momentum), weight_decay=decay)
+    return torch.optim.AdamW(parameters, lr=lr, weight_decay=decay)
+
+
+@dataclass
+class TrainingExtras:
+    """What a training comparison adds to a plain run (job=train builds it; the loop stays the same).
+
+    anchor_probabilities: (N,) positive, summing to 1: draw anchors from this proposal, each loss
+        weighted 1 / (N q_i) (None: uniformly, unweighted).
+    seconds_before: time already spent for this run (e.g. scoring every anchor for the proposal),
+        charged to the run's clock.
+    heldout: the held-out loss of a model (called in eval mode every `heldout_every` steps and at
+        steps 0 and the last; its time is not charged to the clock).
+    """
+
+    anchor_probabilities: Optional[np.ndarray] = None
+    seconds_before: float = 0.0
+    heldout: Optional[Callable[[torch.nn.Module], float]] = None
+    heldout_every: int = 0
+
+
 def train_policy(
     policy: BoundPolicy,
     anchors: AnchorSet,
     train: Any,
     progress: Optional[Callable[[int, float], None]] = None,
+    extras: Optional[TrainingExtras] = None,
 ) -> Dict[str, Any]:
+    """Train `policy` in place for train.steps minibatches of train.batch_size anchors (uniformly, or
+    from extras.anchor_probabilities), flow time from the training distribution or the adaptive
+    sampler (train.time_sampling), every loss importance-weighted so that the objective stays the
+    policy's own, with a cosine schedule from train.learning_rate to zero. Returns the loss curve
+    (the mean of each log_every steps' minibatch losses, weighted), the held-out curve (step, the
+    run's clock in seconds, loss) when extras ask for it, and timings."""
+    extras = extras or TrainingExtras()
     torch.use_deterministic_algorithms(True)
     rng = np.random.default_rng(stable_seed("train", int(train.seed)))
     model = policy.model
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=float(train.learning_rate), weight_decay=float(train.weight_decay)
-    )
+    optimizer = make_optimizer(model.parameters(), train)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(int(train.steps), 1))
+    sampler = time_sampler(train)
+    q = extras.anchor_probabilities
+    chunk = (anchors.horizon, anchors.target_actions.shape[-1])
     curve: List[Tuple[int, float]] = []
+    heldout_curve: List[Tuple[int, float, float]] = []
+    time_history: List[Tuple[int, List[float]]] = []
     window: List[float] = []
-    started = time.perf_counter()
-    model.train()
+    clock = float(extras.seconds_before)
+    heldout_steps = set()
+    if extras.heldout is not None and extras.heldout_every > 0:
+        heldout_steps = {0, int(train.steps), *range(0, int(train.steps), int(extras.heldout_every))}
+    if 0 in heldout_steps:
+        heldout_curve.append((0, clock, _heldout(extras, model)))
+    diverged_at: Optional[int] = None
     for step in range(1, int(train.steps) + 1):
-        index = rng.integers(0, len(anchors), size=int(train.batch_size))
-        t, noise = flow_draws(rng, index.size, anchors.horizon, anchors.target_actions.shape[-1], policy.flow)
-        loss = policy.losses(policy.anchor_batch(anchors, index), t, noise).mean()
+        started = time.perf_counter()
+        model.train()
+        if q is None:
+            index = rng.integers(0, len(anchors), size=int(train.batch_size))
+            anchor_weights = None
+        else:
+            index = rng.choice(len(anchors), size=int(train.batch_size), p=q)
+            anchor_weights = 1.0 / (len(anchors) * q[index])
+        batch = policy.anchor_batch(anchors, index)
+        if sampler is None and anchor_weights is None:
+            t, noise = flow_draws(rng, index.size, *chunk, policy.flow)
+            losses = policy.losses(batch, t, noise)
+            loss = losses.mean()
+        else:
+            # The same generator, in the same order of use, whatever the sampler's state: a run is
+            # reproduced by its seed alone.
+            if sampler is None:
+                u, time_weights = rng.random(index.size), np.ones(index.size)
+            else:
+                u, time_weights = sampler.draw(rng, index.size)
+            noise = torch.from_numpy(rng.standard_normal((index.size, *chunk)).astype(np.float32))
+            t = torch.from_numpy(policy.flow.time_quantile(u).astype(np.float32))
+            losses = policy.losses(batch, t, noise)
+            weights = time_weights if anchor_weights is None else time_weights * anchor_weights
+            loss = (torch.from_numpy(weights.astype(np.float32)) * losses).mean()
+        if not torch.isfinite(loss):
+            # A learning rate too high for this optimizer (a grid finds them): stop here and say so,
+            # rather than train on NaN weights.
+            diverged_at = step
+            break
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         schedule.step()
+        if sampler is not None:
+            sampler.update(u, losses.detach().double().cpu().numpy(), anchor_weights)
         window.append(loss.item())
+        clock += time.perf_counter() - started
+        if step in heldout_steps:
+            heldout_curve.append((step, clock, _heldout(extras, model)))
         if step % int(train.log_every) == 0 or step == int(train.steps):
             curve.append((step, float(np.mean(window))))
             window.clear()
+            if sampler is not None:
+                time_history.append((step, sampler.probabilities().tolist()))
             if progress is not None:
                 progress(step, curve[-1][1])
     model.eval()
-    return {
+    metrics: Dict[str, Any] = {
         "loss_curve": curve,
-        "final_loss": curve[-1][1] if curve else None,
-        "train_seconds": time.perf_counter() - started,
+        "final_loss": curve[-1][1] if curve and diverged_at is None else None,
+        "train_seconds": clock - float(extras.seconds_before),
         "steps": int(train.steps),
+        "diverged_at_step": diverged_at,  # the step whose loss was not finite; None: trained to the end
     }
+    if heldout_curve:
+        metrics["heldout_curve"] = heldout_curve
+        metrics["clock_seconds"] = clock
+    if sampler is not None:
+        metrics["time_sampling"] = {**sampler.describe(), "history": time_history}
+    return metrics
+
+
+def _heldout(extras: TrainingExtras, model: torch.nn.Module) -> float:
+    assert extras.heldout is not None
+    model.eval()
+    with torch.no_grad():
+        return float(extras.heldout(model))

@@ -85,6 +85,12 @@ ARTIFACT_JSON_SCHEMA: Dict[str, Any] = {
                         "properties": {
                             "gradient_rms": {"type": "array", "items": {"type": "number"}},
                             "loss": {"type": "array", "items": {"type": "number"}},
+                            "flow_time": {
+                                "type": "array",
+                                "items": {"type": "number", "minimum": 0, "maximum": 1},
+                                "description": "Each draw's flow time t: enables the audit's decomposition of "
+                                "the gradient's second moment over anchor, flow time and noise.",
+                            },
                         },
                     },
                     "sampling_trace": {"type": "object"},
@@ -122,6 +128,8 @@ def build_gradient_artifact(
     per_seed_rms = np.sqrt(measured.sq_norms / p)
     gradient_rms = measured.rms()
     mean_loss = measured.losses.mean(axis=0)
+    assert measured.flow_times is not None  # gradient_measurements always records them
+    flow_times = measured.flow_times
     artifact = {
         "schema_version": ARTIFACT_SCHEMA_VERSION,
         "dataset_sha256": demos.manifest_sha256,
@@ -149,7 +157,11 @@ def build_gradient_artifact(
                 "gradient_rms": float(gradient_rms[i]),
                 "mean_gradient_loss": float(mean_loss[i]),
                 "sampling_trace": traces[i],
-                "per_seed": {"gradient_rms": per_seed_rms[:, i].tolist(), "loss": measured.losses[:, i].tolist()},
+                "per_seed": {
+                    "gradient_rms": per_seed_rms[:, i].tolist(),
+                    "loss": measured.losses[:, i].tolist(),
+                    "flow_time": flow_times[:, i].tolist(),
+                },
             }
             for i, a in enumerate(anchor_index.tolist())
         ],
@@ -173,6 +185,7 @@ def cached_gradient_artifact(
             "gradients": to_plain(gradients),
             "flow": to_plain(flow),
             "schema": ARTIFACT_SCHEMA_VERSION,
+            "per_seed_flow_time": True,  # artifacts cached before it lack per_seed.flow_time: built anew
         }
     )
 
@@ -306,6 +319,18 @@ def recover_anchors(
         duplicated == 0, f"gradient artifact {path} lists {duplicated} anchor(s) twice; list each (episode, frame) once"
     )
     return out
+
+
+def per_seed_flow_times(anchors: List[Dict[str, Any]]) -> np.ndarray | None:
+    """Each draw's flow time, shape (seeds, anchors), when every anchor carries them alongside its
+    per-seed gradient RMS (vlaeval's own artifacts do); else None."""
+    try:
+        t = np.array([a["per_seed"]["flow_time"] for a in anchors], dtype=np.float64).T
+        rms = np.array([a["per_seed"]["gradient_rms"] for a in anchors], dtype=np.float64).T
+    except (KeyError, TypeError, ValueError):
+        return None
+    ok = t.ndim == 2 and t.shape == rms.shape and bool(np.all((t >= 0) & (t <= 1)))
+    return t if ok else None
 
 
 def per_seed_values(anchors: List[Dict[str, Any]]) -> Tuple[np.ndarray | None, np.ndarray | None]:

@@ -313,6 +313,7 @@ class GradientMeasurements:
     parameter_count: int
     layer_methods: Dict[str, str] = field(default_factory=dict)
     verification: Dict[str, Any] = field(default_factory=dict)
+    flow_times: Optional[np.ndarray] = None  # (seeds, anchors): each pair's flow time t
 
     def rms(self) -> np.ndarray:
         """Gradient RMS per anchor: sqrt(mean over seeds and parameter entries of the squared gradient)."""
@@ -381,6 +382,7 @@ def gradient_measurements(
         parameter_count=sum(p.numel() for p in parameters),
         layer_methods=dict(norms.layer_methods),
         verification=verification,
+        flow_times=t_all.double().cpu().numpy().reshape(shape),
     )
 
 
