@@ -34,6 +34,13 @@ CALIBRATION = {
     "early checkpoint (500 steps)": ["train.steps=500"],
     "middle checkpoint (1500 steps)": ["train.steps=1500"],
     "three easy tasks": ["data.tasks=[reach-v3,push-v3,pick-place-v3]"],
+    # Settings meant to land near the gate's 0.98 threshold, where a gate can be wrong either way: a
+    # flatter proposal (alpha 1/2: half uniform), a steeper one (gamma 3/4), and the default on two other
+    # sets of audited anchors (other gradient epochs), so that settings do not share their 64 anchors.
+    "alpha 1/2": ["audit.alpha=0.5"],
+    "gamma 3/4": ["audit.proposal_power=0.75"],
+    "anchor set 2 (gradient epoch 1)": ["gradients.epoch=1"],
+    "anchor set 3 (gradient epoch 2)": ["gradients.epoch=2"],
 }
 # A failed gate's ablation runs too: the calibration is how often the gate's verdict was right.
 CALIBRATION_ABLATION = [
@@ -182,6 +189,26 @@ def ablation_body(out: Dict[str, Any]) -> str:
     )
 
 
+def gate_error_rates(settings: Dict[str, Any], threshold: float = 0.98) -> Dict[str, Any]:
+    """The gate's verdicts against what training realized at the audited parameters (step 0): a
+    setting is clearly worth it when its realized interval lies below the threshold, clearly not
+    when it lies above; a pass on a clearly-not is a false pass, a fail on a clearly-worth-it a false
+    fail; settings whose interval straddles the threshold are counted apart."""
+    good = {k for k, r in settings.items() if r["realized_ratio_step_0"]["high"] < threshold}
+    bad = {k for k, r in settings.items() if r["realized_ratio_step_0"]["low"] > threshold}
+    passed = {k for k, r in settings.items() if r["gate_pass"]}
+    return {
+        "threshold": threshold,
+        "settings": len(settings),
+        "passes": len(passed),
+        "false_passes": sorted(passed & bad),
+        "clearly_not_worth_it": len(bad),
+        "false_fails": sorted(good - passed),
+        "clearly_worth_it": len(good),
+        "straddling": sorted(set(settings) - good - bad),
+    }
+
+
 def calibration_body(settings: Dict[str, Any]) -> str:
     last = next(
         k for k in next(iter(settings.values())) if k.startswith("realized_ratio_step_") and not k.endswith("_0")
@@ -200,10 +227,20 @@ def calibration_body(settings: Dict[str, Any]) -> str:
     ]
     header = ["setting", "gate", "predicted", "realized, step 0", last.replace("realized_ratio_", "realized, ").replace("_", " "),
               "gain real", "held-out loss - uniform"]  # fmt: skip
+    rates = gate_error_rates(settings)
+    summary = (
+        f"At the gate's threshold ({rates['threshold']}), against the realized ratio at step 0: "
+        f"{len(rates['false_passes'])} false pass(es) among the {rates['clearly_not_worth_it']} setting(s) "
+        f"clearly not worth it, {len(rates['false_fails'])} false fail(s) among the {rates['clearly_worth_it']} "
+        f"clearly worth it ({rates['passes']} of {rates['settings']} passed); "
+        f"{len(rates['straddling'])} straddle the threshold"
+        + (f" ({', '.join(rates['straddling'])})" if rates["straddling"] else "")
+        + "."
+    )
     return (
         "Per setting, `job=residual_audit`, then `job=ablation ablation.audit_result=<it>` with the uniform and "
         "residual proposals: the gate's decision beside the ratio it predicted and the ratio training realized."
-        "\n\n" + markdown_table(header, rows)
+        "\n\n" + markdown_table(header, rows) + "\n\n" + summary
     )
 
 

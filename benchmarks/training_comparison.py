@@ -237,6 +237,7 @@ def main() -> None:
     parser.add_argument("--optimizers", nargs="*", default=["adamw", "sgd"])
     parser.add_argument("--starts", nargs="*", default=["init", "early"])
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--learning-rates", nargs="*", type=float, default=None, help="one grid for every optimizer")
     parser.add_argument("--quick", action="store_true", help="a tiny preset that checks the pipeline")
     parser.add_argument("--extra", nargs="*", default=[])
     args = parser.parse_args()
@@ -251,14 +252,18 @@ def main() -> None:
         for optimizer in args.optimizers:
             label = f"from {'initialisation' if start == 'init' else 'an early checkpoint (300 steps)'}, {optimizer}"
             out = args.runs_dir / f"{start}-{optimizer}"
-            rates = LEARNING_RATES[optimizer][1:2] if args.quick else LEARNING_RATES[optimizer]
+            rates = args.learning_rates or (LEARNING_RATES[optimizer][1:2] if args.quick else LEARNING_RATES[optimizer])
             wall = sweep(
                 out, args.cache_dir, [f"train.optimizer={optimizer}", *start_overrides, *extra], rates, args.seeds
             )
             runs = read_runs(out)
             comparisons[label] = {"wall_seconds": wall, "runs": runs, "summary": summarise(runs)}
             print(json.dumps({label: comparisons[label]["summary"]}, indent=1), flush=True)
-    results = {"settings": " ".join(extra) or "the defaults", "comparisons": comparisons}
+    grid = f"learning rates {args.learning_rates}, " if args.learning_rates else ""
+    results = {
+        "settings": grid + f"seeds {args.seeds}, " + (" ".join(extra) or "the defaults"),
+        "comparisons": comparisons,
+    }
     name = "training_comparison_quick" if args.quick else "training_comparison"
     atomic_write_json(REPO / "benchmarks" / "results" / f"{name}.json", results)
     if args.quick:

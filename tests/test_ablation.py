@@ -221,7 +221,7 @@ def test_small_ablation_end_to_end_logs_a_parent_and_a_child_per_proposal_and_se
     assert untimed(first["summary"]) == untimed(second["summary"])
     assert [untimed(r) for r in first["runs"]] == [untimed(r) for r in second["runs"]]
     summary = first["summary"]
-    assert set(summary) == {"uniform", "residual", "residual_flow_time"}
+    assert set(summary) == {"uniform", "residual", "residual_flow_time", "adaptive_flow_time"}
     assert summary["uniform"]["realized_ratio"]["20"]["mean"] == 1.0
     for name in summary:
         assert set(summary[name]["realized_ratio"]) == {"0", "10", "20"}
@@ -239,7 +239,7 @@ def test_small_ablation_end_to_end_logs_a_parent_and_a_child_per_proposal_and_se
     parent_id = parents[0].info.run_id
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_id]
     assert sorted((c.data.params["ablation.proposal"], c.data.params["ablation.seed"]) for c in children) == sorted(
-        (p, s) for p in ("uniform", "residual", "residual_flow_time") for s in ("0", "1")
+        (p, s) for p in ("uniform", "residual", "residual_flow_time", "adaptive_flow_time") for s in ("0", "1")
     )
     for child in children:
         assert child.info.status == "FINISHED"
@@ -355,3 +355,38 @@ def test_a_correct_prediction_is_called_consistent_at_its_level(seeds, predictio
         assert ignoring_sd / reps < 0.92, ignoring_sd / reps
     if seeds <= 3 and prediction_sd <= 0.01:
         assert normal / reps < 0.92, normal / reps
+
+
+def test_an_adaptive_proposal_is_judged_as_it_stands_at_each_step(small):
+    """fine_tune with the online flow-time sampler: the proposal handed to the judge is uniform before
+    the sampler has warmed up and the sampler's own probabilities after; the same seed gives the same
+    model, and it differs from fine-tuning without the sampler."""
+    from vlaeval.policy.time_sampling import AdaptiveTimeSampler
+
+    cfg, data, handle = small
+    policy, n = data.bind(handle.model, cfg.flow), len(data.anchors)
+    settings = FineTuneSettings(
+        steps=10, batch_size=32, learning_rate=1e-3, optimizer="adamw", trainable="all", seed=0, log_every=5
+    )
+
+    def run(sampler):
+        seen = []
+        tuned = fine_tune(
+            policy,
+            data.anchors,
+            uniform_proposal(n),
+            settings,
+            at_steps=[0, 10],
+            on_step=lambda step, model, proposal: seen.append((step, proposal.time_bin_probabilities)),
+            time_sampler=sampler,
+        )
+        return tuned["model"], seen, sampler
+
+    model, seen, sampler = run(AdaptiveTimeSampler(bins=8, decay=0.5, floor=0.2, warmup_steps=2))
+    assert np.allclose(seen[0][1], 1 / 8) and np.allclose(seen[1][1], sampler.probabilities())
+    assert not np.allclose(seen[1][1], 1 / 8)
+    again, _, _ = run(AdaptiveTimeSampler(bins=8, decay=0.5, floor=0.2, warmup_steps=2))
+    plain, plain_seen, _ = run(None)
+    assert plain_seen[1][1] is None
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    assert not all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), plain.state_dict().values()))

@@ -303,7 +303,7 @@ def test_the_ablation_runs_on_the_vision_policy(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     summary = result["summary"]
-    assert set(summary) == {"uniform", "residual", "residual_flow_time"}
+    assert set(summary) == {"uniform", "residual", "residual_flow_time", "adaptive_flow_time"}
     assert len(result["runs"]) == 6 and result["heldout_anchors"] > 0
     for proposal in summary.values():
         assert np.isfinite(proposal["final_heldout_loss"]["mean"]) and "success_rate" in proposal

@@ -153,6 +153,10 @@ class AblationProposal(Choice):
     )
     flow_time = "flow_time"  # uniform anchors, flow time from a proposal over equal-probability bins
     residual_flow_time = "residual_flow_time"  # the residual proposal over anchors x the flow-time proposal
+    # Flow time from train.time_sampling=adaptive's online sampler (train.time_* settings; no gradient
+    # passes), anchors uniform or from the residual proposal.
+    adaptive_flow_time = "adaptive_flow_time"
+    residual_adaptive_flow_time = "residual_adaptive_flow_time"
 
 
 class Optimizer(Choice):

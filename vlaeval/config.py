@@ -296,6 +296,7 @@ class AblationConfig:
             AblationProposal.gradient_oracle,
             AblationProposal.flow_time,
             AblationProposal.residual_flow_time,
+            AblationProposal.adaptive_flow_time,
         ]
     )
     seeds: List[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])  # training seeds, each run per proposal

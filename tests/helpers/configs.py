@@ -27,12 +27,12 @@ AUDIT_SMALL = [
     "audit.permutations=500",
 ]
 GAUNTLET_SMALL = ["job=gauntlet", "strata=small", "gauntlet.plot=false"]
-# The importance-sampling ablation in seconds, on AUDIT_SMALL's policy: 3 proposals x 2 seeds x 20
+# The importance-sampling ablation in seconds, on AUDIT_SMALL's policy: 4 proposals x 2 seeds x 20
 # steps, the gradient moments at steps 0, 10, 20 on 2 judge draws and 4 minibatches.
 ABLATION_SMALL = [
     *AUDIT_SMALL,
     "job=ablation",
-    "ablation.proposals=[uniform,residual,residual_flow_time]",
+    "ablation.proposals=[uniform,residual,residual_flow_time,adaptive_flow_time]",
     "ablation.seeds=[0,1]",
     "ablation.steps=20",
     "ablation.measure_every=10",

@@ -37,11 +37,12 @@ from vlaeval.audit.proposals import (
 )
 from vlaeval.audit.result import AblationResult, ProposalSummary
 from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
-from vlaeval.choices import AblationProposal, Optimizer
+from vlaeval.choices import AblationProposal, Optimizer, TimeSignal
 from vlaeval.config import POLICY_SECTIONS, to_plain
 from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.flow import FlowConvention
+from vlaeval.policy.time_sampling import AdaptiveTimeSampler, validate_sampler_settings
 from vlaeval.residual.ablation import (
     FineTuneSettings,
     anchor_gradients,
@@ -87,6 +88,8 @@ def validate_ablation(cfg: DictConfig) -> None:
     require(a.build_draws >= 2, f"ablation.build_draws={a.build_draws} must be >= 2")
     require(a.minibatches == 0 or a.minibatches >= 2, f"ablation.minibatches={a.minibatches} must be 0 (off) or >= 2")
     require(a.time_bins >= 2, f"ablation.time_bins={a.time_bins} must be >= 2")
+    if any(p in ADAPTIVE for p in proposals):
+        validate_sampler_settings(cfg.train)
     require(0.0 < a.time_alpha <= 1.0, f"ablation.time_alpha={a.time_alpha} must be in (0, 1]")
     require_at_least("ablation.heldout_every", a.heldout_every, 1)
     require_at_least("ablation.heldout_draws", a.heldout_draws, 1)
@@ -217,6 +220,10 @@ def build_proposals(
             # proportional to the RMS of 16 draws) it measured 1.05 on independent draws: the
             # anchors whose few draws came out small get weights their true norms punish.
             made[name] = score_proposal(name, build.sq_norms.mean(axis=0), **transform)
+        elif name == AblationProposal.adaptive_flow_time:  # its flow time: the sampler (adaptive_sampler)
+            made[name] = uniform_proposal(n)
+        elif name == AblationProposal.residual_adaptive_flow_time:
+            made[name] = residual_q
         else:
             anchors = uniform_proposal(n) if name == AblationProposal.flow_time else residual_q
             p = time_bin_probabilities(
@@ -228,6 +235,22 @@ def build_proposals(
             )
             made[name] = Proposal(name, anchors.anchor_probabilities, p)
     return made
+
+
+ADAPTIVE = (AblationProposal.adaptive_flow_time, AblationProposal.residual_adaptive_flow_time)
+
+
+def adaptive_sampler(name: str, train: DictConfig) -> Optional[AdaptiveTimeSampler]:
+    """A fresh online flow-time sampler (train.time_* settings) for an adaptive proposal, else None."""
+    if name not in ADAPTIVE:
+        return None
+    return AdaptiveTimeSampler(
+        bins=int(train.time_bins),
+        decay=float(train.time_decay),
+        floor=float(train.time_floor),
+        warmup_steps=int(train.time_warmup_steps),
+        signal=TimeSignal.parse(train.time_signal, "train.time_signal"),
+    )
 
 
 def ratio_to_uniform(judge: Any, proposal: Proposal) -> float:
@@ -446,6 +469,7 @@ def fine_tune_every_proposal(
     judge: ProposalJudge,
     measured: List[int],
     held_at: List[int],
+    train: DictConfig,
 ) -> Tuple[List[Dict[str, Any]], List[Any]]:
     """Each proposal fine-tuned from the checkpoint under each seed (the same draws for every
     proposal of a seed), judged at the measured steps and its held-out loss taken at held_at:
@@ -460,14 +484,14 @@ def fine_tune_every_proposal(
                 def on_step(
                     step: int,
                     model: Any,
-                    proposal: Proposal = proposal,
+                    current: Proposal,
                     record: Dict[str, Any] = record,
                     seed: int = seed,
                 ) -> None:
                     if step in held_at and judge.heldout is not None:
                         record["heldout_loss"].append((step, judge.heldout_loss(model, judge.heldout)))
-                    if step in measured:
-                        record["measurements"].append(judge.measure(model, proposal, seed, step))
+                    if step in measured:  # an adaptive proposal is judged as it stands at this step
+                        record["measurements"].append(judge.measure(model, current, seed, step))
 
                 run_started = time.perf_counter()
                 tuned = fine_tune(
@@ -477,6 +501,7 @@ def fine_tune_every_proposal(
                     dataclasses.replace(settings, seed=seed),
                     at_steps=sorted(set(measured) | set(held_at)),
                     on_step=on_step,
+                    time_sampler=adaptive_sampler(name, train),
                 )
                 record.update(
                     train_loss_curve=tuned["train_loss_curve"],
@@ -518,7 +543,15 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     settings = fine_tuning_settings(cfg)
     measured, held_at = measure_steps(a), heldout_steps(a) if heldout is not None else []
     runs, models = fine_tune_every_proposal(
-        policy, data.anchors, {name: proposals[name] for name in names}, seeds, settings, judge, measured, held_at
+        policy,
+        data.anchors,
+        {name: proposals[name] for name in names},
+        seeds,
+        settings,
+        judge,
+        measured,
+        held_at,
+        cfg.train,
     )
 
     success = closed_loop_success(cfg, data, handle, models) if a.evaluate else None

@@ -122,9 +122,13 @@ def time_sampler(train: Any) -> Optional[AdaptiveTimeSampler]:
 
 
 def validate_time_sampling(train: Any) -> None:
-    """One-line errors for the adaptive sampler's settings, before any work."""
-    if TimeSampling.parse(train.get("time_sampling", "uniform"), "train.time_sampling") == TimeSampling.uniform:
-        return
+    """One-line errors for the adaptive sampler's settings when train.time_sampling uses it."""
+    if TimeSampling.parse(train.get("time_sampling", "uniform"), "train.time_sampling") == TimeSampling.adaptive:
+        validate_sampler_settings(train)
+
+
+def validate_sampler_settings(train: Any) -> None:
+    """One-line errors for the adaptive sampler's settings (train.time_*), before any work."""
     require_at_least("train.time_bins", train.time_bins, 2)
     require(0.0 <= float(train.time_decay) < 1.0, f"train.time_decay={train.time_decay} must be in [0, 1)")
     require(

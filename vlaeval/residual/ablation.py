@@ -20,6 +20,7 @@ from vlaeval.artifacts import stable_seed
 from vlaeval.audit.proposals import Proposal
 from vlaeval.data.anchors import AnchorSet
 from vlaeval.policy.bound import BoundPolicy
+from vlaeval.policy.time_sampling import AdaptiveTimeSampler
 from vlaeval.residual.gradients import PerSampleGradNorms, only_trainable
 
 
@@ -72,16 +73,24 @@ def anchor_gradients(
     return AnchorGradients(sq, losses, us)
 
 
-def weighted_loss(
+def weighted_losses(
     policy: BoundPolicy, anchors: AnchorSet, draws: Dict[str, np.ndarray], noise: np.ndarray
-) -> torch.Tensor:
-    """(1 / B) sum_b w_b l(i_b, t(u_b), noise_b): unbiased for the uniform training loss."""
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(1 / B) sum_b w_b l(i_b, t(u_b), noise_b) -- unbiased for the uniform training loss -- and the
+    per-sample losses l_b it weights, shape (B,)."""
     device = policy.device
     batch = policy.anchor_batch(anchors, draws["anchors"])
     t = torch.from_numpy(policy.flow.time_quantile(draws["u"]).astype(np.float32)).to(device)
     losses = policy.losses(batch, t, torch.from_numpy(noise).to(device))
     weights = torch.from_numpy(draws["weights"].astype(np.float32)).to(device)
-    return (weights * losses).mean()
+    return (weights * losses).mean(), losses
+
+
+def weighted_loss(
+    policy: BoundPolicy, anchors: AnchorSet, draws: Dict[str, np.ndarray], noise: np.ndarray
+) -> torch.Tensor:
+    """(1 / B) sum_b w_b l(i_b, t(u_b), noise_b): unbiased for the uniform training loss."""
+    return weighted_losses(policy, anchors, draws, noise)[0]
 
 
 def minibatch_gradients(
@@ -128,12 +137,15 @@ def fine_tune(
     settings: FineTuneSettings,
     *,
     at_steps: Sequence[int] = (),
-    on_step: Optional[Callable[[int, torch.nn.Module], None]] = None,
+    on_step: Optional[Callable[[int, torch.nn.Module, Proposal], None]] = None,
+    time_sampler: Optional[AdaptiveTimeSampler] = None,
 ) -> Dict[str, Any]:
     """Fine-tune a copy of the policy's module for `settings.steps` steps on importance-weighted minibatches of
     `proposal`. The draws come from one generator per training seed, the same for every proposal
-    (common random numbers). `on_step(step, model)` runs at each step in `at_steps` (0 = before
-    the first update), in eval mode, and must leave the parameters unchanged."""
+    (common random numbers). With `time_sampler`, flow time comes from it instead (refreshed after
+    each step from the per-sample losses; the anchors still from `proposal`). `on_step(step, model,
+    proposal)` runs at each step in `at_steps` (0 = before the first update), in eval mode, with the
+    proposal the next step draws from, and must leave the parameters unchanged."""
     torch.use_deterministic_algorithms(True)
     model = copy.deepcopy(policy.model).to(policy.device)
     tuned = policy.with_model(model)
@@ -151,23 +163,36 @@ def fine_tune(
             optimizer = torch.optim.AdamW(parameters, lr=settings.learning_rate, weight_decay=0.0)
         for step in range(0, settings.steps + 1):
             if step in wanted and on_step is not None:
-                on_step(step, model.eval())
+                on_step(step, model.eval(), current_proposal(proposal, time_sampler))
             if step == settings.steps:
                 break
             started = time.perf_counter()
             model.train()
             draws = proposal.sample(rng, settings.batch_size)
+            if time_sampler is not None:
+                anchor_weights = draws["weights"]
+                draws["u"], time_weights = time_sampler.draw(rng, settings.batch_size)
+                draws["weights"] = anchor_weights * time_weights
             noise = rng.standard_normal((settings.batch_size, *chunk)).astype(np.float32)
-            loss = weighted_loss(tuned, anchors, draws, noise)
+            loss, losses = weighted_losses(tuned, anchors, draws, noise)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if time_sampler is not None:
+                time_sampler.update(draws["u"], losses.detach().double().cpu().numpy(), anchor_weights)
             train_seconds += time.perf_counter() - started
             window.append(loss.item())
             if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
                 curve.append((step + 1, float(np.mean(window))))
                 window.clear()
     return {"model": model.eval(), "train_loss_curve": curve, "train_seconds": train_seconds}
+
+
+def current_proposal(proposal: Proposal, time_sampler: Optional[AdaptiveTimeSampler]) -> Proposal:
+    """What the next step draws from: `proposal`, its flow-time part replaced by the sampler's state."""
+    if time_sampler is None:
+        return proposal
+    return Proposal(proposal.name, proposal.anchor_probabilities, time_sampler.probabilities())
 
 
 def mean_loss(
