@@ -169,7 +169,7 @@ def vision_runs(cache: Path, extra: List[str]) -> List[Dict[str, Any]]:
     only += [f"outcomes.scenarios.{name}.variants=[25,{25 + SEEN_AND_READ_SCENES}]" for name in SEEN_AND_READ]
     seen_and_read = [
         gauntlet(cache, run, [*model_and_strata, *only, *extra], outcomes)
-        for run in ("worse, seen and read", "worse, seen and read, rerun")
+        for run in ("worse-seen-and-read", "worse-seen-and-read-rerun")
     ]
     return [worse, *seen_and_read]
 
