@@ -37,12 +37,12 @@ from vlaeval.audit.proposals import (
 )
 from vlaeval.audit.result import AblationResult, ProposalSummary
 from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
-from vlaeval.choices import AblationProposal, Optimizer, TimeSignal
+from vlaeval.choices import AblationProposal, Optimizer
 from vlaeval.config import POLICY_SECTIONS, to_plain
 from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.flow import FlowConvention
-from vlaeval.policy.time_sampling import AdaptiveTimeSampler, validate_sampler_settings
+from vlaeval.policy.time_sampling import AdaptiveTimeSampler, adaptive_time_sampler, validate_sampler_settings
 from vlaeval.residual.ablation import (
     FineTuneSettings,
     anchor_gradients,
@@ -242,15 +242,7 @@ ADAPTIVE = (AblationProposal.adaptive_flow_time, AblationProposal.residual_adapt
 
 def adaptive_sampler(name: str, train: DictConfig) -> Optional[AdaptiveTimeSampler]:
     """A fresh online flow-time sampler (train.time_* settings) for an adaptive proposal, else None."""
-    if name not in ADAPTIVE:
-        return None
-    return AdaptiveTimeSampler(
-        bins=int(train.time_bins),
-        decay=float(train.time_decay),
-        floor=float(train.time_floor),
-        warmup_steps=int(train.time_warmup_steps),
-        signal=TimeSignal.parse(train.time_signal, "train.time_signal"),
-    )
+    return adaptive_time_sampler(train) if name in ADAPTIVE else None
 
 
 def ratio_to_uniform(judge: Any, proposal: Proposal) -> float:

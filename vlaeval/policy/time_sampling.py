@@ -112,6 +112,12 @@ def time_sampler(train: Any) -> Optional[AdaptiveTimeSampler]:
     """The train section's adaptive sampler, or None for the training distribution itself."""
     if TimeSampling.parse(train.get("time_sampling", "uniform"), "train.time_sampling") == TimeSampling.uniform:
         return None
+    return adaptive_time_sampler(train)
+
+
+def adaptive_time_sampler(train: Any) -> AdaptiveTimeSampler:
+    """A fresh sampler with the train section's train.time_* settings, whatever train.time_sampling says
+    (the ablation's adaptive proposals use it)."""
     return AdaptiveTimeSampler(
         bins=int(train.time_bins),
         decay=float(train.time_decay),
