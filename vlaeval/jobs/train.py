@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, Optional
+from typing import Any, BinaryIO, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -154,22 +154,8 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         "train": metrics_train,
         "parameters": sum(p.numel() for p in handle.model.parameters()),
     }
-    metrics = {
-        "train.final_loss": metrics_train["final_loss"],
-        "timing.train_seconds": metrics_train["train_seconds"],
-        "data.steps": data.demonstrations.manifest["steps"],
-        "model.parameters": result["parameters"],
-    }
-    history = {"train.loss": metrics_train["loss_curve"]}
-    if "heldout_curve" in metrics_train:  # against steps; the clock (scoring included) is in result.json
-        history["train.heldout_loss"] = [(step, loss) for step, _, loss in metrics_train["heldout_curve"]]
-        metrics["train.heldout_loss_final"] = metrics_train["heldout_curve"][-1][2]
-        metrics["timing.clock_seconds"] = metrics_train["clock_seconds"]
-    if "time_sampling" in metrics_train:  # the adaptive sampler's bin probabilities, as curves in the UI
-        sampling = metrics_train["time_sampling"]
-        metrics["train.time_max_weight"] = sampling["max_weight"]
-        for k in range(sampling["bins"]):
-            history[f"train.time_bin_probability.{k:02d}"] = [(step, p[k]) for step, p in sampling["history"]]
+    metrics, history = training_view(metrics_train)
+    metrics.update({"data.steps": data.demonstrations.manifest["steps"], "model.parameters": result["parameters"]})
     checks: Dict[str, bool] = {}
     plots = []
     if diverged is not None:  # a learning-rate grid's too-high end: a result, not a crash of the sweep
@@ -211,6 +197,26 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         print_evaluation(result["evaluation"])
     console.show(f"checkpoint: {handle.path} (sha256 {handle.sha256[:16]}...)")
     return result
+
+
+def training_view(metrics_train: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """What MLflow shows of a training run: its headline metrics and its curves (the loss, the held-out
+    loss against steps, the adaptive sampler's bin probabilities)."""
+    metrics: Dict[str, Any] = {
+        "train.final_loss": metrics_train["final_loss"],
+        "timing.train_seconds": metrics_train["train_seconds"],
+    }
+    history: Dict[str, Any] = {"train.loss": metrics_train["loss_curve"]}
+    if "heldout_curve" in metrics_train:  # against steps; the clock (scoring included) is in result.json
+        history["train.heldout_loss"] = [(step, loss) for step, _, loss in metrics_train["heldout_curve"]]
+        metrics["train.heldout_loss_final"] = metrics_train["heldout_curve"][-1][2]
+        metrics["timing.clock_seconds"] = metrics_train["clock_seconds"]
+    if "time_sampling" in metrics_train:  # the adaptive sampler's bin probabilities, as curves in the UI
+        sampling = metrics_train["time_sampling"]
+        metrics["train.time_max_weight"] = sampling["max_weight"]
+        for k in range(sampling["bins"]):
+            history[f"train.time_bin_probability.{k:02d}"] = [(step, p[k]) for step, p in sampling["history"]]
+    return metrics, history
 
 
 def _write_all(data: bytes, handle: BinaryIO) -> None:

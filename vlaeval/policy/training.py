@@ -14,7 +14,7 @@ from vlaeval.choices import Optimizer
 from vlaeval.data.anchors import AnchorSet
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import FlowConvention
-from vlaeval.policy.time_sampling import time_sampler
+from vlaeval.policy.time_sampling import AdaptiveTimeSampler, time_sampler
 
 
 def flow_draws(
@@ -51,6 +51,42 @@ class TrainingExtras:
     heldout_every: int = 0
 
 
+def minibatch_loss(
+    policy: BoundPolicy,
+    anchors: AnchorSet,
+    rng: np.random.Generator,
+    batch_size: int,
+    q: Optional[np.ndarray],
+    sampler: Optional[AdaptiveTimeSampler],
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[np.ndarray], Optional[np.ndarray]]:
+    """One training step's draws and loss: anchors uniformly or from q, flow time from the training
+    distribution or the sampler, each loss importance-weighted. Returns the weighted mean loss, the
+    per-sample losses, the quantile levels u and the anchor weights (None where not drawn that way)."""
+    chunk = (anchors.horizon, anchors.target_actions.shape[-1])
+    if q is None:
+        index = rng.integers(0, len(anchors), size=batch_size)
+        anchor_weights = None
+    else:
+        index = rng.choice(len(anchors), size=batch_size, p=q)
+        anchor_weights = 1.0 / (len(anchors) * q[index])
+    batch = policy.anchor_batch(anchors, index)
+    if sampler is None and anchor_weights is None:
+        t, noise = flow_draws(rng, index.size, *chunk, policy.flow)
+        losses = policy.losses(batch, t, noise)
+        return losses.mean(), losses, None, None
+    # The same generator, in the same order of use, whatever the sampler's state: a run is
+    # reproduced by its seed alone.
+    if sampler is None:
+        u, time_weights = rng.random(index.size), np.ones(index.size)
+    else:
+        u, time_weights = sampler.draw(rng, index.size)
+    noise = torch.from_numpy(rng.standard_normal((index.size, *chunk)).astype(np.float32))
+    t = torch.from_numpy(policy.flow.time_quantile(u).astype(np.float32))
+    losses = policy.losses(batch, t, noise)
+    weights = time_weights if anchor_weights is None else time_weights * anchor_weights
+    return (torch.from_numpy(weights.astype(np.float32)) * losses).mean(), losses, u, anchor_weights
+
+
 def train_policy(
     policy: BoundPolicy,
     anchors: AnchorSet,
@@ -72,7 +108,6 @@ def train_policy(
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(int(train.steps), 1))
     sampler = time_sampler(train)
     q = extras.anchor_probabilities
-    chunk = (anchors.horizon, anchors.target_actions.shape[-1])
     curve: List[Tuple[int, float]] = []
     heldout_curve: List[Tuple[int, float, float]] = []
     time_history: List[Tuple[int, List[float]]] = []
@@ -87,29 +122,7 @@ def train_policy(
     for step in range(1, int(train.steps) + 1):
         started = time.perf_counter()
         model.train()
-        if q is None:
-            index = rng.integers(0, len(anchors), size=int(train.batch_size))
-            anchor_weights = None
-        else:
-            index = rng.choice(len(anchors), size=int(train.batch_size), p=q)
-            anchor_weights = 1.0 / (len(anchors) * q[index])
-        batch = policy.anchor_batch(anchors, index)
-        if sampler is None and anchor_weights is None:
-            t, noise = flow_draws(rng, index.size, *chunk, policy.flow)
-            losses = policy.losses(batch, t, noise)
-            loss = losses.mean()
-        else:
-            # The same generator, in the same order of use, whatever the sampler's state: a run is
-            # reproduced by its seed alone.
-            if sampler is None:
-                u, time_weights = rng.random(index.size), np.ones(index.size)
-            else:
-                u, time_weights = sampler.draw(rng, index.size)
-            noise = torch.from_numpy(rng.standard_normal((index.size, *chunk)).astype(np.float32))
-            t = torch.from_numpy(policy.flow.time_quantile(u).astype(np.float32))
-            losses = policy.losses(batch, t, noise)
-            weights = time_weights if anchor_weights is None else time_weights * anchor_weights
-            loss = (torch.from_numpy(weights.astype(np.float32)) * losses).mean()
+        loss, losses, u, anchor_weights = minibatch_loss(policy, anchors, rng, int(train.batch_size), q, sampler)
         if not torch.isfinite(loss):
             # A learning rate too high for this optimizer (a grid finds them): stop here and say so,
             # rather than train on NaN weights.
@@ -119,7 +132,7 @@ def train_policy(
         loss.backward()
         optimizer.step()
         schedule.step()
-        if sampler is not None:
+        if sampler is not None and u is not None:
             sampler.update(u, losses.detach().double().cpu().numpy(), anchor_weights)
         window.append(loss.item())
         clock += time.perf_counter() - started
