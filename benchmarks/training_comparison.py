@@ -23,19 +23,20 @@ Results in benchmarks/results/training_comparison.json and docs/figures/training
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import yaml
 from scipy import stats
 
-from benchlib import REPO, default_policy, markdown_table, write_figures
+from benchlib import FIGURES, REPO, default_policy, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json
 
 ARMS = ["uniform", "uniform_large_batch", "adaptive_time", "adaptive_time_residual"]
@@ -43,8 +44,14 @@ LEARNING_RATES = {"adamw": [3e-4, 1e-3, 3e-3], "sgd": [0.03, 0.1, 0.3]}
 QUICK = ["data=tiny", "model=tiny_vla_small", "train.heldout_every=20", "train.heldout_episodes_per_task=1"]
 
 
-def sweep(out: Path, cache: Path, overrides: Sequence[str], learning_rates: Sequence[float], seeds: str) -> float:
-    env = {**os.environ, "VLAEVAL_CACHE_DIR": str(cache), "MPLBACKEND": "Agg"}
+def sweep(
+    out: Path, cache: Path, overrides: Sequence[str], learning_rates: Sequence[float], seeds: str, jobs: int
+) -> float:
+    """The arms x learning rates x seeds of one start and optimizer, as one Hydra multirun of job=train
+    on the joblib launcher: `jobs` runs at a time, the cores split between them. Training only: the
+    closed-loop evaluation waits for the learning rates to be chosen (`evaluate_best`)."""
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))
+    env = {**os.environ, "VLAEVAL_CACHE_DIR": str(cache), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": threads}
     started = time.perf_counter()
     proc = subprocess.run(
         [
@@ -52,6 +59,9 @@ def sweep(out: Path, cache: Path, overrides: Sequence[str], learning_rates: Sequ
             str(REPO / "main.py"),
             "+sweep=training_comparison",
             "tracking=disabled",
+            "train.evaluate_after=false",
+            "hydra/launcher=local_processes",
+            f"hydra.launcher.n_jobs={jobs}",
             *overrides,
             # on the command line of a multirun, a comma list sweeps and replaces the preset's list
             "train.learning_rate=" + ",".join(str(x) for x in learning_rates),
@@ -64,6 +74,67 @@ def sweep(out: Path, cache: Path, overrides: Sequence[str], learning_rates: Sequ
     )
     if proc.returncode != 0:
         raise SystemExit(f"sweep {overrides} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - started
+
+
+def once(out: Path, run: Callable[[], float]) -> float:
+    """run() unless it already finished into `out` (an interrupted benchmark resumes where it stopped):
+    its wall seconds, kept in out/wall_seconds.json."""
+    marker = out / "wall_seconds.json"
+    if marker.exists():
+        return float(json.loads(marker.read_text()))
+    wall = run()
+    atomic_write_json(marker, wall)
+    return wall
+
+
+def evaluate_best(
+    out: Path,
+    cache: Path,
+    runs: List[Dict[str, Any]],
+    best: Dict[str, float],
+    episodes_per_task: int,
+    overrides: Sequence[str] = (),
+) -> float:
+    """Closed-loop success of every seed's checkpoint at its arm's best learning rate: one multirun of
+    job=evaluate over the checkpoints, the same held-out episodes for every checkpoint (so arms pair
+    episode by episode). Sequential: each evaluation's rollout workers already use the cores."""
+    chosen = [r for r in runs if r["learning_rate"] == best[r["arm"]] and r["diverged_at_step"] is None]
+    env = {**os.environ, "VLAEVAL_CACHE_DIR": str(cache), "MPLBACKEND": "Agg"}
+    wall = once(out, functools.partial(run_evaluations, out, env, chosen, episodes_per_task, overrides))
+    successes = {}
+    for result_file in out.glob("*/result.json"):
+        result = json.loads(result_file.read_text())
+        per_task = result["evaluation"]["per_task"]
+        successes[result["checkpoint"]] = [s for task in sorted(per_task) for s in per_task[task]["policy_successes"]]
+    for r in chosen:
+        r["successes"] = successes[r["checkpoint"]]
+    return wall
+
+
+def run_evaluations(
+    out: Path, env: Dict[str, str], chosen: List[Dict[str, Any]], episodes_per_task: int, overrides: Sequence[str]
+) -> float:
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "main.py"),
+            "-m",
+            "job=evaluate",
+            "tracking=disabled",
+            "checkpoint=path",
+            "checkpoint.path=" + ",".join(r["checkpoint"] for r in chosen),
+            f"evaluate.episodes_per_task={episodes_per_task}",
+            *overrides,
+            f"hydra.sweep.dir={out}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"evaluation in {out} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return time.perf_counter() - started
 
 
@@ -85,13 +156,8 @@ def read_runs(folder: Path) -> List[Dict[str, Any]]:
                 # a diverged run ranks last in its learning-rate grid
                 "final_heldout_loss": float("inf") if diverged else train["heldout_curve"][-1][2],
                 "diverged_at_step": train.get("diverged_at_step"),
-                "successes": [
-                    s
-                    for task in sorted(result["evaluation"]["per_task"])
-                    for s in result["evaluation"]["per_task"][task]["policy_successes"]
-                ]
-                if "evaluation" in result
-                else [],
+                "checkpoint": result.get("checkpoint"),
+                "successes": [],  # filled by evaluate_best for the chosen learning rates
             }
         )
     return runs
@@ -128,8 +194,9 @@ def wilson(successes: int, n: int) -> Dict[str, Any]:
     return {"rate": p, "low": float(centre - half), "high": float(centre + half), "n": n}
 
 
-def summarise(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """Best learning rate per arm, the target, steps/clock to it, loss at equal clock, success."""
+def best_learning_rates(runs: List[Dict[str, Any]]) -> Dict[str, float]:
+    """Per arm, the learning rate with the lowest mean final held-out loss over seeds (chosen on the
+    held-out loss, never on success, so the success comparison is not selected on)."""
     best: Dict[str, float] = {}
     for arm in ARMS:
         mine = [r for r in runs if r["arm"] == arm]
@@ -137,6 +204,11 @@ def summarise(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
         best[arm] = min(
             rates, key=lambda lr: np.mean([r["final_heldout_loss"] for r in mine if r["learning_rate"] == lr])
         )
+    return best
+
+
+def summarise(runs: List[Dict[str, Any]], best: Dict[str, float]) -> Dict[str, Any]:
+    """The target, steps/clock to it, loss at equal clock and success, at each arm's best learning rate."""
     at_best = {
         arm: sorted((r for r in runs if r["arm"] == arm and r["learning_rate"] == best[arm]), key=lambda r: r["seed"])
         for arm in ARMS
@@ -185,12 +257,39 @@ def fmt(x: Optional[Dict[str, Any]], digits: int = 3) -> str:
     return f"{x['mean']:.{digits}g} [{x['low']:.{digits}g}, {x['high']:.{digits}g}]"
 
 
-def page(results: Dict[str, Any]) -> str:
+def speedup(reference: float, x: Optional[Dict[str, Any]]) -> str:
+    """reference / x's mean, and over x's interval (how many times sooner than the uniform arm's end)."""
+    if x is None or x.get("mean") is None:
+        return "n/a"
+    if x.get("low") is None or x["low"] <= 0:
+        return f"{reference / x['mean']:.2f}x"
+    return f"{reference / x['mean']:.2f}x [{reference / x['high']:.2f}, {reference / x['low']:.2f}]"
+
+
+def grid_table(runs: List[Dict[str, Any]]) -> str:
+    """Mean final held-out loss per arm and learning rate (the grid the best rate is chosen from)."""
+    rates = sorted({r["learning_rate"] for r in runs})
+    rows = []
+    for arm in ARMS:
+        cells = []
+        for lr in rates:
+            mine = [r for r in runs if r["arm"] == arm and r["learning_rate"] == lr]
+            diverged = sum(r["diverged_at_step"] is not None for r in mine)
+            finite = [r["final_heldout_loss"] for r in mine if r["diverged_at_step"] is None]
+            cell = f"{np.mean(finite):.4f}" if finite else "-"
+            cells.append(cell + (f" ({diverged} of {len(mine)} diverged)" if diverged else ""))
+        rows.append((arm, *cells))
+    return markdown_table(["arm", *(f"lr {lr:g}" for lr in rates)], rows)
+
+
+def page(results: Dict[str, Any], image: str) -> str:
     blocks = []
     for label, block in results["comparisons"].items():
         rows = []
-        for arm, r in block["summary"]["arms"].items():
+        summary = block["summary"]
+        for arm, r in summary["arms"].items():
             success = r["success"]
+            paired = r["success_minus_uniform"]
             rows.append(
                 (
                     arm,
@@ -200,15 +299,20 @@ def page(results: Dict[str, Any]) -> str:
                     r["reached_target"],
                     fmt(r["steps_to_target"]),
                     fmt(r["clock_to_target"]),
+                    speedup(summary["uniform_clock_seconds"], r["clock_to_target"]),
                     fmt(r["heldout_loss_at_uniform_clock"], 4),
                     "n/a"
                     if success["rate"] is None
                     else f"{success['rate']:.3f} [{success['low']:.3f}, {success['high']:.3f}] of {success['n']}",
+                    "-"
+                    if paired is None or arm == "uniform"
+                    else f"{paired['difference']:+.3f} [{paired['low']:+.3f}, {paired['high']:+.3f}]",
                 )
             )
         blocks.append(
             f"### {label}\n\nTarget: the uniform arm's final held-out loss, {block['summary']['target_heldout_loss']:.4f}; "
-            f"its clock {block['summary']['uniform_clock_seconds']:.0f} s. Sweep wall time {block['wall_seconds']:.0f} s.\n\n"
+            f"its clock {block['summary']['uniform_clock_seconds']:.0f} s. Sweep wall time {block['wall_seconds']:.0f} s "
+            f"(training), {block.get('evaluation_wall_seconds', 0):.0f} s (closed-loop evaluation).\n\n"
             + markdown_table(
                 [
                     "arm",
@@ -217,17 +321,71 @@ def page(results: Dict[str, Any]) -> str:
                     "reached target",
                     "steps to target",
                     "clock to target (s)",
+                    "clock speed-up",
                     "held-out loss at uniform's clock",
                     "success",
+                    "success - uniform (paired)",
                 ],
                 rows,
             )
+            + "\n\nMean final held-out loss over seeds, per learning rate:\n\n"
+            + grid_table(block["runs"])
         )
     return (
         "Each arm x learning rate x seed is a `job=train` run of `+sweep=training_comparison` "
         f"({results['settings']}); intervals are 95% t-intervals across seeds at each arm's best learning rate, "
-        "success pooled over seeds with a Wilson interval.\n\n" + "\n\n".join(blocks)
+        "success pooled over seeds with a Wilson interval, and its difference from the uniform arm paired episode "
+        "by episode (the same held-out episodes for every checkpoint; normal interval). The learning rate is chosen "
+        "on the mean final held-out loss, never on success. The target is the uniform arm's mean final held-out "
+        "loss, so the uniform arm itself reaches it at about its own end; the clock speed-up is the uniform arm's "
+        "mean clock over an arm's clock to the target. Curves: the mean over seeds, the band from the lowest "
+        f"to the highest seed.\n\n![held-out loss curves]({image})\n\n" + "\n\n".join(blocks)
     )
+
+
+def plot_curves(results: Dict[str, Any], path: Path) -> Path:
+    """Held-out loss against step and against clock (scoring included), per comparison and arm at its
+    best learning rate: the mean over seeds with a band from the lowest to the highest seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vlaeval.artifacts import atomic_write_bytes
+
+    blocks = results["comparisons"]
+    fig, axes = plt.subplots(len(blocks), 2, figsize=(11, 3.2 * len(blocks)), squeeze=False)
+    for row, (label, block) in enumerate(blocks.items()):
+        best = {arm: r["best_learning_rate"] for arm, r in block["summary"]["arms"].items()}
+        for arm in ARMS:
+            curves = [
+                np.asarray(r["heldout_curve"], dtype=np.float64)
+                for r in block["runs"]
+                if r["arm"] == arm and r["learning_rate"] == best[arm] and r["diverged_at_step"] is None
+            ]
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)
+            stack = np.stack([c[:n] for c in curves])  # seeds x evaluations x (step, clock, loss)
+            for col, axis in enumerate(["step", "clock (s, scoring included)"]):
+                x = stack[:, :, col].mean(axis=0)
+                ax = axes[row, col]
+                (line,) = ax.plot(x, stack[:, :, 2].mean(axis=0), label=f"{arm} (lr {best[arm]:g})")
+                ax.fill_between(
+                    x, stack[:, :, 2].min(axis=0), stack[:, :, 2].max(axis=0), color=line.get_color(), alpha=0.2
+                )
+                ax.set_yscale("log")
+                ax.set_xlabel(axis)
+                ax.set_ylabel("held-out loss")
+                ax.set_title(label, fontsize=9)
+        target = block["summary"]["target_heldout_loss"]
+        for ax in axes[row]:
+            ax.axhline(target, color="grey", linestyle=":", linewidth=1)
+        axes[row, 0].legend(fontsize=7)
+    fig.tight_layout()
+    atomic_write_bytes(path, lambda handle: fig.savefig(handle, format="png", dpi=100))
+    plt.close(fig)
+    return path
 
 
 def main() -> None:
@@ -239,9 +397,19 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--learning-rates", nargs="*", type=float, default=None, help="one grid for every optimizer")
     parser.add_argument("--quick", action="store_true", help="a tiny preset that checks the pipeline")
+    parser.add_argument("--jobs", type=int, default=2, help="training runs at a time (the cores are split)")
+    parser.add_argument(
+        "--episodes-per-task",
+        type=int,
+        default=None,
+        help="(default 35, 2 with --quick) "
+        "closed-loop episodes per task and checkpoint at the best learning rates (35 x 6 tasks x 3 seeds "
+        "= 630 paired episodes per arm)",
+    )
     parser.add_argument("--extra", nargs="*", default=[])
     args = parser.parse_args()
     extra = [*(QUICK + ["train.steps=60"] if args.quick else []), *args.extra]
+    episodes_per_task = args.episodes_per_task or (2 if args.quick else 35)
     comparisons = {}
     for start in args.starts:
         start_overrides: List[str] = []
@@ -253,11 +421,35 @@ def main() -> None:
             label = f"from {'initialisation' if start == 'init' else 'an early checkpoint (300 steps)'}, {optimizer}"
             out = args.runs_dir / f"{start}-{optimizer}"
             rates = args.learning_rates or (LEARNING_RATES[optimizer][1:2] if args.quick else LEARNING_RATES[optimizer])
-            wall = sweep(
-                out, args.cache_dir, [f"train.optimizer={optimizer}", *start_overrides, *extra], rates, args.seeds
+            wall = once(
+                out,
+                functools.partial(
+                    sweep,
+                    out,
+                    args.cache_dir,
+                    [f"train.optimizer={optimizer}", *start_overrides, *extra],
+                    rates,
+                    args.seeds,
+                    args.jobs,
+                ),
             )
             runs = read_runs(out)
-            comparisons[label] = {"wall_seconds": wall, "runs": runs, "summary": summarise(runs)}
+            best = best_learning_rates(runs)
+            evaluation_wall = evaluate_best(
+                args.runs_dir / f"{start}-{optimizer}-evaluation",
+                args.cache_dir,
+                runs,
+                best,
+                episodes_per_task,
+                # the model and data the checkpoints were trained with; the train.* settings do not apply
+                [o for o in extra if not o.startswith("train.")],
+            )
+            comparisons[label] = {
+                "wall_seconds": wall,
+                "evaluation_wall_seconds": evaluation_wall,
+                "runs": runs,
+                "summary": summarise(runs, best),
+            }
             print(json.dumps({label: comparisons[label]["summary"]}, indent=1), flush=True)
     grid = f"learning rates {args.learning_rates}, " if args.learning_rates else ""
     results = {
@@ -266,16 +458,20 @@ def main() -> None:
     }
     name = "training_comparison_quick" if args.quick else "training_comparison"
     atomic_write_json(REPO / "benchmarks" / "results" / f"{name}.json", results)
+    plot_curves(results, FIGURES / f"{name}.png")
     if args.quick:
         write_figures(
             name,
             "The training comparison, quick preset (checks the pipeline)",
             "python benchmarks/training_comparison.py --quick",
-            page(results),
+            page(results, f"{name}.png"),
         )
     else:
         write_figures(
-            name, "Does the audit make training faster?", "python benchmarks/training_comparison.py", page(results)
+            name,
+            "Does the audit make training faster?",
+            "python benchmarks/training_comparison.py",
+            page(results, f"{name}.png"),
         )
 
 
