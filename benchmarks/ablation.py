@@ -209,6 +209,20 @@ def gate_error_rates(settings: Dict[str, Any], threshold: float = 0.98) -> Dict[
     }
 
 
+def predicted_with_error(row: Dict[str, Any]) -> str:
+    sd = ((row.get("prediction_vs_realized") or {}).get("0") or {}).get("prediction_sd")
+    return interval(row["predicted_ratio"]) + ("" if sd is None else f" ± {sd:.3f}")
+
+
+def agreement(row: Dict[str, Any]) -> str:
+    """The step-0 comparison of prediction and realization as two estimates with errors."""
+    at_0 = (row.get("prediction_vs_realized") or {}).get("0")
+    if not at_0:
+        return "—"
+    verdict = "consistent" if at_0["consistent"] else "inconsistent"
+    return f"{at_0['realized_minus_predicted']:+.3f} (t {at_0['t']:+.1f}, {verdict})"
+
+
 def calibration_body(settings: Dict[str, Any]) -> str:
     last = next(
         k for k in next(iter(settings.values())) if k.startswith("realized_ratio_step_") and not k.endswith("_0")
@@ -217,16 +231,17 @@ def calibration_body(settings: Dict[str, Any]) -> str:
         (
             label,
             "PASS" if row["gate_pass"] else "FAIL (" + ", ".join(row["failed_checks"]) + ")",
-            interval(row["predicted_ratio"]),
+            predicted_with_error(row),
             interval(row["realized_ratio_step_0"]),
+            agreement(row),
             interval(row[last]),
             "yes" if row["gain_is_real"] else "no",
             interval(row["heldout_loss_minus_uniform"]),
         )
         for label, row in settings.items()
     ]
-    header = ["setting", "gate", "predicted", "realized, step 0", last.replace("realized_ratio_", "realized, ").replace("_", " "),
-              "gain real", "held-out loss - uniform"]  # fmt: skip
+    header = ["setting", "gate", "predicted ± bootstrap SD", "realized, step 0", "realized - predicted (t)",
+              last.replace("realized_ratio_", "realized, ").replace("_", " "), "gain real", "held-out loss - uniform"]  # fmt: skip
     rates = gate_error_rates(settings)
     summary = (
         f"At the gate's threshold ({rates['threshold']}), against the realized ratio at step 0: "
