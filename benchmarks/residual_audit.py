@@ -37,6 +37,7 @@ from vlaeval.audit.statistics import (
     oracle_ratio,
     proposal_distribution,
 )
+from vlaeval.jobs.residual_audit import where_the_noise_is
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.residual.artifact import cached_gradient_artifact, per_seed_values, recover_anchors
 from vlaeval.residual.estimators import UNBIASED, draw_pairs, score_anchors
@@ -142,6 +143,33 @@ def write_proposal_figures(proposal, gamma_star, fair, anchors: int) -> None:
         ("attainable oracle (built on one half of the gradient seeds)", f"{fair['attainable_oracle_ratio']:.3f}"),
         ("in-sample oracle", f"{proposal['oracle']:.3f}"),
     ]
+    decomposition = proposal.get("noise_decomposition")
+    noise = ""
+    if decomposition is not None:
+        shares, oracles = decomposition["variance_shares"], decomposition["oracle_ratios"]
+        by_bin = decomposition["second_moment_by_time_bin"]
+        noise = (
+            "\n\n**Where the gradient's noise is** (the audit's `noise_decomposition`, "
+            f"`vlaeval/audit/decomposition.py`): the {decomposition['draws']} draws x {decomposition['anchors']} anchors "
+            f"of squared per-sample gradient norms in {decomposition['bins']} flow-time bins (equal probability "
+            "under the training distribution). Share of their variance, and the second-moment ratio of the "
+            "oracle proposal over each axis:\n\n"
+            + markdown_table(
+                ["part", "share of the variance", "oracle ratio over it"],
+                [
+                    ("anchor", f"{shares['anchor']:.3f}", ratio_or_dash(oracles["anchor"])),
+                    ("flow time", f"{shares['flow_time']:.3f}", ratio_or_dash(oracles["flow_time"])),
+                    (
+                        "anchor x flow time",
+                        f"{shares['interaction']:.3f}",
+                        ratio_or_dash(oracles["anchor_and_flow_time"]),
+                    ),
+                    ("the rest (noise within a cell)", f"{shares['rest']:.3f}", "-"),
+                ],
+            )
+            + "\n\nShare of the second moment per flow-time bin, from the lowest quantile level of flow time to "
+            "the highest: " + ", ".join(f"{x:.3f}" for x in by_bin) + "."
+        )
     write_figures(
         "residual_audit_proposal",
         "The audit's proposal: second-moment ratio against uniform sampling",
@@ -168,8 +196,12 @@ def write_proposal_figures(proposal, gamma_star, fair, anchors: int) -> None:
         f"[{fair['spearman_difference_ci95'][0]:+.3f}, {fair['spearman_difference_ci95'][1]:+.3f}], ratio "
         f"{fair['second_moment_ratio_difference']:+.3f} [{fair['second_moment_ratio_difference_ci95'][0]:+.3f}, "
         f"{fair['second_moment_ratio_difference_ci95'][1]:+.3f}] (95% paired bootstrap over anchors): "
-        f"**{fair['verdict']}**.",
+        f"**{fair['verdict']}**." + noise,
     )
+
+
+def ratio_or_dash(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def main() -> None:
@@ -260,6 +292,8 @@ def main() -> None:
         bootstrap_seed=int(cfg.audit.permutation_seed),
     ).as_dict()
     proposal["baseline_comparison"] = fair
+    decomposition = where_the_noise_is(cfg, artifact)
+    proposal["noise_decomposition"] = None if decomposition is None else decomposition.as_dict()
     if args.proposal_only:
         print_proposal(proposal, gamma_star, fair)
         atomic_write_json(args.out.with_name("residual_audit_proposal.json"), {"proposal": proposal})

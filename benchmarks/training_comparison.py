@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -40,7 +41,9 @@ from benchlib import FIGURES, REPO, default_policy, markdown_table, write_figure
 from vlaeval.artifacts import atomic_write_json
 
 ARMS = ["uniform", "uniform_large_batch", "adaptive_time", "adaptive_time_residual"]
-LEARNING_RATES = {"adamw": [3e-4, 1e-3, 3e-3], "sgd": [0.03, 0.1, 0.3]}
+# wide enough that each arm's best lies inside the grid, not at its edge (AdamW from initialisation
+# was still improving at 3e-3)
+LEARNING_RATES = {"adamw": [3e-4, 1e-3, 3e-3, 1e-2], "sgd": [0.03, 0.1, 0.3]}
 QUICK = ["data=tiny", "model=tiny_vla_small", "train.heldout_every=20", "train.heldout_episodes_per_task=1"]
 
 
@@ -96,20 +99,53 @@ def evaluate_best(
     episodes_per_task: int,
     overrides: Sequence[str] = (),
 ) -> float:
-    """Closed-loop success of every seed's checkpoint at its arm's best learning rate: one multirun of
-    job=evaluate over the checkpoints, the same held-out episodes for every checkpoint (so arms pair
-    episode by episode). Sequential: each evaluation's rollout workers already use the cores."""
+    """Closed-loop success of every seed's checkpoint at its arm's best learning rate: a multirun of
+    job=evaluate over the checkpoints not yet evaluated, the same held-out episodes for every checkpoint
+    (so arms pair episode by episode). Sequential: each evaluation's rollout workers already use the
+    cores. Returns the wall seconds of every evaluation in `out`."""
     chosen = [r for r in runs if r["learning_rate"] == best[r["arm"]] and r["diverged_at_step"] is None]
     env = {**os.environ, "VLAEVAL_CACHE_DIR": str(cache), "MPLBACKEND": "Agg"}
-    wall = once(out, functools.partial(run_evaluations, out, env, chosen, episodes_per_task, overrides))
-    successes = {}
-    for result_file in out.glob("*/result.json"):
-        result = json.loads(result_file.read_text())
-        per_task = result["evaluation"]["per_task"]
-        successes[result["checkpoint"]] = [s for task in sorted(per_task) for s in per_task[task]["policy_successes"]]
+    done = evaluated(out, episodes_per_task)
+    missing = [r for r in chosen if r["checkpoint"] not in done]
+    if missing:
+        batch = out / f"batch-{len(list(out.glob('batch-*')))}"
+        once(batch, functools.partial(run_evaluations, batch, env, missing, episodes_per_task, overrides))
+        done = evaluated(out, episodes_per_task)
     for r in chosen:
-        r["successes"] = successes[r["checkpoint"]]
-    return wall
+        r["successes"] = done[r["checkpoint"]]
+    return wall_seconds(out)
+
+
+def evaluated(out: Path, episodes_per_task: int) -> Dict[str, List[bool]]:
+    """checkpoint path -> its successes, task by task, from every finished evaluation under `out`
+    with `episodes_per_task` episodes per task."""
+    successes = {}
+    for result_file in sorted(out.rglob("result.json")):
+        per_task = json.loads(result_file.read_text())["evaluation"]["per_task"]
+        if all(len(per_task[task]["policy_successes"]) == episodes_per_task for task in per_task):
+            checkpoint = json.loads(result_file.read_text())["checkpoint"]
+            successes[checkpoint] = [s for task in sorted(per_task) for s in per_task[task]["policy_successes"]]
+    return successes
+
+
+def wall_seconds(out: Path) -> float:
+    """The wall seconds of every sweep `once` ran under `out`."""
+    return float(sum(json.loads(marker.read_text()) for marker in out.rglob("wall_seconds.json")))
+
+
+def train_grid(
+    out: Path, cache: Path, overrides: Sequence[str], learning_rates: Sequence[float], seeds: str, jobs: int
+) -> float:
+    """The arms x seeds at each learning rate of the grid that `out` does not hold yet, one multirun
+    per learning rate (so a grid widened later reuses the rates already run). Returns the wall seconds
+    of every sweep in `out`."""
+    per_rate = len(ARMS) * len(seeds.split(","))
+    done = Counter(r["learning_rate"] for r in read_runs(out)) if out.exists() else Counter()
+    for lr in learning_rates:
+        if done[float(lr)] < per_rate:
+            unit = out / f"lr-{lr:g}"
+            once(unit, functools.partial(sweep, unit, cache, overrides, [lr], seeds, jobs))
+    return wall_seconds(out)
 
 
 def run_evaluations(
@@ -140,7 +176,7 @@ def run_evaluations(
 
 def read_runs(folder: Path) -> List[Dict[str, Any]]:
     runs = []
-    for result_file in sorted(folder.glob("*/result.json")):
+    for result_file in sorted(folder.rglob("result.json")):
         overrides = yaml.safe_load((result_file.parent / ".hydra" / "overrides.yaml").read_text())
         setting = dict(o.lstrip("+").split("=", 1) for o in overrides)
         result = json.loads(result_file.read_text())
@@ -333,7 +369,9 @@ def page(results: Dict[str, Any], image: str) -> str:
         )
     return (
         "Each arm x learning rate x seed is a `job=train` run of `+sweep=training_comparison` "
-        f"({results['settings']}); intervals are 95% t-intervals across seeds at each arm's best learning rate, "
+        f"({results['settings']}), {results.get('jobs', 2)} runs at a time with the cores split between them (every "
+        "arm under the same load, so clocks compare); intervals are 95% t-intervals across seeds at each arm's best "
+        "learning rate, "
         "success pooled over seeds with a Wilson interval, and its difference from the uniform arm paired episode "
         "by episode (the same held-out episodes for every checkpoint; normal interval). The learning rate is chosen "
         "on the mean final held-out loss, never on success. The target is the uniform arm's mean final held-out "
@@ -421,17 +459,13 @@ def main() -> None:
             label = f"from {'initialisation' if start == 'init' else 'an early checkpoint (300 steps)'}, {optimizer}"
             out = args.runs_dir / f"{start}-{optimizer}"
             rates = args.learning_rates or (LEARNING_RATES[optimizer][1:2] if args.quick else LEARNING_RATES[optimizer])
-            wall = once(
+            wall = train_grid(
                 out,
-                functools.partial(
-                    sweep,
-                    out,
-                    args.cache_dir,
-                    [f"train.optimizer={optimizer}", *start_overrides, *extra],
-                    rates,
-                    args.seeds,
-                    args.jobs,
-                ),
+                args.cache_dir,
+                [f"train.optimizer={optimizer}", *start_overrides, *extra],
+                rates,
+                args.seeds,
+                args.jobs,
             )
             runs = read_runs(out)
             best = best_learning_rates(runs)
@@ -454,6 +488,8 @@ def main() -> None:
     grid = f"learning rates {args.learning_rates}, " if args.learning_rates else ""
     results = {
         "settings": grid + f"seeds {args.seeds}, " + (" ".join(extra) or "the defaults"),
+        "jobs": args.jobs,
+        "episodes_per_task": episodes_per_task,
         "comparisons": comparisons,
     }
     name = "training_comparison_quick" if args.quick else "training_comparison"
