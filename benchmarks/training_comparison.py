@@ -55,11 +55,8 @@ def sweep(
     closed-loop evaluation waits for the learning rates to be chosen (`evaluate_best`)."""
     threads = str(max(1, (os.cpu_count() or 1) // jobs))
     env = {**os.environ, "VLAEVAL_CACHE_DIR": str(cache), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": threads}
-    started = time.perf_counter()
-    proc = subprocess.run(
+    return main_py(
         [
-            sys.executable,
-            str(REPO / "main.py"),
             "+sweep=training_comparison",
             "tracking=disabled",
             "train.evaluate_after=false",
@@ -71,12 +68,16 @@ def sweep(
             f"train.seed={seeds}",
             f"hydra.sweep.dir={out}",
         ],
-        env=env,
-        capture_output=True,
-        text=True,
+        env,
     )
+
+
+def main_py(arguments: Sequence[str], env: Dict[str, str]) -> float:
+    """`python main.py <arguments>` in its own process; its wall seconds (its output only on failure)."""
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(REPO / "main.py"), *arguments], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"sweep {overrides} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"main.py {' '.join(arguments)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return time.perf_counter() - started
 
 
@@ -151,11 +152,8 @@ def train_grid(
 def run_evaluations(
     out: Path, env: Dict[str, str], chosen: List[Dict[str, Any]], episodes_per_task: int, overrides: Sequence[str]
 ) -> float:
-    started = time.perf_counter()
-    proc = subprocess.run(
+    return main_py(
         [
-            sys.executable,
-            str(REPO / "main.py"),
             "-m",
             "job=evaluate",
             "tracking=disabled",
@@ -165,13 +163,8 @@ def run_evaluations(
             *overrides,
             f"hydra.sweep.dir={out}",
         ],
-        env=env,
-        capture_output=True,
-        text=True,
+        env,
     )
-    if proc.returncode != 0:
-        raise SystemExit(f"evaluation in {out} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return time.perf_counter() - started
 
 
 def read_runs(folder: Path) -> List[Dict[str, Any]]:
