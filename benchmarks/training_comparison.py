@@ -246,7 +246,7 @@ def summarise(runs: List[Dict[str, Any]], best: Dict[str, float]) -> Dict[str, A
     target = float(np.mean([r["final_heldout_loss"] for r in at_best["uniform"]]))
     uniform_clock = float(np.mean([r["clock_seconds"] for r in at_best["uniform"]]))
     uniform_successes = [s for r in at_best["uniform"] for s in r["successes"]]
-    rows = {}
+    rows: Dict[str, Dict[str, Any]] = {}
     for arm in ARMS:
         reached = [reach(r["heldout_curve"], target) for r in at_best[arm]]
         hit = [x for x in reached if x is not None]
@@ -275,16 +275,39 @@ def summarise(runs: List[Dict[str, Any]], best: Dict[str, float]) -> Dict[str, A
             ),
             "success": wilson(int(np.sum(successes)), len(successes)),
             "success_minus_uniform": paired,
+            # the episodes' pairing holds the episodes fixed, not the training: across the seeds'
+            # checkpoints the difference varies too, which this interval (t, seeds - 1 df) includes
+            "success_minus_uniform_across_seeds": interval(
+                [np.mean(r["successes"]) - np.mean(u["successes"]) for r, u in zip(at_best[arm], at_best["uniform"])]
+            )
+            if paired is not None
+            else None,
         }
-    return {"target_heldout_loss": target, "uniform_clock_seconds": uniform_clock, "arms": rows}
+    # the smallest success difference these paired episodes detect with 80% power at two-sided 5%:
+    # (z_0.975 + z_0.8) x the largest standard error of the arms' paired differences
+    errors = [
+        (r["success_minus_uniform"]["high"] - r["success_minus_uniform"]["low"]) / (2 * 1.959964)
+        for arm, r in rows.items()
+        if arm != "uniform" and r["success_minus_uniform"] is not None
+    ]
+    detectable = float((1.959964 + 0.841621) * max(errors)) if errors else None
+    return {
+        "target_heldout_loss": target,
+        "uniform_clock_seconds": uniform_clock,
+        "paired_episodes": len(uniform_successes),
+        "detectable_success_difference": detectable,
+        "arms": rows,
+    }
 
 
-def fmt(x: Optional[Dict[str, Any]], digits: int = 3) -> str:
+def fmt(x: Optional[Dict[str, Any]], spec: str = ".4f", floor: Optional[float] = None) -> str:
+    """mean [low, high] in `spec`; the interval's low end clipped at `floor` (steps and seconds are >= 0)."""
     if x is None or x.get("mean") is None:
         return "n/a"
     if x.get("low") is None:
-        return f"{x['mean']:.{digits}g}"
-    return f"{x['mean']:.{digits}g} [{x['low']:.{digits}g}, {x['high']:.{digits}g}]"
+        return f"{x['mean']:{spec}}"
+    low = x["low"] if floor is None else max(floor, x["low"])
+    return f"{x['mean']:{spec}} [{low:{spec}}, {x['high']:{spec}}]"
 
 
 def speedup(uniform: Optional[Dict[str, Any]], arm: Optional[Dict[str, Any]]) -> str:
@@ -293,6 +316,24 @@ def speedup(uniform: Optional[Dict[str, Any]], arm: Optional[Dict[str, Any]]) ->
     if uniform is None or arm is None or uniform.get("mean") is None or arm.get("mean") is None:
         return "n/a"
     return f"{uniform['mean'] / arm['mean']:.2f}x"
+
+
+def detectable_line(summary: Dict[str, Any]) -> str:
+    if summary.get("detectable_success_difference") is None:
+        return ""
+    return (
+        f"{summary['paired_episodes']} paired episodes per arm: they detect a success difference of "
+        f"{summary['detectable_success_difference']:.3f} with 80% power (two-sided 5%, from the largest paired "
+        "standard error below)."
+    )
+
+
+def signed(x: Optional[Dict[str, Any]]) -> str:
+    if x is None or x.get("mean") is None:
+        return "n/a"
+    if x.get("low") is None:
+        return f"{x['mean']:+.3f}"
+    return f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
 
 
 def grid_table(runs: List[Dict[str, Any]]) -> str:
@@ -324,25 +365,28 @@ def page(results: Dict[str, Any], image: str) -> str:
                     arm,
                     f"{r['best_learning_rate']:g}"
                     + (f" ({r['diverged']} of {r['seeds']} diverged)" if r["diverged"] else ""),
-                    fmt(r["final_heldout_loss"], 4),
+                    fmt(r["final_heldout_loss"]),
                     r["reached_target"],
-                    fmt(r["steps_to_target"]),
-                    fmt(r["clock_to_target"]),
+                    fmt(r["steps_to_target"], ".0f", floor=0.0),
+                    fmt(r["clock_to_target"], ".1f", floor=0.0),
                     speedup(summary["arms"]["uniform"]["steps_to_target"], r["steps_to_target"]),
                     speedup(summary["arms"]["uniform"]["clock_to_target"], r["clock_to_target"]),
-                    fmt(r["heldout_loss_at_uniform_clock"], 4),
+                    fmt(r["heldout_loss_at_uniform_clock"]),
                     "n/a"
                     if success["rate"] is None
                     else f"{success['rate']:.3f} [{success['low']:.3f}, {success['high']:.3f}] of {success['n']}",
                     "-"
                     if paired is None or arm == "uniform"
                     else f"{paired['difference']:+.3f} [{paired['low']:+.3f}, {paired['high']:+.3f}]",
+                    "-" if arm == "uniform" else signed(r.get("success_minus_uniform_across_seeds")),
                 )
             )
         blocks.append(
             f"### {label}\n\nTarget: the uniform arm's final held-out loss, {block['summary']['target_heldout_loss']:.4f}; "
             f"its clock {block['summary']['uniform_clock_seconds']:.0f} s. Sweep wall time {block['wall_seconds']:.0f} s "
-            f"(training), {block.get('evaluation_wall_seconds', 0):.0f} s (closed-loop evaluation).\n\n"
+            f"(training), {block.get('evaluation_wall_seconds', 0):.0f} s (closed-loop evaluation). "
+            + detectable_line(summary)
+            + "\n\n"
             + markdown_table(
                 [
                     "arm",
@@ -355,7 +399,8 @@ def page(results: Dict[str, Any], image: str) -> str:
                     "speed-up, clock",
                     "held-out loss at uniform's clock",
                     "success",
-                    "success - uniform (paired)",
+                    "success - uniform (paired episodes)",
+                    "success - uniform (across seeds)",
                 ],
                 rows,
             )
@@ -368,7 +413,9 @@ def page(results: Dict[str, Any], image: str) -> str:
         "arm under the same load, so clocks compare); intervals are 95% t-intervals across seeds at each arm's best "
         "learning rate, "
         "success pooled over seeds with a Wilson interval, and its difference from the uniform arm paired episode "
-        "by episode (the same held-out episodes for every checkpoint; normal interval). The learning rate is chosen "
+        "by episode (the same held-out episodes for every checkpoint; normal interval) — which holds the training "
+        "fixed — and across seeds (each seed's checkpoint against uniform's of the same seed; a t-interval with "
+        "seeds - 1 degrees of freedom, which counts how much a retrained checkpoint moves). The learning rate is chosen "
         "on the mean final held-out loss, never on success. The target is the uniform arm's mean final held-out "
         "loss; a run reaches it at the first evaluation at or below it (linear between evaluations), which the "
         "uniform arm's own seeds may do before their end, since held-out loss is not monotone in training; seeds "
