@@ -160,7 +160,7 @@ def write_proposal_figures(proposal, gamma_star, fair, anchors: int) -> None:
                     ("anchor", f"{shares['anchor']:.3f}", ratio_or_dash(oracles["anchor"])),
                     ("flow time", f"{shares['flow_time']:.3f}", ratio_or_dash(oracles["flow_time"])),
                     (
-                        "anchor x flow time",
+                        "their interaction (its oracle: over both axes)",
                         f"{shares['interaction']:.3f}",
                         ratio_or_dash(oracles["anchor_and_flow_time"]),
                     ),
