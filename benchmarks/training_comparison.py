@@ -42,9 +42,10 @@ from vlaeval.artifacts import atomic_write_json
 
 ARMS = ["uniform", "uniform_large_batch", "adaptive_time", "adaptive_time_residual"]
 # Placed so that each arm's best lies inside the grid, not at its edge: the first grid (AdamW 3e-4..3e-3,
-# SGD 0.03..0.3) had every arm's best at its top from initialisation, so it moved up a step (the runs
-# at the old bottom rate are kept and shown where they exist).
-LEARNING_RATES = {"adamw": [1e-3, 3e-3, 1e-2], "sgd": [0.1, 0.3, 1.0]}
+# SGD 0.03..0.3) had every arm's best at its top from initialisation, so it moved up (the runs at the
+# old bottom rate are kept and shown where they exist); AdamW's best then sat at 1e-2 for several arms,
+# so 3e-2 was added. SGD at 1.0 diverges in every arm.
+LEARNING_RATES = {"adamw": [1e-3, 3e-3, 1e-2, 3e-2], "sgd": [0.1, 0.3, 1.0]}
 QUICK = ["data=tiny", "model=tiny_vla_small", "train.heldout_every=20", "train.heldout_episodes_per_task=1"]
 
 
@@ -123,10 +124,12 @@ def evaluated(out: Path, episodes_per_task: int) -> Dict[str, List[bool]]:
     with `episodes_per_task` episodes per task."""
     successes = {}
     for result_file in sorted(out.rglob("result.json")):
-        per_task = json.loads(result_file.read_text())["evaluation"]["per_task"]
+        result = json.loads(result_file.read_text())
+        per_task = result["evaluation"]["per_task"]
         if all(len(per_task[task]["policy_successes"]) == episodes_per_task for task in per_task):
-            checkpoint = json.loads(result_file.read_text())["checkpoint"]
-            successes[checkpoint] = [s for task in sorted(per_task) for s in per_task[task]["policy_successes"]]
+            successes[result["checkpoint"]] = [
+                s for task in sorted(per_task) for s in per_task[task]["policy_successes"]
+            ]
     return successes
 
 
