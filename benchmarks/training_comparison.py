@@ -35,10 +35,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import yaml
-from scipy import stats
 
 from benchlib import FIGURES, REPO, default_policy, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json
+from vlaeval.audit.proposals import seed_interval
 
 ARMS = ["uniform", "uniform_large_batch", "adaptive_time", "adaptive_time_residual"]
 # Placed so that each arm's best lies inside the grid, not at its edge: the first grid (AdamW 3e-4..3e-3,
@@ -211,11 +211,11 @@ def loss_at_clock(curve: Sequence[Sequence[float]], clock: float) -> float:
 
 
 def interval(values: Sequence[float]) -> Dict[str, Any]:
-    x = np.asarray(values, dtype=np.float64)
-    if x.size < 2:
-        return {"mean": float(x.mean()) if x.size else None, "low": None, "high": None, "n": int(x.size)}
-    half = float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
-    return {"mean": float(x.mean()), "low": float(x.mean() - half), "high": float(x.mean() + half), "n": int(x.size)}
+    """The seeds' mean with its 95% t-interval (`seed_interval`); fewer than 2 values: the mean alone."""
+    x = [float(v) for v in values]
+    if len(x) < 2:
+        return {"mean": x[0] if x else None, "low": None, "high": None, "n": len(x)}
+    return {**seed_interval(x).as_dict(), "n": len(x)}
 
 
 def wilson(successes: int, n: int) -> Dict[str, Any]:
@@ -331,14 +331,6 @@ def detectable_line(summary: Dict[str, Any]) -> str:
     )
 
 
-def signed(x: Optional[Dict[str, Any]]) -> str:
-    if x is None or x.get("mean") is None:
-        return "n/a"
-    if x.get("low") is None:
-        return f"{x['mean']:+.3f}"
-    return f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
-
-
 def grid_table(runs: List[Dict[str, Any]]) -> str:
     """Mean final held-out loss per arm and learning rate (the grid the best rate is chosen from)."""
     rates = sorted({r["learning_rate"] for r in runs})
@@ -381,7 +373,7 @@ def page(results: Dict[str, Any], image: str) -> str:
                     "-"
                     if paired is None or arm == "uniform"
                     else f"{paired['difference']:+.3f} [{paired['low']:+.3f}, {paired['high']:+.3f}]",
-                    "-" if arm == "uniform" else signed(r.get("success_minus_uniform_across_seeds")),
+                    "-" if arm == "uniform" else fmt(r.get("success_minus_uniform_across_seeds"), "+.3f"),
                 )
             )
         blocks.append(
