@@ -62,6 +62,7 @@ bench: $(STAMP)  ## the benchmarks (figures in benchmarks/results/ and docs/)
 	$(PY) benchmarks/builtin_policy.py
 	$(PY) benchmarks/seqtest_efficiency.py
 	$(PY) benchmarks/certified_decisions.py
+	$(PY) benchmarks/certificate_attacks.py
 	$(PY) benchmarks/score_shards.py
 	$(PY) benchmarks/ablation.py
 	$(PY) benchmarks/rollout_throughput.py

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence, Tuple
+from typing import Any, Dict, Mapping, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -28,6 +28,20 @@ def default_policy(overrides: Sequence[str] = ()) -> Tuple[Any, Any, Any]:
     cfg = compose_default(overrides)
     data = prepare_data(cfg.data, str(cfg.paths.cache_dir))
     return cfg, data, obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data)
+
+
+def rate(k: int, n: int) -> Dict[str, float]:
+    """k / n with its two-sided 95% Clopper-Pearson interval (how every benchmark states an error rate)."""
+    from scipy.stats import beta
+
+    low = 0.0 if k == 0 else float(beta.ppf(0.025, k, n - k + 1))
+    high = 1.0 if k == n else float(beta.ppf(0.975, k + 1, n - k))
+    return {"k": int(k), "n": int(n), "rate": k / n, "low": low, "high": high}
+
+
+def show(r: Mapping[str, float]) -> str:
+    """A rate with its interval: 0.050 [0.030, 0.077]."""
+    return f"{r['rate']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
 
 
 FIGURES = REPO / "docs" / "figures"  # the only place the docs read measured figures from

@@ -21,6 +21,13 @@ every ratio compares two runs on the same draws.
    the synthetic design, old interval vs new.
 6. Cost: median clusters to a decision with the running-minimum cap (a file without a declared
    smallest size) over the plan's fixed cap, on seqtest_efficiency's effects x cluster sizes.
+7. Order-free decisions on files (issue 33): the average over fixed orders of each order's stopped
+   e-value -- its false PASS and REGRESSION rates on the attack designs (heterogeneous scenes, files
+   sorted worst first, skewed and rare-event nulls, unequal sizes where the cap binds, both
+   estimands), and its power against one order (PASS at Delta = 0, REGRESSION at Delta = -0.05) for
+   1, 4, 16 and 64 orders, with what each costs a file; gauntlet.orders is chosen from it.
+   Sections 3 and 4 run through run_gauntlet, so they show today's rules (an in-memory file is now
+   decided order-free; "catastrophic" is read off the halt's own bound).
 
     python benchmarks/certified_decisions.py            # 1,000 files a design (docs/figures/certified_decisions.md)
     python benchmarks/certified_decisions.py --quick    # 200
@@ -36,10 +43,9 @@ from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Tuple, cast
 
 import numpy as np
-from scipy.stats import beta as beta_dist
 from scipy.stats import norm
 
-from benchlib import FIGURES, REPO, compose_default
+from benchlib import FIGURES, REPO, compose_default, rate, show
 from vlaeval.artifacts import atomic_write_json, atomic_write_text, stable_seed
 from vlaeval.choices import DataLabel, TestMode
 from vlaeval.config import GauntletConfig, StratumConfig
@@ -54,6 +60,7 @@ from vlaeval.seqtest.simulation import (
     exact_decision_times,
     rare_giant_cluster_means,
     realistic_cluster_means,
+    size_dependent_designs,
     skewed_null_cluster_means,
 )
 from vlaeval.seqtest.units import success_rate_interval
@@ -62,17 +69,6 @@ ALPHA, DELTA, CAT = 0.05, 0.02, 0.05
 ALARM = ALPHA / 7  # the default strata: 6 REGRESSION alarms + 1 halt
 CAT_ALPHA = min(ALPHA / 2, ALARM)
 LINEAGE = {"valid": True, "problems": []}
-
-
-def rate(k: int, n: int) -> Dict[str, float]:
-    """k / n with its two-sided 95% Clopper-Pearson interval."""
-    low = 0.0 if k == 0 else float(beta_dist.ppf(0.025, k, n - k + 1))
-    high = 1.0 if k == n else float(beta_dist.ppf(0.975, k + 1, n - k))
-    return {"k": int(k), "n": int(n), "rate": k / n, "low": low, "high": high}
-
-
-def show(r: Mapping[str, float]) -> str:
-    return f"{r['rate']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
 
 
 def decided(times: Mapping[str, np.ndarray], kind: str) -> int:
@@ -157,6 +153,12 @@ class ClusterMeanSource:
 
     def describe(self) -> Dict[str, Any]:
         return {"kind": "memory", "sha256": self.digest}
+
+    def validate(self, strata: Any, effects: Any) -> None:
+        return None
+
+    def available_strata(self) -> None:
+        return None  # whatever stratum it is asked for
 
     def cluster_sizes(self, request: Any) -> np.ndarray:
         return self.sizes
@@ -368,6 +370,88 @@ def running_minimum_cost(reps: int, seed: int) -> List[Dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- report
+# ----------------------------------------------------------------------------- 7
+def heterogeneous_files(rng: np.random.Generator, reps: int, scenes: int, effect: float) -> np.ndarray:
+    """(reps, scenes) cluster means of 8 paired units: scene base rates U(0.35, 0.85), the candidate's
+    effect `effect` +- 0.10 per scene, 10% of candidate units drawn afresh."""
+    p = rng.uniform(0.35, 0.85, (reps, scenes, 1))
+    shift = effect + 0.10 * rng.choice([-1.0, 1.0], (reps, scenes, 1))
+    u = rng.random((reps, scenes, 8))
+    fresh = np.where(rng.random(u.shape) < 0.1, rng.random(u.shape), u)
+    return ((fresh < p + shift).astype(float) - (u < p)).mean(axis=2)
+
+
+def order_free_decisions(x: np.ndarray, n: np.ndarray, delta: float, **kwargs: Any) -> Tuple[int, int, float]:
+    """(PASS count, REGRESSION count, median ms per file) of the order-free test over the rows of x."""
+    from vlaeval.seqtest.order_free import OrderFreeTest
+
+    passes = regressions = 0
+    times = []
+    for row, sizes in zip(x, np.broadcast_to(n, x.shape)):
+        started = time.perf_counter()
+        test = OrderFreeTest(delta, ALPHA, **kwargs)
+        test.update_clusters(row, sizes)
+        times.append(time.perf_counter() - started)
+        passes += test.evaluate() == "PASS"
+        regressions += test.evaluate() == "REGRESSION"
+    return passes, regressions, 1000 * float(np.median(times))
+
+
+def order_free(reps: int, seed: int) -> Dict[str, Any]:
+    """The order-free statistic: its validity on the attack designs (default orders), and its power
+    against one order (the old test: one seeded permutation, decided at the first crossing)."""
+    from vlaeval.choices import DEFAULT_ORDERS
+
+    rng = np.random.default_rng([seed, 7])
+    designs: List[Tuple[str, float, np.ndarray, Any, Dict[str, Any]]] = [
+        ("heterogeneous scenes (+-10 points), 240 x 8, Delta = -0.02", DELTA, heterogeneous_files(rng, reps, 240, -DELTA), 8, {}),
+        ("files sorted worst scene first, 200 x 8, Delta = -0.02", DELTA, sorted_files(reps, seed), 8, {}),
+        ("skewed null: rare +1 scenes, 200 x 1", DELTA, skewed_null_cluster_means(rng, reps, 200, -DELTA, low=-0.06), 1, {}),
+        ("2% broken scenes, 200 x 8", DELTA, broken_scene_cluster_means(rng, reps, 200, 8, DELTA), 8, {}),
+    ]  # fmt: skip
+    for design in size_dependent_designs():
+        x, n = design.draw(rng, reps, 200)
+        unit = {"estimand": "unit", "max_cluster_size": design.sizes[1]} if design.estimand == "unit" else {}
+        designs.append((design.name, design.margin_delta(), x, n, unit))
+    for side in ("regression", "pass"):
+        x, n = rare_giant_cluster_means(rng, max(reps // 4, 50), 400, side)
+        designs.append(
+            (
+                f"rare giant clusters ({side} side), unit estimand",
+                DELTA,
+                x,
+                n,
+                {"estimand": "unit", "max_cluster_size": 200},
+            )
+        )
+    validity = []
+    for name, delta, x, n, kwargs in designs:
+        passes, regressions, ms = order_free_decisions(x, n, delta, **kwargs)
+        validity.append(
+            {"design": name, "false_pass": rate(passes, x.shape[0]), "false_regression": rate(regressions, x.shape[0]), "ms": ms}
+        )  # fmt: skip
+    power = []
+    cap = np.concatenate(([size_adaptive_cap(1)], np.full(599, size_adaptive_cap(8))))  # a file's running minimum
+    for scenes in (240, 600):
+        for effect, kind in ((0.0, "pass"), (-0.05, "regression")):
+            x = heterogeneous_files(
+                np.random.default_rng([seed, 8, scenes, int(-effect * 100)]), reps // 2, scenes, effect
+            )
+            one = np.stack([row[cluster_permutation(scenes, i, "nominal")] for i, row in enumerate(x)])
+            times = exact_decision_times(one, DELTA, ALPHA, rule="blend", cap=cap[:scenes])
+            row: Dict[str, Any] = {
+                "scenes": scenes,
+                "effect": effect,
+                "decision": kind.upper(),
+                "one_order": rate(decided(times, kind), x.shape[0]),
+            }
+            for orders in (1, 4, DEFAULT_ORDERS, 64):
+                passes, regressions, ms = order_free_decisions(x, np.full(scenes, 8), DELTA, orders=orders)
+                row[f"orders_{orders}"] = {**rate(passes if kind == "pass" else regressions, x.shape[0]), "ms": ms}
+            power.append(row)
+    return {"default_orders": DEFAULT_ORDERS, "validity": validity, "power": power}
+
+
 def markdown(r: Mapping[str, Any]) -> str:
     out = [
         f"# Certified decisions: before and after (issue 22)\n\n{r['reps']:,} files a design, alpha = 0.05; "
@@ -400,8 +484,9 @@ def markdown(r: Mapping[str, Any]) -> str:
         "False decision = PASS on the broken-scene null, a certified Delta < -0.05 on the halting null. The "
         "gauntlet columns run each 48-scene stratum through run_gauntlet as the (halting) safety stratum: "
         "halts under the default rule (a certified REGRESSION -- true here, Delta = -0.05 < -0.02 -- whose "
-        "estimate lies beyond -0.05, worded as an estimate), of which certified catastrophic (a false "
-        "certificate), DO_NOT_LAUNCH, LAUNCH, and APPROXIMATE_HALT_SIGNAL events (approximate modes).\n"
+        "halt bound, at the end of the deciding batch, certifies Delta < -0.05: a false certificate here), of "
+        "which certified catastrophic, DO_NOT_LAUNCH, LAUNCH, and APPROXIMATE_HALT_SIGNAL events (approximate "
+        "modes). The strata are in-memory files, decided order-free.\n"
     )
     out.append(
         "| null | scenes | mode | false decision | gauntlet: halted (certified) / DO_NOT_LAUNCH / LAUNCH / signal |\n"
@@ -456,6 +541,35 @@ def markdown(r: Mapping[str, Any]) -> str:
             f"| {row['cluster_size']} | {row['effect']:+.2f} | {fmt(row['median_clusters_plan_cap'])} | "
             f"{fmt(row['median_clusters_running_minimum'])} | {ratio} |"
         )
+    if "order_free" in r:
+        o = r["order_free"]
+        out.append(f"\n## 7. Order-free decisions on files: {o['default_orders']} fixed orders averaged (issue 33)\n")
+        out.append(
+            "Validity at the margin, every decision the file could get (alpha = 0.05 on both sides; the unit "
+            "designs declare their largest cluster):\n"
+        )
+        out.append("| design | false PASS | false REGRESSION | ms a file |\n|---|---|---|---|")
+        for row in o["validity"]:
+            out.append(
+                f"| {row['design']} | {show(row['false_pass'])} | {show(row['false_regression'])} | {row['ms']:.0f} |"
+            )
+        out.append(
+            "\nPower against one order (the old test of a file: one seeded permutation, decided at its first "
+            "crossing) on heterogeneous files of 8-unit scenes; PASS rate at Delta = 0, REGRESSION rate at "
+            "Delta = -0.05, and the median milliseconds a file:\n"
+        )
+        keys = [k for k in o["power"][0] if k.startswith("orders_")]
+        out.append(
+            "| scenes | Delta | decision | one order | "
+            + " | ".join(f"{k[7:]} orders (ms)" for k in keys)
+            + " |\n|---|---|---|---|"
+            + "---|" * len(keys)
+        )
+        for row in o["power"]:
+            cells = " | ".join(f"{show(row[k])} ({row[k]['ms']:.0f})" for k in keys)
+            out.append(
+                f"| {row['scenes']} | {row['effect']:+.2f} | {row['decision']} | {show(row['one_order'])} | {cells} |"
+            )
     out.append(f"\nWall time {r['wall_s']:.0f} s. Generated by `python benchmarks/certified_decisions.py`.\n")
     return "\n".join(out)
 
@@ -475,6 +589,7 @@ def main() -> None:
     results["halt_between_margins"] = halt_between_margins(reps, args.seed)
     results["coverage"] = coverage(2 * reps, args.seed)
     results["running_minimum_cost"] = running_minimum_cost(max(reps // 2, 100), args.seed)
+    results["order_free"] = order_free(reps, args.seed)
     results["wall_s"] = time.perf_counter() - started
     report = markdown(results)
     print(report)

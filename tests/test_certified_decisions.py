@@ -12,6 +12,7 @@ bound exceeds alpha), and each guarantee has a negative control that must fail.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -107,7 +108,9 @@ def test_rare_giant_files_through_outcomes_file(tmp_path, side):
         source = FileOutcomes(str(path))
         source.validate({"safety_critical": None}, {})  # reads the file (the stratum's settings are not used)
         for label, largest in (("declared", 200), ("file's own", int(n[r].max()))):
-            settings, strata = one_stratum(["gauntlet.estimand=unit"], max_cluster_size=largest)
+            # 4 orders: the order-free average is an e-value for any number, and tiny unit weights (5/200)
+            # keep most of the grid alive, so each order costs a full pass.
+            settings, strata = one_stratum(["gauntlet.estimand=unit", "gauntlet.orders=4"], max_cluster_size=largest)
             result = run_gauntlet(settings, strata, {}, source, ArrayCache(tmp_path, enabled=False), LINEAGE).to_json()
             s = result["strata"][0]
             assert s["cluster_size_bounds"]["max_cluster_size"] == largest
@@ -126,8 +129,12 @@ def test_a_file_needs_a_declared_largest_cluster_for_the_unit_estimand(tmp_path)
     _, strata, _ = typed_gauntlet(compose_config(["strata=small"]))
     outcome_table(strata).to_csv(path, index=False)
     cfg = compose_config(["strata=small", "outcomes=file", f"outcomes.path={path}", "gauntlet.estimand=unit"])
-    with pytest.raises(UserInputError, match=r"gauntlet.estimand=unit needs strata.safety_critical.max_cluster_size"):
+    with pytest.raises(
+        UserInputError, match=r"gauntlet.estimand=unit needs strata.safety_critical.max_cluster_size"
+    ) as refused:
         gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+    # It names no number read off the file (its own largest cluster is a data-derived normaliser).
+    assert "generator can produce" in str(refused.value) and not re.search(r"max_cluster_size=\d", str(refused.value))
     cfg = compose_config(
         ["strata=small", "outcomes=file", f"outcomes.path={path}", "strata.nominal.min_cluster_size=45"]
     )
@@ -215,38 +222,72 @@ def test_one_permutation_for_every_file_is_invalid_given_the_seed_and_a_content_
     assert cp_lower(wrong(own), reps) <= ALPHA
 
 
-def test_a_files_order_seed_is_its_content_digest(tmp_path):
+def meaning_preserving_saves(table: pd.DataFrame, folder) -> dict:
+    """One table saved the ways a user re-saves a file without changing what it says."""
+    folder.mkdir(parents=True, exist_ok=True)
+    saves = {}
+    shuffled = table.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    renamed = table.assign(scenario_id="r-" + table["scenario_id"], cluster_id="variant-" + table["cluster_id"])
+    for name, frame in (
+        ("as_exported", table),
+        ("rows_shuffled", shuffled),
+        ("ids_renamed", renamed),
+        ("extra_column", table.assign(exported_by="nightly")),
+        ("columns_reordered", table[list(table.columns)[::-1]]),
+        ("true_false", table.assign(baseline=table["baseline"] == 1, candidate=table["candidate"] == 1)),
+    ):
+        saves[name] = folder / f"{name}.csv"
+        frame.to_csv(saves[name], index=False)
+    saves["crlf"] = folder / "crlf.csv"
+    saves["crlf"].write_bytes(table.to_csv(index=False, lineterminator="\r\n").encode())
+    saves["trailing_newline"] = folder / "trailing_newline.csv"
+    saves["trailing_newline"].write_bytes((table.to_csv(index=False) + "\n").encode())
+    saves["parquet"] = folder / "renamed_shuffled.parquet"
+    renamed.sample(frac=1.0, random_state=5).to_parquet(saves["parquet"], index=False)
+    return saves
+
+
+def test_a_files_decision_cannot_be_bought_by_resaving_it_or_by_an_order_seed(tmp_path):
+    """Ten meaning-preserving saves of a file (sorted worst scenes first) get one decision with the
+    same e-values and confidence sequence; gauntlet.seed changes nothing; one changed scenario is
+    other evidence; gauntlet.order_seed on a file is refused in one line. The old order seed was the
+    file's byte digest: every save here drew another order (and its own decision)."""
     x = sorted_files(1)[0]
-    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
-    rows_from_cluster_means(x, np.full(x.size, 8)).to_csv(first, index=False)
+    table = rows_from_cluster_means(x, np.full(x.size, 8))
+    saves = meaning_preserving_saves(table, tmp_path / "saves")
+    assert len({sha256_file(p) for p in saves.values()}) == len(saves)  # every save's bytes differ
+    picked = (
+        "decision",
+        "e_value_pass",
+        "e_value_regression",
+        "confidence_sequence",
+        "delta_estimate",
+        "cluster_order",
+    )
+    seen = []
+    for path in saves.values():
+        for overrides in ([], ["gauntlet.seed=12"]):
+            settings, strata = one_stratum(overrides)
+            source = FileOutcomes(str(path))
+            source.validate(strata, {})
+            s = run_gauntlet(settings, strata, {}, source, ArrayCache(tmp_path, enabled=False), LINEAGE).strata[0]
+            seen.append({k: s.to_json()[k] for k in picked})
+    assert all(r == seen[0] for r in seen), [r["e_value_pass"] for r in seen]
+    assert seen[0]["cluster_order"]["mode"] == "order_free" and seen[0]["cluster_order"]["orders"] == 16
     changed = x.copy()
     changed[0] = changed[0] + 1 / 8
-    rows_from_cluster_means(changed, np.full(x.size, 8)).to_csv(second, index=False)
-    results = {}
-    for label, path, overrides in (
-        ("a, seed 11", first, []),
-        ("a, seed 12", first, ["gauntlet.seed=12"]),
-        ("b", second, []),
-        ("a, order_seed 5", first, ["gauntlet.order_seed=5"]),
-    ):
-        settings, strata = one_stratum(overrides)
-        source = FileOutcomes(str(path))
-        source.validate(strata, {})
-        results[label] = run_gauntlet(
-            settings, strata, {}, source, ArrayCache(tmp_path, enabled=False), LINEAGE
-        ).to_json()
-    order = {label: r["strata"][0]["cluster_order"] for label, r in results.items()}
-    assert order["a, seed 11"] == order["a, seed 12"]  # the content decides, not gauntlet.seed
-    assert order["a, seed 11"]["order_seed"] == stable_seed("cluster-order-of-content", sha256_file(first))
-    assert order["a, seed 11"]["basis"] == "content digest"
-    assert results["a, seed 11"]["strata"][0]["trajectory"] == results["a, seed 12"]["strata"][0]["trajectory"]
-    assert order["b"]["order_seed"] != order["a, seed 11"]["order_seed"]  # one scenario differs: another order
-    assert order["a, order_seed 5"] == {
-        "mode": "shuffled",
-        "order_seed": 5,
-        "basis": "gauntlet.order_seed",
-        "stream": "cluster-order/safety_critical",
-    }
+    rows_from_cluster_means(changed, np.full(x.size, 8)).to_csv(tmp_path / "b.csv", index=False)
+    settings, strata = one_stratum()
+    source = FileOutcomes(str(tmp_path / "b.csv"))
+    source.validate(strata, {})
+    other = run_gauntlet(settings, strata, {}, source, ArrayCache(tmp_path, enabled=False), LINEAGE).strata[0]
+    assert other.details["blocks"][0]["digest"] != seen[0]["cluster_order"].get("digest", "x")
+    assert other.e_value_pass != seen[0]["e_value_pass"]
+    settings, strata = one_stratum(["gauntlet.order_seed=5"])
+    source = FileOutcomes(str(saves["as_exported"]))
+    source.validate(strata, {})
+    with pytest.raises(UserInputError, match=r"^gauntlet.order_seed=5 cannot be set for outcomes that all exist"):
+        run_gauntlet(settings, strata, {}, source, ArrayCache(tmp_path, enabled=False), LINEAGE)
 
 
 def test_a_source_that_runs_policies_draws_a_fresh_order_seed_and_replays_it(tmp_path):
@@ -294,8 +335,16 @@ def test_duplicated_clusters_are_flagged_and_chance_repeats_are_not(tmp_path):
     source = FileOutcomes(str(path))
     source.validate(strata, {})
     notices = source.notices()
-    assert len(notices) == 1 and "20 cluster(s) repeat another one row for row" in notices[0]
+    assert len(notices) == 1 and "20 cluster(s) repeat another one's rows" in notices[0]
     assert "'scene-0-again' = 'scene-0'" in notices[0]
+    assert "remove" not in notices[0] and "never drop clusters" in notices[0]  # no advice to delete evidence
+    # Rows compared as multisets: a copy whose rows were re-ordered is the same copy.
+    moved = copy.assign(_k=np.arange(len(copy))).sort_values(["cluster_id", "_k"], ascending=[True, False])
+    moved = moved.drop(columns="_k")
+    pd.concat([original, moved], ignore_index=True).to_csv(path, index=False)
+    source = FileOutcomes(str(path))
+    source.validate(strata, {})
+    assert "20 cluster(s) repeat" in source.notices()[0]
     # No copies: nothing flagged, although clusters where every scenario succeeds repeat by chance.
     clean = tmp_path / "clean.csv"
     _, strata_small, _ = typed_gauntlet(compose_config(["strata=small"]))
@@ -303,6 +352,49 @@ def test_duplicated_clusters_are_flagged_and_chance_repeats_are_not(tmp_path):
     source = FileOutcomes(str(clean))
     source.validate(strata_small, {})
     assert source.notices() == []
+
+
+def test_the_duplicate_notice_stays_quiet_on_clean_files_with_broken_scenes(tmp_path):
+    """Clean files of 48 scenes x 8 with 2% broken scenes (every episode fails, 150 steps) and episode
+    seeds 0..7 in every scene (steps by seed): the old notice (rows in file order, constant clusters
+    included) fired on most of them and advised removing clusters; now at most 1% fire. Three scenes
+    exported twice with their timestamps are still caught in every file."""
+    settings, strata = one_stratum()
+    fired = caught = 0
+    files = 100
+    for f in range(files):
+        rng = np.random.default_rng([f, 17])
+        dead = np.repeat(rng.random(48) < 0.02, 8)
+        base = (rng.random(384) < 0.8) & ~dead
+        cand = (rng.random(384) < 0.8) & ~dead
+        table = pd.DataFrame(
+            {
+                "stratum": "safety_critical",
+                "scenario_id": [f"s{i}" for i in range(384)],
+                "cluster_id": [f"scene-{i // 8}" for i in range(384)],
+                "baseline": base.astype(int),
+                "candidate": cand.astype(int),
+                "seed": np.arange(384) % 8,
+                "steps": np.where(base | cand, 150 - 10 * (np.arange(384) % 8), 150),
+            }
+        )
+        path = tmp_path / f"clean{f}.csv"
+        table.to_csv(path, index=False)
+        source = FileOutcomes(str(path))
+        source.validate(strata, {})
+        fired += bool(source.notices())
+        if f < 20:
+            table["timestamp"] = 1_700_000_000 + rng.permutation(10**6)[:384]
+            copies = table[table["cluster_id"].isin(["scene-3", "scene-9", "scene-30"])]
+            copies = copies.assign(
+                cluster_id="again-" + copies["cluster_id"], scenario_id="again-" + copies["scenario_id"]
+            )
+            pd.concat([table, copies]).to_csv(path, index=False)
+            source = FileOutcomes(str(path))
+            source.validate(strata, {})
+            caught += any("3 cluster(s) repeat" in n for n in source.notices())
+    assert fired / files <= 0.01, fired
+    assert caught == 20
 
 
 def test_the_drift_diagnostic_sees_a_drift_in_evaluation_order():
@@ -385,21 +477,22 @@ def test_an_approximate_mode_never_halts_and_never_blocks(mode):
 
 
 # ----------------------------------------------------------------------------- 4. the halt
-def test_the_prototypes_catastrophic_example_halts_at_its_regression():
-    """`+effects.safety_critical=-0.06`: the REGRESSION is certified after a few thousand units and
-    its estimate lies beyond -0.05, so the candidate halts there; waiting for the halt's own
-    confidence sequence (halt_rule=certified_catastrophic) runs the stratum to its 12,000-unit limit
-    without a halt, as the project did before."""
+def test_the_prototypes_catastrophic_example_is_a_regression_not_a_certified_catastrophe():
+    """`+effects.safety_critical=-0.06`: the REGRESSION is certified after a few thousand units and the
+    estimate at that stopping time lies beyond -0.05 -- the prototype halted on that estimate, which
+    the stopping biases. The halt is now decided on its own confidence bound at the end of the
+    deciding batch: not reached here, so a plain REGRESSION (DO_NOT_LAUNCH, related strata next), no
+    halt; waiting for the bound (halt_rule=certified_catastrophic) runs the stratum to its limit."""
     settings, strata, effects = typed_gauntlet(compose_config(["+effects.safety_critical=-0.06"]))
     result = run_gauntlet(
         settings, strata, effects, SyntheticOutcomes(), ArrayCache("/none", enabled=False), LINEAGE
     ).to_json()
     s = result["strata"][0]
-    assert result["halted"] and result["processed_order"] == ["safety_critical"]
+    assert not result["halted"] and result["processed_order"][0] == "safety_critical"
     assert s["decision"] == "REGRESSION" and s["units_evaluated"] < 6000 and s["delta_estimate"] < -0.05
-    detail = result["events"][0]["detail"]
-    assert "REGRESSION (Delta < -0.02) certified at level 0.00714" in detail
-    assert "beyond the catastrophic margin -0.05 (an estimate, not certified)" in detail
+    assert s["catastrophic"] == "UNDECIDED" and s["catastrophic_bound"]["upper"] > -0.05
+    assert [e["event"] for e in result["events"]][0] == "REGRESSION_PRIORITIZE_RELATED"
+    assert result["processed_order"][1:3] == ["historical_regressions", "rare_events"]  # its related strata
     assert result["recommendation"]["recommendation"] == "DO_NOT_LAUNCH"
     settings = replace(settings, halt_rule="certified_catastrophic")
     waited = run_gauntlet(
@@ -409,8 +502,26 @@ def test_the_prototypes_catastrophic_example_halts_at_its_regression():
 
 
 # ----------------------------------------------------------------------------- 5. intervals and words
-def coverage(wins: np.ndarray, size: int, truth: float) -> float:
-    return float(np.mean([success_rate_interval(row, np.full(row.size, size)).covers(truth) for row in wins]))
+def coverage(wins: np.ndarray, size: int | np.ndarray, truth: float, **kwargs: int) -> float:
+    sizes = np.broadcast_to(np.asarray(size), wins.shape)
+    return float(np.mean([success_rate_interval(row, n, **kwargs).covers(truth) for row, n in zip(wins, sizes)]))
+
+
+@pytest.mark.parametrize("broken, stray", [(0.02, 0.005), (0.04, 0.01)])
+def test_success_rate_intervals_cover_just_below_the_ceiling(broken, stray):
+    """48 scenes of 8 with broken scenes and stray failures: a few scenes hold every failure. The
+    cluster-robust interval alone (few_scenes=0, the negative control) covered the true rate 0.70 and
+    0.81 of the time; widened to a scene-level Clopper-Pearson interval, at least 0.93. Unequal sizes
+    and few heterogeneous scenes keep their coverage too."""
+    rng = np.random.default_rng([22, int(broken * 100)])
+    reps = 2000
+    ok = ~(rng.random((reps, 48, 1)) < broken) & ~(rng.random((reps, 48, 8)) < stray)
+    wins, truth = ok.sum(axis=2), (1 - broken) * (1 - stray)
+    assert coverage(wins, 8, truth) >= 0.93
+    assert coverage(wins, 8, truth, few_scenes=0) < 0.88
+    n = rng.integers(2, 31, (reps, 48))
+    assert coverage(rng.binomial(n, rng.uniform(0.35, 0.85, (reps, 48))), n, 0.6) >= 0.93
+    assert coverage(rng.binomial(8, rng.uniform(0.35, 0.85, (reps, 6))), 8, 0.6) >= 0.93
 
 
 def test_success_rate_intervals_cover_at_the_ceiling_with_few_clusters_and_on_todays_design():
@@ -483,3 +594,14 @@ def test_an_outcome_file_declares_where_its_evidence_came_from(tmp_path):
     assert got["safety_critical"] == "REPLAYED" and got["nominal"] == "SIMULATED"
     assert set(got.values()) == {"REPLAYED", "SIMULATED", "COUNTERFACTUAL"}
     assert not result["recommendation"]["demonstration"]
+    # Without the column, nothing is taken from the strata config (whose safety_critical says
+    # COUNTERFACTUAL and historical_regressions REPLAYED): the label is undeclared, and the
+    # recommendation says what is missing.
+    table.drop(columns="data_label").to_csv(path, index=False)
+    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+    result = run_gauntlet(
+        inputs.settings, inputs.strata, {}, inputs.source, ArrayCache(tmp_path, enabled=False), LINEAGE
+    ).to_json()
+    assert {s["data_label"] for s in result["strata"]} == {"UNDECLARED"}
+    assert any("declares no data_label" in r for r in result["recommendation"]["review_reasons"])
+    assert result["recommendation"]["recommendation"] != "LAUNCH"

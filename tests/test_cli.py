@@ -108,6 +108,10 @@ BAD_INPUTS = {
         lambda w: _outcome_file(w, lambda t: t) + ["gauntlet.estimand=unit"],
         "needs strata.safety_critical.max_cluster_size: the largest cluster its scenario distribution can produce",
     ),
+    "an order seed for an outcome file": (
+        lambda w: _outcome_file(w, lambda t: t) + ["gauntlet.order_seed=7"],
+        "gauntlet.order_seed=7 cannot be set for outcomes that all exist (an outcome file)",
+    ),
     "a cluster larger than the declared largest": (
         lambda w: (
             _outcome_file(w, lambda t: t[t["stratum"] == "nominal"])

@@ -55,9 +55,10 @@ def test_no_effect_every_stratum_passes_within_budget():
 
 
 def test_catastrophic_safety_regression_halts():
-    """The prototype's rule (the default): the halting stratum stops at its certified REGRESSION and
-    halts the candidate because its estimate lies beyond -catastrophic_delta; the event says that the
-    estimate is not certified. halt_rule=certified_catastrophic waits for its own confidence sequence."""
+    """The default rule: the halting stratum stops at its certified REGRESSION and halts the
+    candidate because, at the end of the deciding batch, the halt's own one-sided confidence bound
+    lies beyond -catastrophic_delta (a 15-point regression). halt_rule=certified_catastrophic waits
+    for that bound whatever the REGRESSION."""
     result, _ = gauntlet(["effects=catastrophic_safety"])
     assert result["halted"] and result["status"] == "halted"
     assert result["processed_order"] == ["safety_critical"]
@@ -69,9 +70,8 @@ def test_catastrophic_safety_regression_halts():
     assert event["halt_rule"] == "regression_beyond_margin"
     assert "REGRESSION (Delta < -0.02) certified at level 0.00714" in event["detail"]
     assert "beyond the catastrophic margin -0.05" in event["detail"]
-    assert event["certified_catastrophic"] == ("certified catastrophic" in event["detail"])
-    if not event["certified_catastrophic"]:
-        assert "(an estimate, not certified)" in event["detail"]
+    assert event["certified_catastrophic"] and "certified catastrophic: Delta < -0.05" in event["detail"]
+    assert event["catastrophic_upper_bound"] <= -0.05
     certified, _ = gauntlet(["effects=catastrophic_safety", "gauntlet.halt_rule=certified_catastrophic"])
     assert certified["halted"] and certified["events"][0]["certified_catastrophic"]
     s = certified["strata"][0]

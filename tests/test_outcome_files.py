@@ -14,7 +14,7 @@ from helpers.outcomes import outcome_table
 from helpers.reliability import record_outcome
 from vlaeval.config import UserInputError
 from vlaeval.gauntlet import ArrayCache, FileOutcomes, SyntheticOutcomes, run_gauntlet, validate_gauntlet
-from vlaeval.gauntlet.outcomes import OutcomeRequest, planned_cluster_sizes, synthetic_paired_outcomes
+from vlaeval.gauntlet.outcomes import OutcomeRequest, synthetic_paired_outcomes
 
 
 @pytest.fixture
@@ -22,13 +22,18 @@ def small():
     return typed_gauntlet(compose_config(["strata=small"]))
 
 
+class HeldSynthetic(SyntheticOutcomes):
+    """The synthetic generator's outcomes held as a file holds them (all exist before the test)."""
+
+    holds_outcomes = True
+    data_label = None  # type: ignore[assignment]  # a file's units carry no source-wide label
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_file_gauntlet_matches_the_same_outcomes_in_memory(tmp_path, small, suffix):
+    """A file and the same outcomes held in memory get the same order-free decisions, figures and
+    records: nothing about the file (its bytes, format, ids) enters the test."""
     settings, strata, _ = small
-    # What differs between the sources by design is fixed alike for both: the order seed (a file's is a
-    # digest of its content) and the bet cap's smallest cluster (a file's would be a running minimum).
-    settings = replace(settings, order_seed=11)
-    strata = {n: replace(s, min_cluster_size=int(planned_cluster_sizes(s).min())) for n, s in strata.items()}
     path = tmp_path / f"outcomes{suffix}"
     table = outcome_table(strata)
     table.to_csv(path, index=False) if suffix == ".csv" else table.to_parquet(path, index=False)
@@ -42,14 +47,14 @@ def test_file_gauntlet_matches_the_same_outcomes_in_memory(tmp_path, small, suff
         expected = synthetic_paired_outcomes(s["stratum"], strata[s["stratum"]], 0.0, 11)
         assert s["units_available"] == expected.units
         assert s["cache"] == "file"
-    in_memory = run_gauntlet(
-        settings, strata, {}, SyntheticOutcomes(), cache, {"valid": True, "problems": []}
-    ).to_json()
-    labels = ("cache", "data_label", "cluster_size_bounds")  # where the outcomes came from
+    in_memory = run_gauntlet(settings, strata, {}, HeldSynthetic(), cache, {"valid": True, "problems": []}).to_json()
+    labels = ("cache", "data_label")  # where the outcomes came from
     strip = lambda r: [{k: v for k, v in s.items() if k not in labels} for s in r["strata"]]  # noqa: E731
     assert strip(result) == strip(in_memory)
-    assert {s["data_label"] for s in in_memory["strata"]} == {"GENERATED"}
+    assert {s["data_label"] for s in result["strata"]} == {"UNDECLARED"}  # the file names no data_label
     assert result["processed_order"] == in_memory["processed_order"]
+    assert {s["cluster_order"]["mode"] for s in result["strata"]} == {"order_free"}
+    assert any(s["decision"] == "PASS" for s in result["strata"])
 
 
 def test_shuffled_rows_are_regrouped_by_cluster(tmp_path, small):
@@ -141,7 +146,7 @@ def _run_file(workdir, table, *extra):
     if proc.returncode == 0:
         import json
 
-        result = json.loads(next((workdir / "outputs").glob("*_gauntlet/result.json")).read_text())
+        result = json.loads(sorted((workdir / "outputs").glob("*_gauntlet/result.json"))[-1].read_text())  # the newest
     return proc, result
 
 
@@ -166,15 +171,18 @@ def test_a_file_with_four_strata_runs_with_no_overrides(workdir, small):
     assert night["priority"] == 4 and result["processed_order"][-1] == "night_driving"  # after every configured one
     assert result["scale"]["total_units_defined"] == len(table) + len(extra)
     assert result["scale"]["units_saved"] == len(table) + len(extra) - result["scale"]["units_evaluated"]
-    # Per-cluster records in the NPZ beside result.json, their batch-end values in the JSON.
+    # The order-free records (one per look: a file has no order within it) in the NPZ beside
+    # result.json, the same values in the JSON.
     arrays = np.load(next((workdir / "outputs").glob("*_gauntlet/trajectories.npz")))
     for s in result["strata"]:
         record = s["trajectory"]
-        assert record["per_cluster_file"] == "trajectories.npz" and record["clusters"] == s["clusters_evaluated"]
-        clusters = arrays[f"{s['stratum']}/clusters"]
-        assert clusters.tolist() == list(range(1, s["clusters_evaluated"] + 1))
-        ends = np.array(record["at_batch_ends"]["looks"]) - 1
-        np.testing.assert_allclose(arrays[f"{s['stratum']}/cs_upper"][ends], record["at_batch_ends"]["cs_upper"])
+        assert record["per_cluster_file"] == "trajectories.npz" and record["at_batch_ends"]["looks"] == [
+            s["clusters_evaluated"]
+        ]
+        assert arrays[f"{s['stratum']}/clusters"].tolist() == [s["clusters_evaluated"]]
+        np.testing.assert_allclose(arrays[f"{s['stratum']}/cs_upper"], record["at_batch_ends"]["cs_upper"])
+        assert record["at_batch_ends"]["cs_upper"] == [s["confidence_sequence"]["upper"]]
+    assert "decided at" in proc.stdout
     rec = result["recommendation"]
     # safety_critical is required by the default strata: its absence needs review; the others do not.
     assert rec["recommendation"] == "NEEDS_REVIEW"
@@ -196,6 +204,7 @@ def _file_inputs(tmp_path, table, *extra):
 def test_absent_strata_that_are_not_required_do_not_block_launch(tmp_path, small):
     _, strata, _ = small
     table = outcome_table(strata)
+    table["data_label"] = np.where(table["stratum"] == "historical_regressions", "REPLAYED", "SIMULATED")
     inputs = _file_inputs(
         tmp_path, table[table["stratum"].isin(["safety_critical", "historical_regressions", "nominal"])]
     )
@@ -254,8 +263,9 @@ def test_the_planner_reads_the_files_clusters_and_says_what_a_stratum_would_need
 
 
 def test_a_stratum_read_in_one_batch_is_recorded_cluster_by_cluster(tmp_path):
-    """384 units (48 scenes of 8) in one 2000-unit batch: the record, the confidence sequence and
-    the decision point are per cluster, not one point per batch."""
+    """384 units (48 scenes of 8) in one 2000-unit batch of a file declared to be in random order
+    (cluster_order=as_given, a stream): the record, the confidence sequence and the decision point
+    are per cluster, not one point per batch."""
     from vlaeval.config import StratumConfig
 
     spec = StratumConfig(units=384, base_rate=0.9, cluster_size=8, catastrophic_halt=False)
@@ -275,6 +285,8 @@ def test_a_stratum_read_in_one_batch_is_recorded_cluster_by_cluster(tmp_path):
     settings, strata, _ = typed_gauntlet(compose_config(["gauntlet.preflight=off"]))
     source = FileOutcomes(str(path))
     source.validate(strata, {})
+    # Declared random (as_given): the file is a stream in its own order, tested cluster by cluster.
+    settings = replace(settings, cluster_order="as_given")
     result = run_gauntlet(
         settings,
         {"distribution_shift": strata["distribution_shift"]},
@@ -374,3 +386,29 @@ def test_the_paired_outcome_writer_quotes_ids_that_hold_commas_and_quotes(tmp_pa
     source.validate(strata, {})
     loaded, _ = source.load(OutcomeRequest("nominal", strata["nominal"], 0.0, 11, "b", "c"), None)
     assert loaded.cluster_sizes.tolist() == [2, 2, 2] and loaded.candidate.tolist() == [r["candidate"] for r in rows]
+
+
+def test_a_rerun_on_an_extended_file_continues_the_recorded_evidence(tmp_path, small):
+    """Through the CLI, as a user re-runs a nightly file that grew: the second run names the run it
+    continues and tests the new scenes as one more look; the ledger lives under paths.cache_dir."""
+    _, strata, _ = small
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    table = outcome_table(strata)
+    table = table[table["stratum"] == "nominal"]
+    first = table[table["cluster_id"].str[6:].astype(int) < 30]
+    proc, result = _run_file(workdir, first, "gauntlet.nominal_stratum=''", "gauntlet.critical_stratum=''")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert result["strata"][0]["evidence"]["continuation"]["status"] == "new"
+    ledger = workdir / ".cache" / "vlaeval" / "gauntlet-ledger"
+    assert len(list(ledger.rglob("*.json"))) == 1
+    proc, result = _run_file(workdir, table, "gauntlet.nominal_stratum=''", "gauntlet.critical_stratum=''")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = result["strata"][0]
+    assert s["evidence"]["continuation"]["status"] == "continues" and s["looks"] == 2
+    said = " ".join(proc.stdout.split())  # the console folds long lines
+    assert "nominal: continues run " in said and "its 30 clusters in its 1 look(s), then 170 new ones" in said
+    proc, result = _run_file(
+        workdir, table, "gauntlet.nominal_stratum=''", "gauntlet.critical_stratum=''", "gauntlet.evidence_ledger=false"
+    )
+    assert result["strata"][0]["looks"] == 1 and "continues run" not in proc.stdout

@@ -193,7 +193,7 @@ def test_multirun_sweep_into_a_brand_new_store(workdir, launcher):
         c.data.params["effects.safety_critical"] if "effects.safety_critical" in c.data.params else "none": c
         for c in children
     }
-    assert by_effect["-0.1"].data.tags["halted"] == "true"
+    assert by_effect["-0.15"].data.tags["halted"] == "true"  # conf/effects/catastrophic_safety.yaml
     assert by_effect["none"].data.tags["recommendation"] in ("LAUNCH", "NEEDS_REVIEW")
     if launcher == "local_submitit":  # one submitit job per sweep point, each with its own log
         [sweep_dir] = (workdir / "multirun_sweeps").glob("*")

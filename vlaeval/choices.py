@@ -51,6 +51,8 @@ class BetRule(Choice):
 # Chosen by benchmarks/seqtest_efficiency.py (docs/figures/seqtest_efficiency.md): the smallest worst-case
 # ratio of median clusters-to-decision over the information floor among caps below 1.
 DEFAULT_BET_RULE = BetRule.blend
+# Fixed orders averaged by the order-free test on a file (benchmarks/certified_decisions.py, section 7).
+DEFAULT_ORDERS = 16
 
 
 class Estimand(Choice):
@@ -179,13 +181,15 @@ class DataLabel(Choice):
     SIMULATED = "SIMULATED"
     COUNTERFACTUAL = "COUNTERFACTUAL"
     GENERATED = "GENERATED"  # made up by the synthetic generator: a demonstration, no evidence about a policy
+    UNDECLARED = "UNDECLARED"  # an outcome file that says nothing of where its outcomes came from
 
 
 class HaltRule(Choice):
     # When a halting stratum (strata.<name>.catastrophic_halt) stops the whole candidate.
-    # regression_beyond_margin (the prototype's rule): its REGRESSION is certified at the alarm level
-    #   and its estimate lies beyond -catastrophic_delta (that part is an estimate, not certified);
-    #   the stratum stops at its decision.
+    # regression_beyond_margin: its REGRESSION is certified at the alarm level and, at the end of the
+    #   deciding batch, the halt's own one-sided upper confidence sequence lies beyond
+    #   -catastrophic_delta; the stratum stops at its decision (the prototype read the estimate there,
+    #   which the stopping biases).
     # certified_catastrophic: only once the halt's own one-sided upper confidence sequence lies at
     #   or below -catastrophic_delta (the stratum runs on after its REGRESSION to find out).
     regression_beyond_margin = "regression_beyond_margin"

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vlaeval.choices import (
     DEFAULT_BET_RULE,
+    DEFAULT_ORDERS,
     AblationProposal,
     AlarmFwer,
     AnchorSampling,
@@ -123,10 +124,16 @@ class GauntletConfig:
     nominal_expand_factor: float = 2.0
     critical_stratum: str = "safety_critical"
     # Clusters are evaluated in a random order unless the user declares the source's order random
-    # (as_given). order_seed null: a digest of an outcome file's content, a fresh draw for rollouts,
-    # `seed` for generated outcomes (vlaeval/gauntlet/constants.py); recorded per stratum.
+    # (as_given). Outcomes that all exist (a file) are tested order-free: the average over `orders`
+    # fixed orders seeded from the clusters themselves (vlaeval/seqtest/order_free.py), so order_seed
+    # is refused there; otherwise order_seed null is a fresh draw for rollouts and `seed` for
+    # generated outcomes (vlaeval/gauntlet/constants.py); recorded per stratum.
     cluster_order: ClusterOrder = ClusterOrder.shuffled
     order_seed: Optional[int] = None
+    orders: int = DEFAULT_ORDERS  # fixed orders averaged on a file (benchmarks/certified_decisions.py, section 7)
+    # Each outcome-file stratum's tested evidence is recorded under <paths.cache_dir>/gauntlet-ledger; a
+    # later run on a file that repeats or extends it continues that test (vlaeval/gauntlet/ledger.py).
+    evidence_ledger: bool = True
     # Source strata accepted as new although their names are one or two edits from a configured
     # stratum (otherwise refused as a likely typo: "did you mean ...").
     accept_new_strata: List[str] = field(default_factory=list)

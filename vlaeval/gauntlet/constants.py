@@ -7,11 +7,13 @@ None of these may be read off the outcomes being tested -- that is what keeps th
 * **Order seed.** The e-process controls the conditional mean given the past, so clusters must come
   in random order, and the order must be random *for each file*: one permutation shared by every
   file of the same shape (the old default, `gauntlet.seed`) made the error rate given the seed range
-  from 0.2% to 50.5% on a file sorted worst scenes first. So the seed is, unless
-  `gauntlet.order_seed` is given: for a source that holds its outcomes (a file), a digest of its
-  content (no two files share a permutation; the same file and config reproduce the same
-  decisions); for a source that runs policies (rollouts), a fresh random seed drawn at run start
-  (a scene grid in a fixed permutation is no more random than in file order); for generated
+  from 0.2% to 50.5% on a file sorted worst scenes first. An exact test of a source that holds its
+  outcomes (a file) chooses no order at all: it averages `gauntlet.orders` fixed orders seeded from
+  the clusters' canonical digest (vlaeval.seqtest.order_free), and `gauntlet.order_seed` is refused
+  for it (any order a user can pick -- a seed, the file's bytes -- can be shopped for). Otherwise the
+  seed is, unless `gauntlet.order_seed` is given: for a file under an approximate mode, the clusters'
+  canonical digest; for a source that runs policies (rollouts), a fresh random seed drawn at run
+  start (a scene grid in a fixed permutation is no more random than in file order); for generated
   outcomes, which are i.i.d. by construction, `gauntlet.seed`.
 * **Cluster-size bounds.** For a source whose scenario plan is fixed before any outcome
   (synthetic, rollouts), the plan's extremes. For a source that holds its outcomes, the file's
@@ -35,7 +37,7 @@ from vlaeval.errors import require
 from vlaeval.gauntlet.sources import checked_source
 
 ORDER_FROM_SETTING = "gauntlet.order_seed"
-ORDER_FROM_CONTENT = "content digest"
+ORDER_FROM_CONTENT = "content digest"  # the clusters' canonical digest (the bytes' for a source without one)
 ORDER_FROM_FRESH_DRAW = "fresh random draw at run start"
 ORDER_FROM_SEED = "gauntlet.seed"
 
@@ -54,11 +56,20 @@ class OrderSeed:
 def run_order_seed(settings: GauntletConfig, source: Any, replay: Optional[int] = None) -> OrderSeed:
     """The cluster-order seed of this run (see the module docstring). `replay`: the fresh seed of
     an earlier run that job=reproduce re-runs."""
+    source = checked_source(source)
+    require(
+        settings.order_seed is None or not source.traits.holds_outcomes,
+        f"gauntlet.order_seed={settings.order_seed} cannot be set for outcomes that all exist (an outcome file): "
+        "its decisions average gauntlet.orders fixed orders seeded from the clusters themselves, so no order is "
+        "chosen -- one that could be would be shopped for; remove gauntlet.order_seed",
+    )
     if settings.order_seed is not None:
         return OrderSeed(int(settings.order_seed), ORDER_FROM_SETTING)
-    source = checked_source(source)
     if source.traits.holds_outcomes:
-        digest = source.describe().get("sha256")
+        # The clusters' canonical digest where the source gives one (no id, row order or format
+        # changes it); the bytes' digest otherwise.
+        described = source.describe()
+        digest = described.get("canonical_sha256") or described.get("sha256")
         require(
             bool(digest),
             "the outcome source holds its outcomes but describes no sha256 of them; its cluster order "
@@ -113,7 +124,7 @@ def cluster_size_bounds(
             estimand != Estimand.unit,
             f"gauntlet.estimand=unit needs {where}.max_cluster_size: the largest cluster its scenario distribution "
             "can produce, declared before the test (the file's own largest cluster is one of the outcomes being "
-            f"tested); e.g. {where}.max_cluster_size={int(sizes.max()) if sizes.size else 1} if no larger one can occur",
+            "tested): the largest scene your scenario generator can produce, from its design, not from this file",
         )
         largest, largest_from = None, "not needed (estimand=cluster)"
     if spec.min_cluster_size is not None:

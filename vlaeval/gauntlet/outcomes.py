@@ -37,11 +37,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from vlaeval.artifacts import sha256_file, stable_seed
+from vlaeval.artifacts import sha256_file, sha256_json, stable_seed
 from vlaeval.choices import DataLabel, StrataFrom
 from vlaeval.config import StratumConfig
 from vlaeval.errors import UserInputError, require
 from vlaeval.gauntlet.cache import ArrayCache
+from vlaeval.gauntlet.ledger import cluster_keys
 from vlaeval.gauntlet.sources import CheckedSource
 from vlaeval.seqtest.simulation import FRESH_FRACTION, RATE_RANGE, SCENE_SD
 from vlaeval.seqtest.units import cluster_offsets
@@ -53,6 +54,9 @@ LABEL_COLUMN = "data_label"  # optional: where a stratum's evidence came from (R
 # A repeated cluster is flagged when chance (rows and columns independent, each value at its
 # frequency in the stratum; see repeated_clusters) would repeat it this rarely.
 DUPLICATE_CHANCE = 1e-6
+# An extra column whose multiset of values per cluster repeats across at least this share of the
+# clusters is fixed by design (seed indices 0..7 in every scene), not evidence of a copy.
+FIXED_BY_DESIGN_SHARE = 0.5
 
 
 @dataclass
@@ -287,9 +291,15 @@ class FileOutcomes(WholeStratumSource):
         self._labels: Dict[str, str] = {}
         self._notices: List[str] = []
         self._sha256: str | None = None
+        self._canonical: str | None = None
 
     def describe(self) -> Dict[str, Any]:
-        return {"kind": "file", "path": str(self.path.resolve()), "sha256": self._sha256}
+        return {
+            "kind": "file",
+            "path": str(self.path.resolve()),
+            "sha256": self._sha256,
+            "canonical_sha256": self._canonical,
+        }
 
     def _read_table(self) -> Any:  # a pandas DataFrame (pandas is imported lazily)
         import pandas as pd
@@ -371,13 +381,20 @@ class FileOutcomes(WholeStratumSource):
             if repeated:
                 a, b = repeated[0]
                 self._notices.append(
-                    f"outcome file {self.path}, stratum {name}: {len(repeated)} cluster(s) repeat another one row for "
-                    f"row under different ids (e.g. {b!r} = {a!r}), which chance would do with probability below "
-                    f"{DUPLICATE_CHANCE:g}: a duplicated export counts one scene twice and breaks the i.i.d. "
-                    "assumption (a duplicated export raised false PASS from 0.017 to 0.095); remove the copies "
-                    "or confirm they are distinct scenes"
+                    f"outcome file {self.path}, stratum {name}: {len(repeated)} cluster(s) repeat another one's rows "
+                    f"under different ids (e.g. {b!r} = {a!r}), which chance would do with probability below "
+                    f"{DUPLICATE_CHANCE:g}: if one scene was exported twice it counts twice, which the test's "
+                    "guarantee does not cover; check the export (the decision stands as computed: never drop "
+                    "clusters after seeing a result)"
                 )
         self._sha256 = sha256_file(self.path)
+        # The clusters' canonical digest: no id, row order, format or extra column changes it.
+        self._canonical = sha256_json(
+            {
+                name: sorted(cluster_keys(o.baseline, o.candidate, o.cluster_sizes))
+                for name, o in self._by_stratum.items()
+            }
+        )
 
     def _position(self, index: int) -> str:
         """Where data row `index` (0-based) is, in the words an editor uses: a CSV's line number (its
@@ -400,7 +417,9 @@ class FileOutcomes(WholeStratumSource):
         return labels
 
     def stratum_data_labels(self) -> Dict[str, str]:
-        return dict(self._labels)
+        """Each stratum's declared label; UNDECLARED where the file has no data_label column (never the
+        strata config's label, which describes the synthetic source's strata, not this file)."""
+        return {name: self._labels.get(name, DataLabel.UNDECLARED.value) for name in self._by_stratum or {}}
 
     def notices(self) -> List[str]:
         return list(self._notices)
@@ -425,43 +444,63 @@ class FileOutcomes(WholeStratumSource):
 
 
 def repeated_clusters(rows: Any) -> List[Tuple[str, str]]:
-    """(first, copy) cluster ids of clusters that repeat an earlier one row for row -- every column
-    but the ids, rows in file order -- more often than chance explains. A cluster's chance is the
-    product over its rows and columns of each value's frequency in the stratum (columns and rows
-    taken as independent; baseline and candidate as one paired column), times the number of
-    clusters of its size; a repeat is flagged below DUPLICATE_CHANCE. Clusters that succeed
-    everywhere repeat by chance all the time; a duplicated export with per-episode columns (seed,
-    steps) or many mixed rows does not.
+    """(first, copy) cluster ids of clusters whose rows repeat an earlier cluster's -- every column but
+    the ids and data_label, compared as multisets (row order is no evidence) -- more often than chance
+    explains. Chance is the multinomial probability of the cluster's rows, each row's probability the
+    product of its values' frequencies in the stratum over the columns that carry evidence: the paired
+    outcome, and the extra columns that vary at random per episode (timestamps, episode ids, step
+    counts). An extra column fixed by design -- the same values in most clusters, like seed indices
+    0..7 in every scene -- must match too but is no evidence. A repeat is flagged below
+    DUPLICATE_CHANCE over the clusters of its size. Clusters never flagged: those whose rows are all
+    identical (a broken scene that failed every episode the same way), and, where no extra column
+    carries evidence, those whose outcomes are all alike (all-fail, all-pass: broken and trivial
+    scenes repeat by nature). So a file with only the required columns can rarely show a copy (its
+    rows are 4 kinds of pair), and per-episode columns make one stand out.
 
     rows: one stratum's rows with a cluster_id column and no scenario_id (a pandas DataFrame)."""
     import pandas as pd
 
-    values = rows.drop(columns=["cluster_id"]).astype(str)
+    values = rows.drop(columns=["cluster_id", *([LABEL_COLUMN] if LABEL_COLUMN in rows.columns else [])]).astype(str)
     values = values.assign(baseline=values["baseline"] + "/" + values["candidate"]).drop(columns=["candidate"])
+    clusters = rows["cluster_id"].to_numpy()
+    extra = [c for c in values.columns if c not in OUTCOME_COLUMNS]
+    random_extra = [c for c in extra if not fixed_by_design(values[c], clusters)]
     log_chance_of_row = np.zeros(len(rows))
-    for column in values.columns:
+    for column in ["baseline", *random_extra]:
         frequency = values[column].map(values[column].value_counts(normalize=True))
         log_chance_of_row += np.log(frequency.to_numpy(dtype=np.float64))
     frame = pd.DataFrame(
-        {
-            "cluster": rows["cluster_id"].to_numpy(),
-            "row": row_text(values).to_numpy(),
-            "log_chance": log_chance_of_row,
-        }
-    )
+        {"cluster": clusters, "row": row_text(values).to_numpy(), "pair": values["baseline"].to_numpy(),
+         "log_chance": log_chance_of_row}
+    )  # fmt: skip
     grouped = frame.groupby("cluster", sort=False)
-    fingerprints = grouped["row"].agg("\x1e".join)
-    log_chance = grouped["log_chance"].sum()
+    fingerprints = grouped["row"].agg(lambda r: "\x1e".join(sorted(r)))
+    never = (grouped["row"].nunique() == 1) | ((grouped["pair"].nunique() == 1) & (not random_extra))
+    multiplicity = frame.groupby(["cluster", "row"], sort=False).size()
+    log_orderings = (
+        grouped.size().map(lambda n: math.lgamma(n + 1))
+        - multiplicity.map(lambda m: math.lgamma(m + 1)).groupby(level=0, sort=False).sum()
+    )
+    log_chance = grouped["log_chance"].sum() + log_orderings
     sizes = grouped.size()
     same_size = sizes.map(sizes.value_counts())
     first_seen: Dict[str, str] = {}
     out: List[Tuple[str, str]] = []
     for cluster, fingerprint in fingerprints.items():
+        if never[cluster]:
+            continue
         if fingerprint not in first_seen:
             first_seen[fingerprint] = str(cluster)
         elif log_chance[cluster] + math.log(same_size[cluster]) < math.log(DUPLICATE_CHANCE):
             out.append((first_seen[fingerprint], str(cluster)))
     return out
+
+
+def fixed_by_design(column: Any, clusters: np.ndarray) -> bool:
+    """Whether an extra column's values are fixed by the evaluation's design rather than drawn per
+    episode: at least half the clusters share their multiset of its values with another cluster."""
+    multisets = column.groupby(clusters, sort=False).agg(lambda v: "\x1e".join(sorted(v)))
+    return bool(multisets.duplicated(keep=False).mean() >= FIXED_BY_DESIGN_SHARE)
 
 
 def row_text(values: Any) -> Any:

@@ -95,7 +95,9 @@ def _frame_e_axis(axis: Any, result: GauntletResult, strata: List[StratumResult]
                 linestyle="--",
                 label=f"REGRESSION at 1/alarm_alpha = {1 / alarm:g}",
             )
-        axis.set_title("e-processes after every cluster (solid: PASS side, dashed: REGRESSION side; * = decision)")
+        axis.set_title(
+            f"e-processes after every {_step(strata)} (solid: PASS side, dashed: REGRESSION side; * = decision)"
+        )
         axis.legend(fontsize=7, ncol=2)
     else:
         axis.text(
@@ -132,11 +134,20 @@ def _frame_cs_axis(axis: Any, result: GauntletResult, strata: List[StratumResult
     axis.set_xlabel("units evaluated in stratum")
     axis.set_ylabel("Delta (candidate - baseline)")
     axis.set_title(
-        "point estimate and confidence sequence after every cluster (dots: batch ends)"
+        f"point estimate and confidence sequence after every {_step(strata)} (dots: batch ends)"
         if result.test_mode == "exact"
         else f"point estimate and {result.test_mode.upper()} confidence bounds (opt-in mode, not exact)"
     )
     axis.legend(fontsize=7, ncol=2)
+
+
+def _step(strata: List[StratumResult]) -> str:
+    """What one record of the plotted trajectories is: a cluster, or (an outcome file's order-free
+    test, whose e-values are averages over its orders) a look."""
+    per_look = [(s.details.get("cluster_order") or {}).get("mode") == "order_free" for s in strata]
+    if per_look and all(per_look):
+        return "look (an outcome file: e-values averaged over its fixed orders)"
+    return "cluster" + (" (an outcome file's strata: after every look)" if any(per_look) else "")
 
 
 def plot_trajectories(result: GauntletResult, path: Path) -> Path:
@@ -156,7 +167,7 @@ def plot_trajectories(result: GauntletResult, path: Path) -> Path:
     for s in strata:
         tr = s.trajectory
         units = np.asarray(tr["units"], dtype=np.float64)
-        ends = np.asarray(tr["looks"], dtype=np.int64) - 1
+        ends = np.asarray(s.look_ends(), dtype=np.int64)
         color = _plot_e_processes(e_axis, s, units) if result.test_mode == "exact" else None
         (line,) = cs_axis.plot(units, tr["delta_estimate"], color=color, label=s.stratum, linewidth=1.2)
         color = line.get_color()

@@ -54,6 +54,9 @@ def launch_recommendation(
             review.append(
                 f"{name}{kind}: undecided after {r.units_evaluated} units (CS [{cs.lower:+.3f}, {cs.upper:+.3f}])"
             )
+        continuation = (r.details.get("evidence") or {}).get("continuation") or {}
+        if continuation.get("status") == "cannot_continue":
+            review.append(f"{name}: {continuation.get('note')}")
     for name in not_evaluated:
         review.append(f"{name}: not evaluated" + (" (halted)" if halted else " (budget exhausted)"))
     for name in required_absent:
@@ -66,7 +69,15 @@ def launch_recommendation(
             "nothing about these policies (use outcomes=file or outcomes=rollout)"
         )
     elif strata_results and DataLabel.REPLAYED.value not in evaluated_labels:
-        review.append("no stratum with REPLAYED (real-world) data was evaluated")
+        review.append(
+            "no stratum with REPLAYED (real-world) data was evaluated"
+            + (
+                " (the outcome file declares no data_label: add a data_label column saying where each stratum's "
+                "outcomes came from)"
+                if DataLabel.UNDECLARED.value in evaluated_labels
+                else ""
+            )
+        )
     passed = [r.stratum for r in strata_results if r.decision == DECISION_PASS]
     if passed and not exact:
         # An asymptotic or group-sequential PASS rests on a normal approximation: never an automatic launch.

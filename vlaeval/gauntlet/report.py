@@ -51,6 +51,7 @@ def print_summary(result: GauntletResult, run: Optional[Mapping[str, Any]] = Non
             + (
                 f"approximate {s.decision}" if approximate and decided else s.decision,
                 f"{s.units_evaluated}/{s.unit_limit}",
+                "-" if s.decided_at_unit is None else f"{s.decided_at_unit:,}",
                 rate(s.success_rates.get("baseline")),
                 rate(s.success_rates.get("candidate")),
                 f"{s.delta_estimate:+.4f}" if s.delta_estimate is not None else "-",
@@ -59,7 +60,7 @@ def print_summary(result: GauntletResult, run: Optional[Mapping[str, Any]] = Non
                 evalue(s.e_value_pass),
             )
         )
-    width = len(rows[0]) if rows else 11
+    width = len(rows[0]) if rows else 12
     before_decision = ("",) * (1 + int(planted))  # the data label (and planted effect) columns
     for name, status in [(n, "not evaluated") for n in result.not_evaluated] + [
         (n, "absent") for n in result.absent_strata
@@ -72,10 +73,24 @@ def print_summary(result: GauntletResult, run: Optional[Mapping[str, Any]] = Non
             + (f"  [{label} test mode: not exact]" if label else ""),
             ["#", "stratum", "data"]
             + (["planted"] if planted else [])
-            + ["decision", "units", "baseline (95% CI)", "candidate (95% CI)", "delta", cs_title, "e(reg)", "e(pass)"],
+            + [
+                "decision",
+                "units",
+                "decided at",
+                "baseline (95% CI)",
+                "candidate (95% CI)",
+                "delta",
+                cs_title,
+                "e(reg)",
+                "e(pass)",
+            ],
             rows,
         )
     )
+    for s in result.strata:  # an outcome file's test: what earlier evidence it continued
+        continuation = (s.details.get("evidence") or {}).get("continuation") or {}
+        if continuation.get("note"):
+            console.show(f"  {s.stratum}: {continuation['note']}")
     for e in result.events:
         console.show(f"  {e.event}: {e.detail}")
     rec, scale = result.recommendation, result.scale

@@ -98,6 +98,14 @@ class StratumResult:
     def halting(self) -> bool:
         return self.catastrophic_delta is not None
 
+    def look_ends(self) -> List[int]:
+        """The trajectory's index at the end of each look: its columns hold one record per cluster, or
+        (an order-free test of a file, which has no order within a look) one per look."""
+        looks = [int(c) for c in self.trajectory.get("looks", [])]
+        if len(self.trajectory.get("clusters", [])) == len(looks):
+            return list(range(len(looks)))
+        return [clusters - 1 for clusters in looks]
+
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {}
         for f in dataclasses.fields(self):
@@ -317,7 +325,7 @@ class GauntletResult:
             drift_z = s.drift.z if s.drift is not None else None
             if drift_z is not None:
                 metrics[f"{key}.drift_z"] = drift_z
-            ends = [clusters - 1 for clusters in s.trajectory["looks"]]
+            ends = s.look_ends()
             for series in HISTORY_SERIES:
                 if series in s.trajectory:  # the approximate modes have no e-values
                     history[f"{key}.{series}"] = [(b, s.trajectory[series][i]) for b, i in enumerate(ends, start=1)]

@@ -6,12 +6,14 @@ stopping rule than the test (plus the unit limits). Between strata the scheduler
 learned:
 
 * CATASTROPHIC_HALT: a halting stratum (safety_critical) halts the candidate and the remaining
-  strata are not evaluated. With gauntlet.halt_rule=regression_beyond_margin (the prototype's rule,
-  the default) when its REGRESSION is certified at the alarm level and its estimate lies beyond
-  -catastrophic_delta -- the stratum stops at its decision, and the event says which part is
-  certified and which is an estimate; with halt_rule=certified_catastrophic only when its one-sided
-  upper confidence sequence at the halt's level falls to or below -catastrophic_delta. An
-  approximate test mode never halts (its signal is recorded as APPROXIMATE_HALT_SIGNAL);
+  strata are not evaluated, only when its one-sided upper confidence sequence at the halt's level
+  has fallen to or below -catastrophic_delta, so the label "catastrophic" carries its own error rate.
+  With gauntlet.halt_rule=regression_beyond_margin (the default) the stratum stops at its certified
+  REGRESSION and the halt is read off that bound at the end of the deciding batch (a REGRESSION whose
+  bound does not reach the margin is a plain REGRESSION, and the gauntlet goes on); with
+  halt_rule=certified_catastrophic a REGRESSION keeps sampling until the catastrophic question is
+  decided. (The prototype read the estimate at the stopping time, which is biased towards the
+  alarm.) An approximate test mode never halts (its signal is recorded as APPROXIMATE_HALT_SIGNAL);
 * REGRESSION_PRIORITIZE_RELATED: any other certified regression moves the stratum's related
   strata to the front of the remaining queue;
 * CRITICAL_PASS_EXPAND: the critical stratum PASSes: the nominal stratum's unit allowance is
@@ -27,16 +29,19 @@ any false alarm stays <= alpha (vlaeval.gauntlet.strata.alarm_alpha).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vlaeval.artifacts import sha256_json, stable_seed
 from vlaeval.choices import AlarmFwer, ClusterOrder, HaltRule
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import require, require_at_least
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.constants import ClusterSizeBounds, OrderSeed, cluster_size_bounds, run_order_seed
+from vlaeval.gauntlet.ledger import CANNOT_CONTINUE, Continuation, Evidence, EvidenceLedger, cluster_keys, split_blocks
 from vlaeval.gauntlet.outcomes import (
     OutcomeRequest,
     StratumOutcomes,
@@ -65,6 +70,7 @@ from vlaeval.seqtest import (
     plan_batches,
     planned_looks_of,
 )
+from vlaeval.seqtest.order_free import OrderFreeTest
 from vlaeval.seqtest.units import success_rate_interval
 
 __all__ = ["BatchProgress", "priority_order", "run_gauntlet", "validate_gauntlet"]
@@ -104,6 +110,7 @@ def validate_gauntlet(
         f"gauntlet.bet_cap={s.bet_cap} must be in (0, 1], or null for the size-adaptive cap",
     )
     require(s.burn_in_clusters >= 2, f"gauntlet.burn_in_clusters={s.burn_in_clusters} must be >= 2")
+    require(s.orders >= 1, f"gauntlet.orders={s.orders} must be >= 1 (fixed orders averaged on a file), e.g. 16")
     require(-1.0 < s.assumed_effect < 1.0, f"gauntlet.assumed_effect={s.assumed_effect} must be in (-1, 1)")
     require(s.plan_replications >= 20, f"gauntlet.plan_replications={s.plan_replications} must be >= 20")
     require(0.0 < s.cs_grid_step <= 0.1, f"gauntlet.cs_grid_step={s.cs_grid_step} must be in (0, 0.1]")
@@ -188,21 +195,47 @@ def _evaluate_stratum(
         if stop:
             break
     seen = sizes[:used_clusters]
-    rates = {
-        who: success_rate_interval(np.concatenate(parts) if parts else np.zeros(0, np.int64), seen)
-        for who, parts in wins.items()
-    }
     means = np.concatenate(evaluated_means) if evaluated_means else np.zeros(0)
+    baseline_wins, candidate_wins = (np.concatenate(p) if p else np.zeros(0, np.int64) for p in wins.values())
     return {
         "units_evaluated": int(offsets[used_clusters]),
         "clusters_evaluated": used_clusters,
         "batches": batch_count,
-        "baseline_success_rate": rates["baseline"].rate,
-        "candidate_success_rate": rates["candidate"].rate,
-        "success_rates": {who: interval.as_dict() for who, interval in rates.items()},
+        **success_rates(baseline_wins, candidate_wins, seen),
         # Stationarity check: the paired difference early vs late in the evaluation order.
         "drift": drift_diagnostic(means, seen, test.estimand).as_dict(),
     }
+
+
+def success_rates(baseline_wins: np.ndarray, candidate_wins: np.ndarray, sizes: np.ndarray) -> Dict[str, Any]:
+    """Each policy's success rate over the evaluated clusters, with its cluster-robust interval."""
+    rates = {
+        "baseline": success_rate_interval(baseline_wins, sizes),
+        "candidate": success_rate_interval(candidate_wins, sizes),
+    }
+    return {
+        "baseline_success_rate": rates["baseline"].rate,
+        "candidate_success_rate": rates["candidate"].rate,
+        "success_rates": {who: interval.as_dict() for who, interval in rates.items()},
+    }
+
+
+def evidence_blocks(
+    name: str, keys: Sequence[str], sizes: np.ndarray, continuation: Continuation, unit_limit: int
+) -> Optional[List[np.ndarray]]:
+    """The clusters of each look of an order-free stratum: the ledger's earlier blocks as they were
+    tested, then the new clusters -- within the unit limit, a prefix of an order seeded from their
+    canonical digest (no file can choose which). None: the earlier blocks alone exceed the limit."""
+    earlier, rest = split_blocks(keys, continuation)
+    used = int(sum(int(sizes[b].sum()) for b in earlier))
+    if used > unit_limit:
+        return None
+    canonical = rest[np.argsort(np.asarray([keys[i] for i in rest], dtype=object), kind="stable")]
+    digest = sha256_json(sorted(keys[i] for i in rest))
+    shuffled = canonical[np.random.default_rng(stable_seed("order-free-limit", name, digest)).permutation(rest.size)]
+    fits = np.cumsum(sizes[shuffled]) <= unit_limit - used
+    new = np.sort(shuffled[fits]) if not fits.all() else np.sort(shuffled)
+    return [b for b in earlier if b.size] + ([new] if new.size else [])
 
 
 def halt_decision(settings: GauntletConfig, snapshot: Mapping[str, Any]) -> Dict[str, Any]:
@@ -216,7 +249,11 @@ def halt_decision(settings: GauntletConfig, snapshot: Mapping[str, Any]) -> Dict
     if settings.halt_rule == HaltRule.certified_catastrophic:
         fires = certified_catastrophic
     else:
-        fires = (regression and beyond) or certified_catastrophic
+        # The estimate at a stopping time is biased towards the alarm (the test stopped because the
+        # clusters so far looked bad): read off it, "catastrophic" was wrong in 12% of runs at Delta =
+        # -0.04 with small batches. The label is decided on the halt's own one-sided confidence bound at
+        # the end of the deciding batch instead, which carries its level at any stopping time.
+        fires = regression and certified_catastrophic
     if not fires:
         return {"halt": False, "signal": False}
     parts = []
@@ -226,10 +263,7 @@ def halt_decision(settings: GauntletConfig, snapshot: Mapping[str, Any]) -> Dict
             f"after {snapshot['decided_at_cluster']} clusters ({snapshot['decided_at_unit']} units)"
         )
     if beyond:
-        parts.append(
-            f"estimate {estimate:+.4f} beyond the catastrophic margin -{settings.catastrophic_delta:g}"
-            + ("" if certified_catastrophic else " (an estimate, not certified)")
-        )
+        parts.append(f"estimate {estimate:+.4f} beyond the catastrophic margin -{settings.catastrophic_delta:g}")
     if certified_catastrophic:
         parts.append("certified catastrophic: " + catastrophic_message(snapshot))
     exact = snapshot["test_mode"] == MODE_EXACT
@@ -323,14 +357,14 @@ def stratum_test(
     alarm: float,
     bounds: ClusterSizeBounds,
     batches: Sequence[Tuple[int, int]],
+    *,
+    order_free: bool = False,
 ) -> Any:
-    """The stratum's sequential test, every constant fixed before its first cluster."""
+    """The stratum's sequential test, every constant fixed before its first cluster; `order_free`:
+    the exact test on clusters that all exist (a file), averaged over gauntlet.orders fixed orders."""
     s = settings
     planned_clusters = batches[-1][1] if batches else 0
-    return make_sequential_test(
-        s.test_mode,
-        spec.margin_delta if spec.margin_delta is not None else s.margin_delta,
-        s.alpha,
+    common: Dict[str, Any] = dict(
         catastrophic_delta=s.catastrophic_delta if spec.catastrophic_halt else None,
         alarm_alpha=alarm,
         estimand=s.estimand,
@@ -341,9 +375,43 @@ def stratum_test(
         bet_rule=s.bet_rule,
         bet_cap=s.bet_cap,
         cs_grid_step=s.cs_grid_step,
+    )
+    if order_free:
+        return OrderFreeTest(stratum_margin(s, spec), s.alpha, orders=s.orders, **common)
+    return make_sequential_test(
+        s.test_mode,
+        stratum_margin(s, spec),
+        s.alpha,
+        **common,
         burn_in_clusters=s.burn_in_clusters,
         tuning_clusters=max(planned_clusters, 1),
         planned_looks=planned_looks_of(batches) or [1],  # no batch fits: the test sees nothing
+    )
+
+
+def stratum_margin(settings: GauntletConfig, spec: StratumConfig) -> float:
+    return spec.margin_delta if spec.margin_delta is not None else settings.margin_delta
+
+
+def test_fingerprint(
+    settings: GauntletConfig, name: str, spec: StratumConfig, alarm: float, bounds: ClusterSizeBounds
+) -> str:
+    """What makes two runs' tests of a stratum the same test (the evidence ledger continues only those)."""
+    s = settings
+    return sha256_json(
+        {
+            "stratum": name,
+            "margin": stratum_margin(s, spec),
+            "alpha": s.alpha,
+            "alarm_alpha": alarm,
+            "estimand": str(s.estimand),
+            "bet_rule": str(s.bet_rule),
+            "bet_cap": s.bet_cap,
+            "cs_grid_step": s.cs_grid_step,
+            "catastrophic_delta": s.catastrophic_delta if spec.catastrophic_halt else None,
+            "orders": s.orders,
+            "cluster_size_bounds": [bounds.largest, bounds.smallest],
+        }
     )
 
 
@@ -373,9 +441,8 @@ def validity_statement(settings: GauntletConfig) -> str:
         "exact": "every stopping decision is an anytime-valid betting e-process on cluster means in random order "
         "(Ville's inequality); decisions are sticky; "
         + (
-            "the catastrophic halt fires on a certified REGRESSION at the alarm level whose estimate lies "
-            "beyond -catastrophic_delta (that part is an estimate unless the halt's own confidence "
-            "sequence certifies it, which the event says)"
+            "the catastrophic halt fires on a certified REGRESSION at the alarm level whose halt's own one-sided "
+            "confidence sequence, at the end of the deciding batch, lies beyond -catastrophic_delta"
             if s.halt_rule == HaltRule.regression_beyond_margin
             else "the catastrophic halt is decided on a one-sided upper confidence sequence at its own level"
         ),
@@ -403,13 +470,17 @@ class StratumEvaluator:
         cache: ArrayCache,
         seed: OrderSeed,
         on_batch: Optional[Callable[[BatchProgress], None]],
+        ledger: Optional[EvidenceLedger] = None,
     ) -> None:
         self.s, self.strata, self.effects, self.source, self.cache = settings, strata, effects, source, cache
-        self.seed, self.on_batch = seed, on_batch
+        self.seed, self.on_batch, self.ledger = seed, on_batch, ledger
         self.order = priority_order(strata)
         self.alarm = alarm_alpha(settings, strata)  # family-wise error of the alarms (REGRESSION and halts)
         self.shuffled = settings.cluster_order == ClusterOrder.shuffled
         self.plan_fixed_in_advance = not source.traits.holds_outcomes
+        # Outcomes that all exist (a file), tested exactly in random order: no order may be chosen, so
+        # the test averages fixed orders seeded from the clusters themselves (seqtest.order_free).
+        self.order_free = source.traits.holds_outcomes and self.shuffled and settings.test_mode == MODE_EXACT
 
     def request(self, name: str) -> OutcomeRequest:
         s = self.s
@@ -421,10 +492,29 @@ class StratumEvaluator:
     def units_defined(self) -> Dict[str, int]:
         return {name: int(np.sum(self.source.cluster_sizes(self.request(name)))) for name in self.order}
 
+    def unit_limit(self, name: str, units_available: int, budget_left: int, nominal_allowance: int) -> int:
+        limit = min(units_available, budget_left)
+        return min(limit, nominal_allowance) if name == self.s.nominal_stratum else limit
+
+    def reporter(self, name: str, unit_limit: int, units_before: int) -> Callable[..., None]:
+        def report(
+            batch: int, used: int, decision: str, clusters: int, e_values: Dict[str, Optional[float]], final: bool
+        ) -> None:
+            if self.on_batch is not None:
+                self.on_batch(
+                    BatchProgress(
+                        name, batch, used, unit_limit, units_before + used, decision, clusters, e_values, final
+                    )
+                )
+
+        return report
+
     def evaluate(
         self, name: str, budget_left: int, nominal_allowance: int, units_before: int
     ) -> Tuple[StratumResult, Dict[str, Any]]:
         """The stratum's record and its test's snapshot (what the scheduler reacts to)."""
+        if self.order_free:
+            return self.evaluate_order_free(name, budget_left, nominal_allowance, units_before)
         s, spec = self.s, self.strata[name]
         plan = np.asarray(self.source.cluster_sizes(self.request(name)), dtype=np.int64)
         evaluation_order = (
@@ -435,9 +525,7 @@ class StratumEvaluator:
             name, spec, sizes, estimand=s.estimand, plan_fixed_in_advance=self.plan_fixed_in_advance
         )
         units_available = int(sizes.sum())
-        unit_limit = min(units_available, budget_left)
-        if name == s.nominal_stratum:
-            unit_limit = min(unit_limit, nominal_allowance)
+        unit_limit = self.unit_limit(name, units_available, budget_left, nominal_allowance)
         batches = plan_batches(sizes, s.batch_units, unit_limit)
         produce = producer(self.source, self.request(name), self.cache)
         cache_statuses: List[str] = []
@@ -451,21 +539,87 @@ class StratumEvaluator:
             )
             return outcomes
 
-        def report(
-            batch: int, used: int, decision: str, clusters: int, e_values: Dict[str, Optional[float]], final: bool
-        ) -> None:
-            if self.on_batch is not None:
-                self.on_batch(
-                    BatchProgress(
-                        name, batch, used, unit_limit, units_before + used, decision, clusters, e_values, final
-                    )
-                )
-
         test = stratum_test(s, spec, self.alarm, bounds, batches)
         await_certified_halt = (
             spec.catastrophic_halt and s.halt_rule == HaltRule.certified_catastrophic and s.test_mode == MODE_EXACT
         )
-        run = _evaluate_stratum(test, fetch, sizes, batches, await_certified_halt, report)
+        run = _evaluate_stratum(
+            test, fetch, sizes, batches, await_certified_halt, self.reporter(name, unit_limit, units_before)
+        )
+        cluster_order = (
+            {"mode": "shuffled", **self.seed.as_dict(), "stream": f"cluster-order/{name}"}
+            if self.shuffled
+            else {"mode": "as_given", "declared_random_by_user": True}
+        )
+        return self.record(
+            name, test, run, units_available, int(sizes.size), unit_limit, cache_statuses, bounds, cluster_order
+        )
+
+    def evaluate_order_free(
+        self, name: str, budget_left: int, nominal_allowance: int, units_before: int
+    ) -> Tuple[StratumResult, Dict[str, Any]]:
+        """A stratum whose outcomes all exist: every cluster within the unit limit, tested order-free,
+        the ledger's earlier blocks first (a continued test) and the new clusters as one more look."""
+        s, spec = self.s, self.strata[name]
+        plan = np.asarray(self.source.cluster_sizes(self.request(name)), dtype=np.int64)
+        bounds = cluster_size_bounds(name, spec, plan, estimand=s.estimand, plan_fixed_in_advance=False)
+        whole, status = producer(self.source, self.request(name), self.cache)(np.arange(plan.size))
+        keys = cluster_keys(whole.baseline, whole.candidate, whole.cluster_sizes)
+        unit_limit = self.unit_limit(name, int(plan.sum()), budget_left, nominal_allowance)
+        fingerprint = test_fingerprint(s, name, spec, self.alarm, bounds)
+        continuation = self.ledger.find(name, fingerprint, keys) if self.ledger is not None else Continuation()
+        blocks = evidence_blocks(name, keys, plan, continuation, unit_limit)
+        if blocks is None:  # the earlier evidence alone exceeds this run's unit limit: restart, and say so
+            continuation = Continuation(
+                CANNOT_CONTINUE,
+                note=f"{continuation.note.split(':')[0]}, but its evidence exceeds this run's unit limit of "
+                f"{unit_limit}; this test restarts, so re-testing is not covered by its guarantee",
+            )
+            blocks = evidence_blocks(name, keys, plan, Continuation(), unit_limit) or []
+        test = stratum_test(s, spec, self.alarm, bounds, [], order_free=True)
+        report = self.reporter(name, unit_limit, units_before)
+        evaluated = np.concatenate(blocks) if blocks else np.zeros(0, np.int64)
+        units = 0
+        for look, block in enumerate(blocks, start=1):
+            outcomes = whole.reordered(block)
+            differences = outcomes.candidate.astype(np.int8) - outcomes.baseline.astype(np.int8)
+            test.update_clusters(cluster_means(differences, outcomes.cluster_sizes), outcomes.cluster_sizes)
+            units += outcomes.units
+            report(look, units, test.evaluate(), test.clusters_seen, test.e_values(), look == len(blocks))
+        seen = whole.reordered(evaluated)
+        baseline_wins, candidate_wins = seen.cluster_successes()
+        run = {
+            "units_evaluated": int(seen.units),
+            "clusters_evaluated": int(evaluated.size),
+            "batches": len(blocks),
+            **success_rates(baseline_wins, candidate_wins, seen.cluster_sizes),
+        }
+        evidence = Evidence(fingerprint, tuple(Counter(keys[i] for i in block) for block in blocks), continuation)
+        cluster_order = {
+            "mode": "order_free",
+            "orders": s.orders,
+            "basis": "the clusters' canonical digest (their outcomes as a multiset: no id, row order or format)",
+            "continuation": continuation.as_dict(),
+        }
+        return self.record(
+            name, test, run, int(plan.sum()), int(plan.size), unit_limit, [status], bounds, cluster_order,
+            evidence=evidence.to_json(),
+        )  # fmt: skip
+
+    def record(
+        self,
+        name: str,
+        test: Any,
+        run: Dict[str, Any],
+        units_available: int,
+        clusters_available: int,
+        unit_limit: int,
+        cache_statuses: List[str],
+        bounds: ClusterSizeBounds,
+        cluster_order: Dict[str, Any],
+        **extra: Any,
+    ) -> Tuple[StratumResult, Dict[str, Any]]:
+        spec = self.strata[name]
         used = run["units_evaluated"]
         snapshot = test.snapshot()
         record = {
@@ -476,7 +630,7 @@ class StratumEvaluator:
             "kind": spec.kind,
             "planted_effect": self.effects.get(name, 0.0),  # a success-rate difference or a rollout degradation
             "units_available": units_available,
-            "clusters_available": int(sizes.size),
+            "clusters_available": clusters_available,
             "unit_limit": unit_limit,
             **run,
             "units_saved_by_early_stop": unit_limit - used,
@@ -484,15 +638,12 @@ class StratumEvaluator:
             "units_produced": (
                 used if self.source.traits.produces_on_demand else (units_available if cache_statuses else 0)
             ),
-            "cluster_order": (
-                {"mode": "shuffled", **self.seed.as_dict(), "stream": f"cluster-order/{name}"}
-                if self.shuffled
-                else {"mode": "as_given", "declared_random_by_user": True}
-            ),
+            "cluster_order": cluster_order,
             "cluster_size_bounds": bounds.as_dict(),
             "cache": cache_statuses[0] if cache_statuses else "not requested",
             **snapshot,
             "trajectory": test.trajectory(),
+            **extra,
         }
         return StratumResult.from_json(record), snapshot
 
@@ -565,16 +716,19 @@ def run_gauntlet(
     required_absent: Sequence[str] = (),
     on_batch: Optional[Callable[[BatchProgress], None]] = None,
     order_seed: Optional[OrderSeed] = None,
+    ledger: Optional[EvidenceLedger] = None,
 ) -> GauntletResult:
-    """Run the whole gauntlet on the (resolved) strata; pure apart from the outcome source and its
-    cache. `absent`: configured strata the source lacks (reported; `required_absent` need review);
-    `order_seed`: the run's cluster-order seed (default: constants.run_order_seed, drawn now)."""
+    """Run the whole gauntlet on the (resolved) strata; pure apart from the outcome source, its
+    cache and the evidence ledger it reads. `absent`: configured strata the source lacks (reported;
+    `required_absent` need review); `order_seed`: the run's cluster-order seed (default:
+    constants.run_order_seed, drawn now); `ledger`: where an outcome file's strata find the evidence
+    their test continues (None: every test starts afresh; the caller records the result in it)."""
     s = settings
     source = checked_source(source)  # a no-op for the job's source, checked when it was built
     seed = run_order_seed(s, source) if order_seed is None else order_seed
     started = time.perf_counter()
     cache_before = cache.stats.as_dict()
-    evaluator = StratumEvaluator(s, strata, effects, source, cache, seed, on_batch)
+    evaluator = StratumEvaluator(s, strata, effects, source, cache, seed, on_batch, ledger)
     units_defined = evaluator.units_defined()
     run = evaluate_in_priority_order(s, strata, evaluator)
     elapsed = time.perf_counter() - started
@@ -616,5 +770,11 @@ def run_gauntlet(
         cache=cache_delta(cache_before, cache.stats.as_dict()),
         multiplicity=multiplicity_statement(s, strata, evaluator.alarm),
         statistical_validity=validity_statement(s),
-        cluster_order={"mode": "shuffled", **seed.as_dict()} if evaluator.shuffled else {"mode": "as_given"},
+        cluster_order=(
+            {"mode": "order_free", "orders": s.orders}
+            if evaluator.order_free
+            else {"mode": "shuffled", **seed.as_dict()}
+            if evaluator.shuffled
+            else {"mode": "as_given"}
+        ),
     )

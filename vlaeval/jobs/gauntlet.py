@@ -4,7 +4,8 @@ Validate the strata, effects and outcome source and reconcile the strata the sou
 configured ones; plan every stratum (pre-flight); for a source that runs policies, load or train
 them (their digests become the versions); evaluate the strata in safety-first priority order,
 clusters in a seeded random order, each stopped by its sequential test; react to halts,
-regressions and critical passes; recommend LAUNCH / DO_NOT_LAUNCH / NEEDS_REVIEW with lineage;
+regressions and critical passes (an outcome file's strata are tested order-free, continuing the
+evidence an earlier run recorded in the ledger); recommend LAUNCH / DO_NOT_LAUNCH / NEEDS_REVIEW with lineage;
 for rollouts, write the paired outcomes and record the candidate's failures in the registry; save
 the result, plot the e-processes, log everything to MLflow, print the strata table.
 """
@@ -23,6 +24,7 @@ from vlaeval.artifacts import atomic_write_npz
 from vlaeval.config import ClusterOrder, UserInputError, to_plain
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.inputs import GauntletInputs, gauntlet_inputs, run_context
+from vlaeval.gauntlet.ledger import EvidenceLedger
 from vlaeval.gauntlet.lineage import build_lineage
 from vlaeval.gauntlet.plots import plot_trajectories
 from vlaeval.gauntlet.recommendation import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW
@@ -32,6 +34,7 @@ from vlaeval.gauntlet.scheduler import BatchProgress, run_gauntlet
 from vlaeval.gauntlet.sources import RecordsEpisodes
 from vlaeval.provenance import code_version
 from vlaeval.runs import RunReport, now_ms, output_dir, publish
+from vlaeval.seqtest import MODE_EXACT
 from vlaeval.tracking import config_sha256
 
 JOB = "gauntlet"
@@ -42,6 +45,7 @@ RECOMMENDATION_EXIT_CODES = {LAUNCH: 0, NEEDS_REVIEW: 10, DO_NOT_LAUNCH: 11}  # 
 COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures before run()
 TRAJECTORY_FILE = "trajectories.npz"
 PAIRED_OUTCOMES_FILE = "paired_outcomes.csv"  # rollout gauntlets: outcomes=file reads it
+LEDGER_FOLDER = "gauntlet-ledger"  # under paths.cache_dir: each file stratum's tested evidence
 
 
 def run(cfg: DictConfig) -> Dict[str, Any]:
@@ -58,19 +62,26 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     plain = to_plain(cfg)
     code = code_version()
     shuffled = settings.cluster_order == ClusterOrder.shuffled
+    order_free = shuffled and inputs.source.traits.holds_outcomes and settings.test_mode == MODE_EXACT
     lineage = build_lineage(
         candidate_version=settings.candidate_version,
         baseline_version=settings.baseline_version,
         data_source=inputs.source.describe(),
-        seeds={"gauntlet": settings.seed, "cluster_order": inputs.order.seed if shuffled else None},
-        cluster_order=f"shuffled: a random permutation of each stratum's clusters, seed from {inputs.order.basis}"
-        if shuffled
-        else "as_given: the source's order, declared random by the user (gauntlet.cluster_order=as_given)",
+        seeds={"gauntlet": settings.seed, "cluster_order": inputs.order.seed if shuffled and not order_free else None},
+        cluster_order=(
+            f"order-free: the average over {settings.orders} fixed orders of each order's e-value, seeded from "
+            "each stratum's clusters (their canonical digest)"
+            if order_free
+            else f"shuffled: a random permutation of each stratum's clusters, seed from {inputs.order.basis}"
+            if shuffled
+            else "as_given: the source's order, declared random by the user (gauntlet.cluster_order=as_given)"
+        ),
         config_sha256=config_sha256(plain),
         require_clean_code=settings.require_clean_code,
     )
     cache = ArrayCache(cfg.paths.cache_dir, enabled=settings.use_cache, namespace="gauntlet-units")
-    result = evaluate_strata(inputs, cache, lineage)
+    ledger = EvidenceLedger(Path(cfg.paths.cache_dir) / LEDGER_FOLDER) if settings.evidence_ledger else None
+    result = evaluate_strata(inputs, cache, lineage, ledger)
     extra: List[Tuple[Path, Optional[str]]] = []
     rollouts = None
     if inputs.source.records_episodes:
@@ -99,6 +110,8 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             artifacts=[(trajectories, None), *extra],
         ),
     )
+    if ledger is not None:  # after the result is saved: what this run tested, for the runs that continue it
+        ledger.record_result(result.strata, str(output_dir(cfg)))
     print_summary(result, published)
     if result.rollouts is not None:
         r = result.rollouts
@@ -128,7 +141,9 @@ def prepare_policies(inputs: GauntletInputs) -> None:
     console.show(f"baseline {settings.baseline_version}, candidate {settings.candidate_version}")
 
 
-def evaluate_strata(inputs: GauntletInputs, cache: ArrayCache, lineage: Dict[str, Any]) -> GauntletResult:
+def evaluate_strata(
+    inputs: GauntletInputs, cache: ArrayCache, lineage: Dict[str, Any], ledger: Optional[EvidenceLedger]
+) -> GauntletResult:
     """The strata in priority order, a progress bar each; the source is closed however it ends."""
     with console.strata_progress() as update:
 
@@ -155,6 +170,7 @@ def evaluate_strata(inputs: GauntletInputs, cache: ArrayCache, lineage: Dict[str
                 required_absent=inputs.required_absent,
                 on_batch=on_batch,
                 order_seed=inputs.order,
+                ledger=ledger,
             )
         finally:
             inputs.source.close()  # e.g. a Ray instance the rollouts started
@@ -188,7 +204,7 @@ def save_trajectories(result: GauntletResult, path: Path) -> Tuple[Path, Gauntle
     summarised = []
     for s in result.strata:
         trajectory = s.trajectory
-        ends = [clusters - 1 for clusters in trajectory["looks"]]
+        ends = s.look_ends()
         arrays.update({f"{s.stratum}/{series}": np.asarray(values) for series, values in trajectory.items()})
         summary: Dict[str, Any] = {
             "per_cluster_file": path.name,

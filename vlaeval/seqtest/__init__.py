@@ -3,6 +3,7 @@
 from vlaeval.seqtest.eprocess import BET_RULES, log_wealth_paths, size_adaptive_cap
 from vlaeval.seqtest.group_sequential import GroupSequentialTest, obf_spending, one_sided_boundaries
 from vlaeval.seqtest.modes import make_sequential_test
+from vlaeval.seqtest.order_free import OrderFreeTest
 from vlaeval.seqtest.sequential import (
     CATASTROPHIC,
     CATASTROPHIC_UNDECIDED,
@@ -42,6 +43,7 @@ __all__ = [
     "DECISION_PASS",
     "DECISION_REGRESSION",
     "NOT_CATASTROPHIC",
+    "OrderFreeTest",
     "PairedSequentialTest",
     "catastrophic_message",
     "cluster_means",

@@ -103,6 +103,7 @@ class SequentialTest:
 
     mode = ""
     cs_kind = ""
+    records_looks_only = False  # the trajectory holds every cluster (False) or each look's end (True)
 
     def __init__(
         self,
@@ -169,9 +170,18 @@ class SequentialTest:
     # ------------------------------------------------------------------ updates
     def update_clusters(self, cluster_means: np.ndarray, cluster_sizes: Optional[np.ndarray] = None) -> None:
         """Feed the next clusters' mean paired differences (each in [-1, 1]), in order: one look."""
-        x = np.asarray(cluster_means, dtype=np.float64).ravel()
+        x, sizes, weights = self._checked(cluster_means, cluster_sizes)
         if x.size == 0:
             return
+        self._record(x, sizes, *self._advance(x, weights, sizes))
+
+    def _checked(
+        self, cluster_means: np.ndarray, cluster_sizes: Optional[np.ndarray]
+    ) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+        """(cluster means, sizes, unit-estimand weights or None), every input check in one place."""
+        x = np.asarray(cluster_means, dtype=np.float64).ravel()
+        if x.size == 0:
+            return x, np.zeros(0), None
         if not np.all(np.isfinite(x)) or np.any(np.abs(x) > 1.0):
             raise ValueError("cluster means of paired differences must be finite and in [-1, 1]")
         sizes = np.ones_like(x) if cluster_sizes is None else np.asarray(cluster_sizes, dtype=np.float64).ravel()
@@ -188,8 +198,12 @@ class SequentialTest:
             if np.any(sizes > largest):
                 raise ValueError(f"a cluster is larger than max_cluster_size={largest}")
             weights = sizes / largest
+        return x, sizes, weights
+
+    def _record(self, x: np.ndarray, sizes: np.ndarray, firsts: Dict[str, int], series: Dict[str, np.ndarray]) -> None:
+        """Take in a look's outcome: sticky decisions at their first rejection (`firsts`: index into x,
+        -1 none), the estimate after each cluster, and the per-cluster `series` of the mode."""
         seen, seen_units = self._clusters, self._units
-        firsts, series = self._advance(x, weights, sizes)
         units_after = seen_units + np.cumsum(sizes).astype(np.int64)
         if self._decision == DECISION_INSUFFICIENT:
             name, index = _first_decision((DECISION_REGRESSION, firsts["regression"]), (DECISION_PASS, firsts["pass"]))
@@ -225,7 +239,8 @@ class SequentialTest:
             ("delta_estimate", estimate),
             *series.items(),
         ):
-            self._series[key].append(np.asarray(values))
+            # A mode that decides only at the end of a look records only that end.
+            self._series[key].append(np.asarray(values)[-1:] if self.records_looks_only else np.asarray(values))
         self._clusters += x.size
         self._units = int(units_after[-1])
         self._smallest_seen = min(self._smallest_seen, float(sizes.min()))

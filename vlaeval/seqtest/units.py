@@ -9,9 +9,17 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
+from scipy.stats import beta as beta_dist
 from scipy.stats import t as student_t
 
-METHOD = "cluster-robust Wilson, Student t with C - 1 df; all-or-nothing scenes at 0% or 100%"
+METHOD = (
+    "cluster-robust Wilson, Student t with C - 1 df; where fewer than 10 scenes (and not all) hold the rarer outcome, "
+    "widened to a scene-level Clopper-Pearson interval (all-or-nothing scenes: the C scenes as the sample)"
+)
+# Below this many scenes holding a failure (or a success), the cluster-robust variance rests on a few
+# terms and is too often small: 48 scenes of 8 with 2% broken scenes and 0.5% stray failures covered
+# the true rate 0.70 of the time. The interval is then widened to a scene-level Clopper-Pearson one.
+FEW_SCENES = 10
 
 
 def cluster_offsets(cluster_sizes: np.ndarray) -> np.ndarray:
@@ -117,7 +125,9 @@ class Drift:
         )
 
 
-def success_rate_interval(successes: np.ndarray, sizes: np.ndarray, level: float = 0.95) -> SuccessRateInterval:
+def success_rate_interval(
+    successes: np.ndarray, sizes: np.ndarray, level: float = 0.95, few_scenes: int = FEW_SCENES
+) -> SuccessRateInterval:
     """A policy's success rate over the units of some clusters, with a cluster-robust Wilson interval.
 
     successes, sizes: per cluster, shape (C,). The rate is p = sum(s) / sum(n). Scenarios of one
@@ -126,16 +136,21 @@ def success_rate_interval(successes: np.ndarray, sizes: np.ndarray, level: float
     is taken at the effective sample size n / deff with design effect deff = V / (p(1-p)/n), never
     below 1 (so never narrower than the unit-level Wilson interval; Korn & Graubard 1998). The
     variance is estimated from C clusters, so the critical value is Student's t with C - 1 degrees
-    of freedom, not the normal's. When every unit succeeds (or every one fails) the design effect
-    cannot be estimated: the scenes are then taken to be all-or-nothing (deff = n / C, the effective
-    sample is the C clusters) -- with deff 1 instead, 48 scenes of 8 without a failure read
-    [0.990, 1.000] and covered a 0.98 rate with 2% broken scenes only 57% of the time."""
+    of freedom, not the normal's. When fewer than FEW_SCENES scenes hold a failure (or a success) the
+    design effect cannot be estimated from them: the scenes are then taken to be all-or-nothing and
+    the interval is a scene-level Clopper-Pearson one (scene_level_interval) -- with deff 1 at 0% or
+    100%, 48 scenes of 8 without a failure read [0.990, 1.000] and covered a 0.98 rate with 2% broken
+    scenes only 57% of the time; with the estimated design effect near the ceiling, 0.70.
+    `few_scenes`: that threshold (0: never widened, the cluster-robust interval alone)."""
     s = np.asarray(successes, dtype=np.float64)
     n_c = np.asarray(sizes, dtype=np.float64)
     n, clusters = float(n_c.sum()), int(n_c.size)
     if n == 0:
         return SuccessRateInterval(None, None, None, level, 0, 0, None)
     p = float(s.sum() / n)
+    rarer = int(min(np.count_nonzero(s < n_c), np.count_nonzero(s > 0)))  # scenes holding the rarer outcome
+    if rarer < min(few_scenes, clusters):  # some scenes never show it, and few do
+        return scene_level_interval(p, n, clusters, level)
     if p in (0.0, 1.0):
         deff = n / clusters  # all-or-nothing scenes: nothing in the data says otherwise
     elif clusters > 1:
@@ -159,13 +174,25 @@ def success_rate_interval(successes: np.ndarray, sizes: np.ndarray, level: float
     )
 
 
+def scene_level_interval(p: float, n: float, clusters: int, level: float) -> SuccessRateInterval:
+    """Clopper-Pearson at the all-or-nothing floor: the C scenes are the sample (design effect n / C)
+    and p C of them succeed (fractional counts through the beta quantiles). Nothing in a few scenes
+    holding a failure says the failures are spread thinner than whole scenes, so none is assumed."""
+    k, tail = p * clusters, (1.0 - level) / 2.0
+    lower = 0.0 if k <= 0 else float(beta_dist.ppf(tail, k, clusters - k + 1))
+    upper = 1.0 if k >= clusters else float(beta_dist.ppf(1.0 - tail, k + 1, clusters - k))
+    return SuccessRateInterval(p, lower, upper, level, int(n), clusters, n / clusters)
+
+
 def drift_diagnostic(means: np.ndarray, sizes: np.ndarray, estimand: str = "cluster") -> Drift:
     """The stationarity check beside a decision: the estimand over the first and the second half of
     the clusters in evaluation order, their difference and its z-score (two independent halves,
     cluster-robust standard errors). The test's guarantee is about a fixed scenario distribution
     sampled in random order; rollouts are evaluated in time order, so a policy, simulator or
-    environment that drifts during the run shows up here (a drift from -0.05 to +0.01 over the run
-    gave 9-10% false PASS at alpha = 0.05). A diagnostic, not a test: |z| > 3 deserves a look.
+    environment that drifts during the run may show up here -- what a rollout decision certifies is
+    Delta over the evaluated window. It sees only that window and rarely fires (a steady linear drift
+    that makes most runs certify REGRESSION is flagged in a minority of them): a diagnostic, not a
+    test; |z| > 3 deserves a look.
 
     means, sizes: per evaluated cluster, in evaluation order, shape (C,)."""
     x = np.asarray(means, dtype=np.float64)
