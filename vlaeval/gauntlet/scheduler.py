@@ -572,8 +572,9 @@ class StratumEvaluator:
         if blocks is None:  # the earlier evidence alone exceeds this run's unit limit: restart, and say so
             continuation = Continuation(
                 CANNOT_CONTINUE,
-                note=f"{continuation.note.split(':')[0]}, but its evidence exceeds this run's unit limit of "
-                f"{unit_limit}; this test restarts, so re-testing is not covered by its guarantee",
+                note=f"run {continuation.run} tested {continuation.continued_clusters} of these clusters, more units "
+                f"than this run's limit of {unit_limit}; this test restarts, so re-testing is not covered by its "
+                "guarantee",
             )
             blocks = evidence_blocks(name, keys, plan, Continuation(), unit_limit) or []
         test = stratum_test(s, spec, self.alarm, bounds, [], order_free=True)

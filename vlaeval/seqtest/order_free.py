@@ -224,7 +224,10 @@ class OrderFreeTest(PairedSequentialTest):
             self._e["e_value_not_catastrophic"] = wealth(log_not)
             catastrophic_delta = float(self.catastrophic_delta or 0.0)  # set: the stratum halts
             cat_index = int(np.argmin(np.abs(self._grid + catastrophic_delta)))
-            self._e["e_value_catastrophic"] = wealth(float(grid_low[cat_index]))
+            # None where the upper side settled that margin first (its halt e-value was never needed).
+            self._e["e_value_catastrophic"] = (
+                wealth(float(grid_low[cat_index])) if np.isfinite(grid_low[cat_index]) else None
+            )
             series["log_wealth_not_catastrophic"] = np.array([log_not])
             series["log_wealth_catastrophic"] = np.array([float(grid_low[cat_index])])
             if upper[0] <= -catastrophic_delta + 1e-12:
