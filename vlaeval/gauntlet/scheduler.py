@@ -2,8 +2,10 @@
 
 Strata are evaluated one at a time in safety-first priority order, in batches of whole clusters
 taken in a seeded random order, each stopped by its own sequential test -- the loop has no other
-stopping rule than the test (plus the unit limits). Between strata the scheduler reacts to what it
-learned:
+stopping rule than the test (plus the unit limits). A stratum whose outcomes all exist (an outcome
+file) has no order to take: it is tested order-free (vlaeval.seqtest.order_free), the looks an
+earlier run recorded in the evidence ledger first, then its new clusters as one more look. Between
+strata the scheduler reacts to what it learned:
 
 * CATASTROPHIC_HALT: a halting stratum (safety_critical) halts the candidate and the remaining
   strata are not evaluated, only when its one-sided upper confidence sequence at the halt's level
