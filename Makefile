@@ -31,7 +31,7 @@ system-packages:  ## Debian's PostgreSQL, Chromium and OSMesa for the server, UI
 	@scripts/system_packages.sh
 
 test: $(STAMP) system-packages  ## every test, nothing skipped (what CI runs); checks docs/reliability.md
-	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_PARALLEL) --durations=25 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)  ## the tests not marked slow
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow" $(PYTEST_ARGS)

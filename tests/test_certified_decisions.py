@@ -102,15 +102,16 @@ def test_rare_giant_files_through_outcomes_file(tmp_path, side):
     reps = 60
     x, n = rare_giant_cluster_means(np.random.default_rng(20 + SIDES.index(side)), reps, 400, side)
     counts = {"declared": {"pass": 0, "regression": 0, "halted": 0}, "file's own": {"pass": 0, "regression": 0}}
+    # 4 orders: the order-free average is an e-value for any number, and tiny unit weights (5/200)
+    # keep most of the grid alive, so each order costs a full pass. Composed once, not per file.
+    settings, composed = one_stratum(["gauntlet.estimand=unit", "gauntlet.orders=4"])
     for r in range(reps):
         path = tmp_path / f"file-{r}.parquet"
         rows_from_cluster_means(x[r], n[r]).to_parquet(path, index=False)
         source = FileOutcomes(str(path))
         source.validate({"safety_critical": None}, {})  # reads the file (the stratum's settings are not used)
         for label, largest in (("declared", 200), ("file's own", int(n[r].max()))):
-            # 4 orders: the order-free average is an e-value for any number, and tiny unit weights (5/200)
-            # keep most of the grid alive, so each order costs a full pass.
-            settings, strata = one_stratum(["gauntlet.estimand=unit", "gauntlet.orders=4"], max_cluster_size=largest)
+            strata = {name: replace(spec, max_cluster_size=largest) for name, spec in composed.items()}
             result = run_gauntlet(settings, strata, {}, source, ArrayCache(tmp_path, enabled=False), LINEAGE).to_json()
             s = result["strata"][0]
             assert s["cluster_size_bounds"]["max_cluster_size"] == largest
