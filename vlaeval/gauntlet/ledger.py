@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from vlaeval.artifacts import atomic_write_json, sha256_json
+from vlaeval.seqtest.units import cluster_offsets
 
 NEW, CONTINUES, REPEATS, CANNOT_CONTINUE = "new", "continues", "repeats", "cannot_continue"
 
@@ -40,10 +41,20 @@ def cluster_keys(baseline: np.ndarray, candidate: np.ndarray, sizes: np.ndarray)
     sizes = np.asarray(sizes, dtype=np.int64)
     if sizes.size == 0:
         return []
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    starts = cluster_offsets(sizes)[:-1]
     b, c = np.asarray(baseline, dtype=bool), np.asarray(candidate, dtype=bool)
     counts = [np.add.reduceat((mask).astype(np.int64), starts) for mask in (b & c, b & ~c, ~b & c, ~b & ~c)]
     return [f"{w}/{x}/{y}/{z}" for w, x, y, z in zip(*(a.tolist() for a in counts))]
+
+
+def blocks_from_json(blocks: Sequence[Mapping[str, Any]]) -> Tuple[Counter[str], ...]:
+    """Blocks as written (key -> count objects) back to multisets."""
+    return tuple(Counter({str(k): int(v) for k, v in b.items()}) for b in blocks)
+
+
+def blocks_to_json(blocks: Sequence[Mapping[str, int]]) -> List[Dict[str, int]]:
+    """Blocks as JSON objects, keys sorted (the same evidence always writes the same bytes)."""
+    return [dict(sorted(b.items())) for b in blocks]
 
 
 def _contains(outer: Mapping[str, int], inner: Mapping[str, int]) -> bool:
@@ -62,8 +73,16 @@ class Continuation:
     status: str = NEW  # new, continues, repeats, cannot_continue
     blocks: Tuple[Mapping[str, int], ...] = ()
     run: Optional[str] = None
-    looks: int = 0
     note: str = ""
+
+    @classmethod
+    def cannot(cls, why: str) -> "Continuation":
+        """A test that must restart, and why (the recommendation then needs review)."""
+        return cls(CANNOT_CONTINUE, note=f"{why}; this test restarts, so re-testing is not covered by its guarantee")
+
+    @property
+    def looks(self) -> int:
+        return len(self.blocks)
 
     @property
     def continued_clusters(self) -> int:
@@ -85,7 +104,7 @@ class Evidence:
     def to_json(self) -> Dict[str, Any]:
         return {
             "fingerprint": self.fingerprint,
-            "blocks": [dict(sorted(b.items())) for b in self.blocks],
+            "blocks": blocks_to_json(self.blocks),
             "continuation": self.continuation.as_dict(),
         }
 
@@ -107,7 +126,7 @@ class EvidenceLedger:
         for path in sorted(folder.glob("*.json")):
             try:
                 entry = json.loads(path.read_text())
-                entry["blocks"] = [Counter({str(k): int(v) for k, v in b.items()}) for b in entry["blocks"]]
+                entry["blocks"] = blocks_from_json(entry["blocks"])
                 out.append(entry)
             except (OSError, ValueError, KeyError, AttributeError):
                 continue  # a damaged entry is no evidence: the test restarts rather than trust it
@@ -139,16 +158,13 @@ class EvidenceLedger:
         # earlier one from here would fork the evidence (two different next looks), so it cannot.
         forks = [words for size, same, words in conflicts if same and best is not None and size > best["_size"]]
         if forks:
-            return Continuation(
-                CANNOT_CONTINUE, note=f"{forks[0]}; this test restarts, so re-testing is not covered by its guarantee"
-            )
+            return Continuation.cannot(forks[0])
         if best is not None:
             repeat = best["_size"] == len(keys)
             return Continuation(
                 REPEATS if repeat else CONTINUES,
                 tuple(best["blocks"]),
                 best.get("run"),
-                len(best["blocks"]),
                 (
                     f"repeats run {best.get('run')} ({len(best['blocks'])} look(s)): the same evidence, the same decision"
                     if repeat
@@ -157,10 +173,7 @@ class EvidenceLedger:
                 ),
             )
         if conflicts:
-            return Continuation(
-                CANNOT_CONTINUE,
-                note=f"{conflicts[0][2]}; this test restarts, so re-testing is not covered by its guarantee",
-            )
+            return Continuation.cannot(conflicts[0][2])
         return Continuation()
 
     def record(self, stratum: str, evidence: Evidence, run: str, decision: str) -> Path:
@@ -169,7 +182,7 @@ class EvidenceLedger:
             "stratum": stratum,
             "run": run,
             "fingerprint": evidence.fingerprint,
-            "blocks": [dict(sorted(b.items())) for b in evidence.blocks],
+            "blocks": blocks_to_json(evidence.blocks),
             "decision": decision,
         }
         path = self._stratum_folder(stratum) / f"{sha256_json(entry)[:24]}.json"
@@ -181,8 +194,8 @@ class EvidenceLedger:
         for s in strata:
             data = s.details.get("evidence")
             if data:
-                blocks = tuple(Counter({str(k): int(v) for k, v in b.items()}) for b in data["blocks"])
-                written.append(self.record(s.stratum, Evidence(data["fingerprint"], blocks), run, s.decision))
+                evidence = Evidence(data["fingerprint"], blocks_from_json(data["blocks"]))
+                written.append(self.record(s.stratum, evidence, run, s.decision))
         return written
 
 

@@ -54,7 +54,7 @@ def launch_recommendation(
             review.append(
                 f"{name}{kind}: undecided after {r.units_evaluated} units (CS [{cs.lower:+.3f}, {cs.upper:+.3f}])"
             )
-        continuation = (r.details.get("evidence") or {}).get("continuation") or {}
+        continuation = r.continuation
         if continuation.get("status") == "cannot_continue":
             review.append(f"{name}: {continuation.get('note')}")
     for name in not_evaluated:

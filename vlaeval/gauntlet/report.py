@@ -88,7 +88,7 @@ def print_summary(result: GauntletResult, run: Optional[Mapping[str, Any]] = Non
         )
     )
     for s in result.strata:  # an outcome file's test: what earlier evidence it continued
-        continuation = (s.details.get("evidence") or {}).get("continuation") or {}
+        continuation = s.continuation
         if continuation.get("note"):
             console.show(f"  {s.stratum}: {continuation['note']}")
     for e in result.events:

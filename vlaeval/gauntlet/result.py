@@ -98,6 +98,12 @@ class StratumResult:
     def halting(self) -> bool:
         return self.catastrophic_delta is not None
 
+    @property
+    def continuation(self) -> Mapping[str, Any]:
+        """What an outcome file's test continued from the evidence ledger (status, run, earlier looks,
+        note); empty for a stratum that records no evidence (a stream)."""
+        return (self.details.get("evidence") or {}).get("continuation") or {}
+
     def look_ends(self) -> List[int]:
         """The trajectory's index at the end of each look: its columns hold one record per cluster, or
         (an order-free test of a file, which has no order within a look) one per look."""

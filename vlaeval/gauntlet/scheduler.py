@@ -43,7 +43,7 @@ from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import require, require_at_least
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.constants import ClusterSizeBounds, OrderSeed, cluster_size_bounds, run_order_seed
-from vlaeval.gauntlet.ledger import CANNOT_CONTINUE, Continuation, Evidence, EvidenceLedger, cluster_keys, split_blocks
+from vlaeval.gauntlet.ledger import Continuation, Evidence, EvidenceLedger, cluster_keys, split_blocks
 from vlaeval.gauntlet.outcomes import (
     OutcomeRequest,
     StratumOutcomes,
@@ -572,11 +572,9 @@ class StratumEvaluator:
         continuation = self.ledger.find(name, fingerprint, keys) if self.ledger is not None else Continuation()
         blocks = evidence_blocks(name, keys, plan, continuation, unit_limit)
         if blocks is None:  # the earlier evidence alone exceeds this run's unit limit: restart, and say so
-            continuation = Continuation(
-                CANNOT_CONTINUE,
-                note=f"run {continuation.run} tested {continuation.continued_clusters} of these clusters, more units "
-                f"than this run's limit of {unit_limit}; this test restarts, so re-testing is not covered by its "
-                "guarantee",
+            continuation = Continuation.cannot(
+                f"run {continuation.run} tested {continuation.continued_clusters} of these clusters, more units "
+                f"than this run's limit of {unit_limit}"
             )
             blocks = evidence_blocks(name, keys, plan, Continuation(), unit_limit) or []
         test = stratum_test(s, spec, self.alarm, bounds, [], order_free=True)
@@ -602,7 +600,6 @@ class StratumEvaluator:
             "mode": "order_free",
             "orders": s.orders,
             "basis": "the clusters' canonical digest (their outcomes as a multiset: no id, row order or format)",
-            "continuation": continuation.as_dict(),
         }
         return self.record(
             name, test, run, int(plan.sum()), int(plan.size), unit_limit, [status], bounds, cluster_order,

@@ -106,11 +106,8 @@ class OrderFreeTest(PairedSequentialTest):
         self._settled_upper = np.zeros(self._grid.size, dtype=np.bool_)
         self._settled_lower = np.zeros(self._grid.size, dtype=np.bool_)
         self._cat_rejected = np.full(self._grid.size, NEVER, dtype=np.int64)
-        decision_margins = [-self.delta] + ([-self.catastrophic_delta] if self.catastrophic_delta is not None else [])
-        upper_margins = np.concatenate((np.asarray(decision_margins, dtype=np.float64), self._grid))
-        self._streams = [
-            _Stream(upper_margins, np.concatenate(([-self.delta], self._grid))) for _ in range(self.orders)
-        ]
+        # Each stream bets on the one-order test's margins: its decision margins, then the grid.
+        self._streams = [_Stream(self._upper.margins, self._lower.margins) for _ in range(self.orders)]
         self._chain = ""
         self._blocks: List[Dict[str, Any]] = []
         self._e: Dict[str, Optional[float]] = {}
@@ -142,7 +139,6 @@ class OrderFreeTest(PairedSequentialTest):
 
     def _advance_stream(self, stream: _Stream, x: np.ndarray, w: Optional[np.ndarray], sizes: np.ndarray) -> None:
         """Run one stream over the block in growing chunks, settling grid margins as they pass the stop."""
-        n_up = self._streams[0].upper.margins.size - self._grid.size
         start, chunk = 0, CS_FIRST_CHUNK
         while start < x.size:
             # A margin settled on either side is rejected by the CS: neither side needs it any more
@@ -164,7 +160,7 @@ class OrderFreeTest(PairedSequentialTest):
                 part,
                 moments,
                 threshold_log=np.concatenate((self._upper_stop, np.full(self._grid.size, self._up_grid_stop))),
-                active=np.concatenate((np.ones(n_up, bool), alive)),
+                active=np.concatenate((np.ones(self._n_upper, bool), alive)),
                 **common,
             )
             stream.lower.update(
@@ -174,7 +170,7 @@ class OrderFreeTest(PairedSequentialTest):
                 active=np.concatenate(([True], alive)),
                 **common,
             )
-            self._settled_upper |= alive & (stream.upper.log_peak_wealth[n_up:] >= self._up_grid_stop)
+            self._settled_upper |= alive & (stream.upper.log_peak_wealth[self._n_upper :] >= self._up_grid_stop)
             self._settled_lower |= alive & (stream.lower.log_peak_wealth[1:] >= self._low_grid_stop)
             stream.moments = stream.moments.advanced(part, part_w)
             stream.smallest_seen = min(stream.smallest_seen, float(size_part.min()))
@@ -193,7 +189,6 @@ class OrderFreeTest(PairedSequentialTest):
         """The decisions and bounds at the end of this block, in the shape `_record` takes."""
         seen_after = self._clusters + block_size
         last = block_size - 1
-        n_up = self._streams[0].upper.margins.size - self._grid.size
         halting = self.catastrophic_delta is not None
         log_pass = float(self._average("upper", 0, float(self._upper_stop[0])))
         log_regression = float(self._average("lower", 0, self._lower_stop))
@@ -204,7 +199,7 @@ class OrderFreeTest(PairedSequentialTest):
             "not_catastrophic": -1,
         }
         self._e = {"e_value_pass": wealth(log_pass), "e_value_regression": wealth(log_regression)}
-        grid_up = self._average("upper", slice(n_up, None), self._up_grid_stop)
+        grid_up = self._average("upper", slice(self._n_upper, None), self._up_grid_stop)
         grid_low = self._average("lower", slice(1, None), self._low_grid_stop)
         grid_low[self._settled_upper & ~self._settled_lower] = -np.inf  # not computed: never a halt's evidence
         newly = ((grid_up >= self._cs_log) | (grid_low >= self._cs_log)) & (self._grid_rejected_after == NEVER)
