@@ -56,6 +56,8 @@ ui: $(STAMP)  ## MLflow UI on ./mlflow.db at http://127.0.0.1:5000
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
 
 bench: $(STAMP)  ## the benchmarks (figures in benchmarks/results/ and docs/)
+	# Opacus 1.6, the per-sample gradients' reference: without its dependencies, so torch stays 2.13.0.
+	$(PY) -m pip install --quiet --no-deps "opacus==1.6.0" "opt_einsum>=3.3"
 	$(PY) benchmarks/residual_audit.py
 	$(PY) benchmarks/gauntlet_throughput.py
 	$(PY) benchmarks/per_sample_gradients.py
@@ -64,6 +66,8 @@ bench: $(STAMP)  ## the benchmarks (figures in benchmarks/results/ and docs/)
 	$(PY) benchmarks/certified_decisions.py
 	$(PY) benchmarks/certificate_attacks.py
 	$(PY) benchmarks/score_shards.py
+	$(PY) benchmarks/vision_speed.py
+	$(PY) benchmarks/vision_ablations.py
 	$(PY) benchmarks/ablation.py
 	$(PY) benchmarks/rollout_throughput.py
 	$(PY) benchmarks/camera_video.py

@@ -137,3 +137,61 @@ def test_the_exported_video_reads_back_frame_for_frame(exported):
     aligned = ((a[moving] - b[moving]) ** 2).mean(axis=(1, 2, 3))
     slipped = ((a[moving + 1] - b[moving]) ** 2).mean(axis=(1, 2, 3))
     assert moving.size > 50 and np.mean(aligned < slipped) > 0.9
+
+
+def _scene(task: str):
+    from vlaeval.data.metaworld import EpisodeRunner
+
+    runner = EpisodeRunner()
+    env, _ = runner.env(task, 0)
+    for _ in range(5):
+        env.step(np.array([0.5, 0.2, 0.1, 0.0]))
+    return runner, env
+
+
+def test_closing_one_renderer_leaves_the_others_drawing_their_own_scene():
+    """MuJoCo frees a renderer's GL objects in whichever OSMesa context is current; closing one
+    renderer while another lives used to delete the live one's buffers (its frames turned to noise)."""
+    from vlaeval.data.rendering import SceneCameras
+
+    runner, push = _scene("push-v3")
+    reach, _ = runner.env("reach-v3", 0)
+    first = SceneCameras(push.unwrapped.model, ["corner"], 32)
+    second = SceneCameras(reach.unwrapped.model, ["corner"], 32)
+    before = second.render(reach.unwrapped.data)[CORNER]
+    first.close()  # the second renderer's context is the current one here
+    after = second.render(reach.unwrapped.data)[CORNER]
+    assert np.array_equal(before, after)
+    second.close()
+    runner.close()
+
+
+def test_simplified_meshes_change_few_pixels_and_leave_the_physics_its_own_faces():
+    """The renderer draws meshes simplified by vertex clustering (a fraction of the triangles); the
+    frame barely changes, and the model's own faces are back once the renderer has uploaded them."""
+    import mujoco
+
+    from vlaeval.data import rendering
+
+    runner, env = _scene("pick-place-v3")
+    model, data = env.unwrapped.model, env.unwrapped.data
+    faces = model.mesh_face.copy()
+    simplified = rendering.SceneCameras(model, ["corner"], 64)
+    assert np.array_equal(model.mesh_face, faces)
+    frame = simplified.render(data)[CORNER].astype(int)
+    simplified.close()
+    kept = rendering.simplify_meshes(model, rendering.MESH_CELL_AT_64)
+    assert np.array_equal(kept, faces)  # what it returns is what was there
+    dropped = float(np.mean(np.all(model.mesh_face == 0, axis=1)))
+    model.mesh_face[:] = kept
+    assert dropped > 0.5  # most of the Sawyer's triangles are far below a pixel
+    full = mujoco.Renderer(model, 64, 64)
+    full.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = full.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+    model.vis.quality.offsamples = 0
+    full.update_scene(data, camera="corner")
+    reference = full.render()[::-1].astype(int)
+    full.close()
+    changed = float(np.mean(np.abs(frame - reference).max(axis=-1) > 30))
+    assert changed < 0.02, changed
+    assert np.abs(frame - reference).mean() < 2.0
+    runner.close()

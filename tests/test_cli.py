@@ -21,6 +21,14 @@ def _outcome_file(workdir, mutate):
 
 
 BAD_INPUTS = {
+    "EMA decay out of range": (
+        lambda w: ["job=train", "data=tiny", "train.ema_decay=1.5"],
+        "train.ema_decay=1.5 must be in (0, 1) (null: evaluate and save the last weights)",
+    ),
+    "regression videos without a rollout source": (
+        lambda w: ["job=regressions", "regressions.videos=2"],
+        "regressions.videos films with the baseline and candidate of a rollout source: add outcomes=rollout",
+    ),
     "LeRobot data without a root": (
         lambda w: ["job=residual_audit", "data=lerobot"],
         "data.root is required by vlaeval.data.lerobot.LeRobotDemonstrations",

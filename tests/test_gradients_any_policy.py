@@ -147,24 +147,40 @@ def test_both_builtin_policies_equal_the_per_sample_loop_in_float64(policy, whic
     torch.testing.assert_close(fast_loss, slow_loss, rtol=1e-12, atol=0)
     if policy == "tiny_dit" and method == "auto":
         used = set(norms.layer_methods.values())
-        assert {"linear_gram", "linear_rows", "functional_vjp"} <= used  # tokens, per-sample rows, no closed form
-        assert norms.layer_methods["final_norm"] == "functional_vjp"
+        assert {"linear_gram", "linear_rows", "layer_norm"} <= used  # tokens, per-sample rows, the norm in closed form
+        assert norms.layer_methods["final_norm"] == "layer_norm"
         assert norms.layer_methods["blocks.0.cross_attention.key"] == "linear_gram"
 
 
-@pytest.mark.parametrize("which", ["action_head", "all"])
-@pytest.mark.parametrize("method", ["auto", "functional"])
-def test_the_vision_language_policy_equals_the_per_sample_loop_in_float64(which, method):
-    """Conv2d, GroupNorm, Embedding, a learned position table, LayerNorm and attention over words:
-    every per-sample norm exact, on uint8 images the policy resizes itself and its own word ids."""
+VISION_VARIANTS = {
+    "as before": {"keypoint_norm": "none"},
+    "layernorm, film, two cameras, crop": {
+        "keypoint_norm": "layernorm",
+        "film": True,
+        "cameras": ["observation.images.corner", "observation.images.top"],
+        "crop": [0.1, 0.0, 0.8, 0.9],
+    },
+    "standardise, two frames": {"keypoint_norm": "standardise", "sharpness": 20.0, "history": 2},
+}
+
+
+@pytest.mark.parametrize(
+    "which,method,variant",
+    # The encoder's variants change nothing in the action head's gradients: only "all" varies them.
+    [(w, m, "as before") for w in ("action_head", "all") for m in ("auto", "functional")]
+    + [("all", m, v) for m in ("auto", "functional") for v in list(VISION_VARIANTS)[1:]],
+)
+def test_the_vision_language_policy_equals_the_per_sample_loop_in_float64(which, method, variant):
+    """Conv2d, GroupNorm, FiLM, Embedding, a learned position table, LayerNorm and attention over words:
+    every per-sample norm exact, on uint8 images the policy crops and resizes itself and its own word ids;
+    the convolutions and norms in closed form."""
     torch.manual_seed(6)
-    camera = "observation.images.corner"
+    options = {"cameras": ["observation.images.corner"], **VISION_VARIANTS[variant]}
     model = TinyVLAVision(
         VOCAB + ["the", "puck"],
         OBS,
         A,
         H,
-        cameras=[camera],
         image_size=16,
         image_channels=8,
         text_width=16,
@@ -173,15 +189,21 @@ def test_the_vision_language_policy_equals_the_per_sample_loop_in_float64(which,
         head_hidden=16,
         head_layers=2,
         time_embedding_dim=8,
+        **options,
     ).double()
+    g = torch.Generator().manual_seed(7)
+    frames = 3 * model.history
+    images = {c: torch.randint(0, 256, (9, frames, 20, 20), generator=g, dtype=torch.uint8) for c in model.cameras}
+    model.set_keypoint_statistics(images)
+    for film in model.images[0].film or ():  # zero-initialised: give FiLM something to differentiate
+        torch.nn.init.normal_(film.project.weight, std=0.3)
     model.eval()  # as gradient_measurements runs it: no training-time image shifts
     params = list(model.trainable_parameters(which))
     for p in model.parameters():
         p.requires_grad_(any(p is q for q in params))
     norms = PerSampleGradNorms(model, params, FLOW, method)
     batch, t, noise = batch_of(9)
-    g = torch.Generator().manual_seed(7)
-    batch[camera] = torch.randint(0, 256, (9, 3, 20, 20), generator=g, dtype=torch.uint8)  # resized to 16 inside
+    batch.update(images)  # resized to 16 inside
     texts = ["pick the puck", "place the puck", "push", "pick up the blue puck", "place"] * 2
     batch["instruction"] = model.tokenize(texts[:9])
     assert batch["instruction"].shape == (9, 5) and batch["instruction"][3, [1, 3]].tolist() == [1, 1]  # up, blue
@@ -192,16 +214,66 @@ def test_the_vision_language_policy_equals_the_per_sample_loop_in_float64(which,
     torch.testing.assert_close(fast_loss, slow_loss, rtol=1e-12, atol=0)
     if which == "all" and method == "auto":
         methods = norms.layer_methods
-        for layer in (
-            "images.0.layers.0",  # Conv2d
-            "images.0.layers.1",  # GroupNorm
-            "images.0.layers.7",  # the spatial softmax's sharpness
-            "text.embedding",
-            "text.positions",
-            "text.norm",
-        ):
+        assert methods["images.0.layers.0"] == "conv2d_outer"  # 8 x 75 weights < 64^2 positions
+        assert methods["images.0.layers.3"] == "conv2d_gram"  # 8 x 72 weights > 4^2 positions
+        assert methods["images.0.layers.1"] == "group_norm"
+        assert methods["text.norm"] == "layer_norm"
+        for layer in ("images.0.layers.7", "text.embedding", "text.positions"):  # no closed form
             assert methods[layer] == "functional_vjp", (layer, methods[layer])
         assert methods["text.attention.query"] == "linear_gram" and methods["encoder.0"] == "linear_rows"
+        if variant == "layernorm, film, two cameras, crop":
+            assert methods["images.1.keypoint_norm"] == "layer_norm"
+            assert methods["images.0.film.0.project"] == "linear_rows"
+
+
+class ConvNet(nn.Module):
+    """Convolutions the closed form must get right: stride, padding, dilation, groups, no bias, a
+    rectangular kernel, one conv called twice (its gradient is the sum over both calls), GroupNorm and a
+    LayerNorm over the channel axis of every position."""
+
+    def __init__(self):
+        super().__init__()
+        self.horizon, self.action_dim = H, A
+        self.first = nn.Conv2d(3, 6, (3, 5), stride=(2, 1), padding=(1, 2), dilation=(1, 2))
+        self.grouped = nn.Conv2d(6, 6, 3, padding=1, groups=3, bias=False)
+        self.norm = nn.GroupNorm(3, 6)
+        self.tokens_norm = nn.LayerNorm(6)
+        self.head = nn.Linear(6 + A + 1 + OBS, A)
+
+    def encode(self, batch):
+        x = self.first(batch["image"])
+        x = self.grouped(torch.tanh(self.norm(x)))
+        x = self.grouped(torch.tanh(x))  # called twice
+        x = self.tokens_norm(x.flatten(2).transpose(1, 2)).mean(dim=1)
+        return torch.cat([x, batch["observation"]], -1)
+
+    def velocity(self, conditioning, noisy, t):
+        b = noisy.shape[0]
+        c = conditioning[:, None].expand(b, self.horizon, conditioning.shape[-1])
+        return self.head(torch.cat([c, noisy, t[:, None, None].expand(b, self.horizon, 1)], -1))
+
+    def trainable_parameters(self, which):
+        return list(self.parameters())
+
+
+def test_convolutions_and_norms_in_closed_form_equal_the_loop_in_float64():
+    torch.manual_seed(3)
+    model = ConvNet()
+    fast_methods = {}
+    for size in (7, 3):
+        batch_extra = torch.randn(size, 3, 9, 11, generator=torch.Generator().manual_seed(size), dtype=torch.float64)
+        model = model.double()
+        params = list(model.parameters())
+        norms = PerSampleGradNorms(model, params, FLOW, "auto")
+        batch, t, noise = batch_of(size)
+        batch["image"] = batch_extra
+        fast, _ = norms(batch, t, noise)
+        slow, _ = norms.loop(batch, t, noise)
+        assert float(((fast - slow).abs() / slow).max()) < 1e-10
+        fast_methods = norms.layer_methods
+    assert fast_methods["first"] == "conv2d_outer" and fast_methods["grouped"].startswith("conv2d_")
+    assert fast_methods["grouped"].endswith("x2 calls")
+    assert fast_methods["norm"] == "group_norm" and fast_methods["tokens_norm"] == "layer_norm"
 
 
 def test_the_vision_policy_tokenizes_words_in_order_and_marks_unknown_ones():

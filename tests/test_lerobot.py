@@ -213,7 +213,7 @@ def test_a_dataset_whose_camera_is_av1_video_is_audited_with_a_vision_policy_rea
     result = json.loads((tmp_path / "audit" / "result.json").read_text())
     artifact = result["gradient_artifact"]
     assert artifact["dataset_sha256"] == dataset_sha256(str(root), camera_features=[WRIST])
-    assert artifact["layer_methods"]["images.0.layers.0"] == "functional_vjp"  # the first Conv2d
+    assert artifact["layer_methods"]["images.0.layers.0"] == "conv2d_outer"  # the first Conv2d, in closed form
     assert artifact["layer_methods"]["text.embedding"] == "functional_vjp"
     assert result["sample_count"] == 12 and np.isfinite([a["mean_residual"] for a in result["anchors"]]).all()
 

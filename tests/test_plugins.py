@@ -250,7 +250,7 @@ def test_the_readme_adapter_is_audited_end_to_end(tmp_path):
     result = json.loads((work / "audit" / "result.json").read_text())
     assert result["sample_count"] == 16 and "Residual audit gate" in proc.stdout
     methods = result["gradient_artifact"]["layer_methods"]
-    assert methods["net.vision.0"] == "functional_vjp" and methods["net.words"] == "functional_vjp"
+    assert methods["net.vision.0"] == "conv2d_outer" and methods["net.words"] == "functional_vjp"
     assert methods["net.head.0"] == methods["net.prefix.0"] == "linear_rows"
 
 

@@ -43,12 +43,20 @@ def _gauntlet(tmp: Path, name: str, *extra: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def three_runs(tmp_path_factory):
+def three_runs(tmp_path_factory, migrated_store):
     """The same rollout gauntlet three times on one cache and registry: the first finds the
-    registry empty and fills it, the second replays it, the third repeats the second. The first
-    draws a fresh cluster-order seed; the others replay it as job=reproduce does."""
+    registry empty and fills it (tracked in MLflow, with videos of two failures), the second replays
+    it, the third repeats the second. The first draws a fresh cluster-order seed; the others replay
+    it as job=reproduce does."""
+    import shutil
+
+    from helpers.processes import sqlite_uri
+
     tmp = tmp_path_factory.mktemp("rollout")
-    first = _gauntlet(tmp, "run1")
+    shutil.copy(migrated_store, tmp / "mlflow.db")
+    tracked = ["tracking=sqlite", f"tracking.uri={sqlite_uri(tmp / 'mlflow.db')}", "gauntlet.videos=2"]
+    # The registry where the untracked runs keep theirs (a tracked run's is beside its store).
+    first = _gauntlet(tmp, "run1", *tracked, f"outcomes.registry={tmp / 'cache' / 'vlaeval_failure_registry.jsonl'}")
     replay = f"reproduce.replay_order_seed={first['cluster_order']['order_seed']}"
     return tmp, [first, *(_gauntlet(tmp, f"run{k}", replay) for k in (2, 3))]
 
@@ -127,6 +135,52 @@ def test_an_empty_registry_is_reported_then_filled_and_replayed(three_runs):
     assert listing.returncode == 0, listing.stderr[-2000:]
     assert json.loads((tmp / "list" / "result.json").read_text())["count"] == len(registry)
     assert f"{len(registry)} scenarios" in listing.stdout
+    # With the gauntlet's pair of policies, job=regressions films a registry scenario they recorded.
+    filmed = run_main(
+        [
+            "job=regressions",
+            "outcomes=rollout_small",
+            "regressions.videos=1",
+            *QUIET,
+            f"hydra.run.dir={tmp / 'film'}",
+        ],
+        tmp,
+        env={"VLAEVAL_CACHE_DIR": str(tmp / "cache")},
+    )
+    assert filmed.returncode == 0, filmed.stderr[-2000:]
+    (video,) = json.loads((tmp / "film" / "result.json").read_text())["videos"]
+    assert Path(video).parent == tmp / "film" / "videos" and Path(video).stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_the_failures_are_filmed_side_by_side_and_logged_to_mlflow(three_runs):
+    """gauntlet.videos=2: the two failures (unsafe first) re-run from their seeds, baseline | candidate
+    as an H.264 MP4 as long as the longer episode (plus its opening frame), in the run folder and
+    under the MLflow run's artifacts; a run without the setting films nothing."""
+    import av
+    from mlflow.tracking import MlflowClient
+
+    from helpers.processes import sqlite_uri
+
+    tmp, (first, second, _) = three_runs
+    pairs = _pairs(first)
+    failures = pairs[(pairs["baseline"] == 1) & (pairs["candidate"] == 0)]
+    videos = first["rollouts"]["videos"]
+    assert len(videos) == min(2, len(failures)) > 0 and second["rollouts"]["videos"] == []
+    lengths = set(failures[["baseline_steps", "candidate_steps"]].max(axis=1).tolist())
+    for path in videos:
+        assert Path(path).parent == tmp / "run1" / "videos"
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+        assert stream.codec_context.name == "h264" and frames[0].shape == (192 + 2 * 28, 2 * 192 + 4, 3)
+        assert len(frames) - 1 in lengths
+        assert frames[0][28:-28].std() > 10 and not np.array_equal(frames[0], frames[-1])  # a scene that moves
+    assert not list((tmp / "run1" / "videos").glob(".*"))  # no temporary file left behind
+    client = MlflowClient(tracking_uri=sqlite_uri(tmp / "mlflow.db"))
+    run = client.search_runs([client.get_experiment_by_name("vlaeval-gauntlet").experiment_id])[0]
+    logged = sorted(a.path.split("/")[-1] for a in client.list_artifacts(run.info.run_id, "videos"))
+    assert logged == sorted(Path(p).name for p in videos)
 
 
 @pytest.mark.slow

@@ -105,13 +105,14 @@ def test_bad_adaptive_settings_are_one_line_errors(override, message):
 def test_checkpoints_cached_before_the_new_train_settings_keep_their_keys():
     """At AdamW and the training distribution the key sees exactly the settings it saw before they
     existed; switching either on changes it, and a setting only the switched-off mode uses does not."""
-    cfg = compose_config(["data=tiny"])
+    off = ["data=tiny", "train.warmup_steps=0", "train.grad_clip_norm=null", "train.ema_decay=null"]  # the recipe
+    cfg = compose_config(off)
     before = {"steps", "batch_size", "learning_rate", "weight_decay", "seed"}
     assert set(weight_train_settings(cfg.train)) == before
-    unused = compose_config(["data=tiny", "train.time_bins=4", "train.momentum=0.5"])
+    unused = compose_config([*off, "train.time_bins=4", "train.momentum=0.5", "train.threads=1"])
     assert weight_train_settings(unused.train) == weight_train_settings(cfg.train)
     for switch in (["train.optimizer=sgd"], ["train.time_sampling=adaptive"]):
-        other = compose_config(["data=tiny", *switch])
+        other = compose_config([*off, *switch])
         assert weight_train_settings(other.train) != weight_train_settings(cfg.train)
 
 

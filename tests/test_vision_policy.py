@@ -40,10 +40,12 @@ class SeeingPolicy(TinyVLAVision):
         return super().encode(batch)
 
 
-def seeing_policy() -> Any:
+def seeing_policy(**options: Any) -> Any:
     torch.manual_seed(0)
     vocab = sorted({w for text in INSTRUCTIONS for w in text.split()})
-    model = SeeingPolicy(vocab, 39, 4, 4, image_size=32, image_channels=8, text_width=16, conditioning_dim=16)
+    model = SeeingPolicy(
+        vocab, 39, 4, 4, image_size=32, image_channels=8, text_width=16, conditioning_dim=16, **options
+    )
     return bind_policy(model, INSTRUCTIONS, FlowConfig(), vocab=vocab, image_size=32)
 
 
@@ -157,6 +159,62 @@ def test_a_vision_policy_sees_its_camera_and_is_told_its_episode_instruction_at_
     alone = seeing_policy()
     rollout_lockstep(alone, episodes[3:], execute_actions=2, max_steps=2)
     assert torch.equal(alone.model.seen[0][CORNER][0], images[3])
+
+
+def test_a_policy_reading_two_frames_sees_the_previous_step_and_the_present_one():
+    """model.history=2: every call gets each camera's last two frames, oldest first, stacked on the
+    channels; the first call repeats the opening frame (as an episode's first anchor does in training),
+    and each later frame is the one after the step before -- even between calls (execute_actions=2)."""
+    need(osmesa_installed(), "Debian's libosmesa6 (OSMesa: MuJoCo's camera rendering on the CPU)")
+    episodes = [Episode("reach-v3", 0, 25, 1), Episode("push-v3", 1, 26, 2)]
+    two = seeing_policy(history=2)
+    rollout_lockstep(two, episodes, execute_actions=1, max_steps=3)
+    calls = [c[CORNER][:2] for c in two.model.seen]
+    assert calls[0].shape == (2, 6, 32, 32)
+    assert torch.equal(calls[0][:, :3], calls[0][:, 3:])  # the opening frame, twice
+    for before, after in zip(calls, calls[1:]):
+        assert torch.equal(after[:, :3], before[:, 3:])  # the previous call's present is this call's past
+    one = seeing_policy()
+    rollout_lockstep(one, episodes, execute_actions=1, max_steps=1)
+    assert torch.equal(calls[0][:, 3:], one.model.seen[0][CORNER][:2])  # the present frame is the one-frame policy's
+    # Between calls too: with 2 actions per call, the second call's past is the frame after step 1,
+    # rendered by the same camera at the same size as a watcher sees it.
+    from vlaeval.data.cameras import channel_first
+    from vlaeval.data.rendering import SceneCameras
+
+    after_step: Dict[int, List[np.ndarray]] = {0: [], 1: []}
+    renderers: Dict[int, Any] = {}
+
+    def watch(k, env):
+        if k not in renderers:
+            renderers[k] = SceneCameras(env.unwrapped.model, ["corner"], 32)
+        after_step[k].append(renderers[k].render(env.unwrapped.data)[CORNER])
+
+    skipping = seeing_policy(history=2)
+    rollout_lockstep(skipping, episodes, execute_actions=2, max_steps=4, watch=watch)
+    for renderer in renderers.values():
+        renderer.close()
+    later = skipping.model.seen[1][CORNER][:2]
+    for k in (0, 1):  # after_step[k][0] is the opening frame, [1] the frame after step 1
+        assert torch.equal(later[k, :3], torch.from_numpy(channel_first(after_step[k][1][None])[0]))
+        assert torch.equal(later[k, 3:], torch.from_numpy(channel_first(after_step[k][2][None])[0]))
+
+
+def test_the_anchors_of_a_two_frame_policy_carry_the_step_before():
+    from vlaeval.policy.bound import anchor_frames
+
+    class Frames:
+        def decode_cameras(self, steps):
+            return {CORNER: np.asarray(steps, dtype=np.uint8)[:, None, None, None] * np.ones((1, 3, 2, 2), np.uint8)}
+
+    class Anchors:
+        demonstrations = Frames()
+        base_index = np.array([10, 11, 12, 20])
+        anchor_index = np.array([0, 1, 2, 0])  # 10 and 20 open their episodes
+
+    frames = anchor_frames(Anchors(), np.arange(4), 2)[CORNER]
+    assert frames.shape == (4, 6, 2, 2)
+    assert frames[:, 0, 0, 0].tolist() == [10, 10, 11, 20] and frames[:, 3, 0, 0].tolist() == [10, 11, 12, 20]
 
 
 def test_a_policy_reading_a_camera_meta_world_lacks_is_refused_by_name():
@@ -307,3 +365,63 @@ def test_the_ablation_runs_on_the_vision_policy(tmp_path):
     assert len(result["runs"]) == 8 and result["heldout_anchors"] > 0  # 4 proposals x 2 seeds
     for proposal in summary.values():
         assert np.isfinite(proposal["final_heldout_loss"]["mean"]) and "success_rate" in proposal
+
+
+def _small_vision(**options: Any) -> TinyVLAVision:
+    torch.manual_seed(0)
+    vocab = sorted({w for text in INSTRUCTIONS for w in text.split()})
+    return TinyVLAVision(
+        vocab, 39, 4, 4, image_size=16, image_channels=8, text_width=16, conditioning_dim=16, **options
+    )
+
+
+def test_the_keypoints_are_standardised_on_the_images_they_were_measured_on_and_saved_with_the_weights():
+    model = _small_vision(keypoint_norm="standardise", sharpness=20.0).eval()
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (64, 3, 24, 24), generator=g, dtype=torch.uint8)
+    model.set_keypoint_statistics({CORNER: images})
+    with torch.no_grad():
+        features = model.images[0](model.pixels(images))
+    torch.testing.assert_close(features.mean(0), torch.zeros(16), atol=1e-5, rtol=0)
+    torch.testing.assert_close(features.std(0), torch.ones(16), atol=1e-4, rtol=0)
+    state = model.state_dict()
+    assert {"images.0.keypoint_norm.mean", "images.0.keypoint_norm.sd"} <= set(state)
+    again = _small_vision(keypoint_norm="standardise", sharpness=20.0)
+    again.load_state_dict(state)
+    torch.testing.assert_close(again.images[0].keypoint_norm.sd, model.images[0].keypoint_norm.sd)
+    # The encoder as it was (no norm) keeps its checkpoints' keys.
+    assert set(_small_vision(keypoint_norm="none").state_dict()) == {k for k in state if "keypoint_norm" not in k}
+
+
+def test_film_starts_as_the_unconditioned_encoder_and_the_crop_takes_the_named_part_of_the_frame():
+    plain, film = _small_vision(), _small_vision(film=True)
+    film.load_state_dict(plain.state_dict(), strict=False)  # FiLM's projections are extra, zero-initialised
+    g = torch.Generator().manual_seed(2)
+    batch = {
+        "observation": torch.randn(5, 39, generator=g),
+        "instruction": plain.tokenize(INSTRUCTIONS * 2 + INSTRUCTIONS[:1]),
+        CORNER: torch.randint(0, 256, (5, 3, 16, 16), generator=g, dtype=torch.uint8),
+    }
+    plain.eval(), film.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(film.encode(batch), plain.encode(batch))
+    cropped = _small_vision(crop=[0.25, 0.5, 0.5, 0.5]).eval()
+    frame = torch.zeros(1, 3, 32, 32, dtype=torch.uint8)
+    frame[..., 8:24, 16:32] = 255  # exactly the crop's rows 8..24, columns 16..32
+    assert float(cropped.pixels(frame).min()) == 1.0
+
+
+@pytest.mark.parametrize(
+    "options, needle",
+    [
+        ({"keypoint_norm": "batchnorm"}, "model.keypoint_norm=batchnorm is not one of none, layernorm, standardise"),
+        ({"crop": [0.5, 0.0, 0.6, 1.0]}, "model.crop=[0.5, 0.0, 0.6, 1.0] is not (top, left, height, width) fractions"),
+        ({"crop": [0.1, 0.1]}, "model.crop=[0.1, 0.1] is not (top, left, height, width)"),
+        ({"sharpness": 0.0}, "model.sharpness=0.0 must be positive"),
+        ({"cameras": []}, "model.cameras is empty"),
+    ],
+)
+def test_a_bad_vision_setting_is_one_line(options, needle):
+    with pytest.raises(UserInputError) as error:
+        _small_vision(**options)
+    assert str(error.value).startswith(needle) and "\n" not in str(error.value)

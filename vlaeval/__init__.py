@@ -12,3 +12,8 @@ os.environ.setdefault("MUJOCO_GL", "osmesa")
 # them forever. Rasterising in the calling thread avoids that, at no cost for small frames
 # (measured: 7.4 ms a 64x64 frame either way), and leaves the cores to the rollout workers.
 os.environ.setdefault("LP_NUM_THREADS", "0")
+# torch's OpenMP threads spin while they wait for each other. On a busy machine (a test run, other
+# jobs) a spinning thread holds a core its partner needs: training steps of the default policy ran
+# 85x slower with two threads than with one (benchmarks/vision_speed.py). A passive wait costs
+# nothing idle. OpenMP reads this when torch is first imported: vlaeval is imported before torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -134,6 +134,10 @@ class GauntletConfig:
     # Each outcome-file stratum's tested evidence is recorded under <paths.cache_dir>/gauntlet-ledger; a
     # later run on a file that repeats or extends it continues that test (vlaeval/gauntlet/ledger.py).
     evidence_ledger: bool = True
+    # Rollouts only: side-by-side videos (baseline | candidate) of up to this many paired episodes the
+    # candidate failed and the baseline passed, unsafe ones first, re-run from their seeds after the
+    # test and logged as artifacts (vlaeval/rollouts/videos.py); 0: none.
+    videos: int = 0
     # Source strata accepted as new although their names are one or two edits from a configured
     # stratum (otherwise refused as a likely typo: "did you mean ...").
     accept_new_strata: List[str] = field(default_factory=list)
@@ -181,6 +185,19 @@ class TrainConfig:
     batch_size: int = 256
     learning_rate: float = 1e-3  # the peak of a cosine schedule to zero at `steps`
     weight_decay: float = 0.0
+    # The recipe image policies train with (Diffusion Policy, DP3), on for every built-in policy: the
+    # learning rate rises linearly over warmup_steps before the cosine (a run no longer than the warmup
+    # only rises); each step's gradient is clipped to grad_clip_norm (null: no clipping); an exponential
+    # moving average of the weights (ema_decay, ramped up as min(ema_decay, (1 + step) / (10 + step)))
+    # is what the held-out loss reads, what is evaluated and what the checkpoint holds (null: the last
+    # weights). 0, null, null train as before these existed, under the keys those checkpoints had.
+    # Measured in benchmarks/vision_ablations.py (the vision and the state policy, with and without).
+    warmup_steps: int = 200
+    grad_clip_norm: Optional[float] = 1.0
+    ema_decay: Optional[float] = 0.999
+    # torch's intra-op threads while training; 0: one for a model whose training step is under 2 GFLOP
+    # (the MLP and transformer policies), every available core above (vlaeval/policy/threads.py).
+    threads: int = 0
     optimizer: Optimizer = Optimizer.adamw
     momentum: float = 0.9  # optimizer=sgd only (heavy-ball momentum)
     seed: int = 0
@@ -387,6 +404,13 @@ class HistoryConfig:
 
 
 @dataclass
+class RegressionsConfig:
+    # job=regressions: side-by-side videos (baseline | candidate) of up to this many registry scenarios
+    # that outcomes=rollout's baseline and candidate recorded, re-run from their seeds (0: list only).
+    videos: int = 0
+
+
+@dataclass
 class SyncConfig:
     # Folders searched (recursively) for runs spooled while the tracking store was unreachable.
     paths: List[str] = field(default_factory=lambda: ["outputs", "multirun_sweeps"])
@@ -424,6 +448,7 @@ class VlaevalConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)
     history: HistoryConfig = field(default_factory=HistoryConfig)
+    regressions: RegressionsConfig = field(default_factory=RegressionsConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
 
 

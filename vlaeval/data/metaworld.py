@@ -26,7 +26,7 @@ import numpy as np
 
 from vlaeval.artifacts import atomic_write_json, atomic_write_npz, read_json, sha256_json, stable_seed
 from vlaeval.data.cameras import CameraFrames, FrameArray
-from vlaeval.data.rendering import METAWORLD_CAMERAS, SceneCameras, camera_key
+from vlaeval.data.rendering import METAWORLD_CAMERAS, RENDERER_VERSION, SceneCameras, camera_key
 from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.store import get_or_build
 
@@ -390,6 +390,8 @@ def _data_fields(data: Any) -> Dict[str, Any]:
     if not out.get("cameras"):  # and data without cameras
         out.pop("cameras", None)
         out.pop("image_size", None)
+    else:  # what the renderer draws decides the frames (full meshes before version 2)
+        out["renderer"] = RENDERER_VERSION
     return out
 
 

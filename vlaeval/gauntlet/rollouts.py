@@ -29,6 +29,7 @@ import numpy as np
 
 from vlaeval.artifacts import sha256_json, stable_seed
 from vlaeval.config import StratumConfig
+from vlaeval.data.rendering import RENDERER_VERSION
 from vlaeval.envs.metaworld import NO_PERTURBATION, Episode, Perturbation
 from vlaeval.errors import require, require_at_least
 from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes
@@ -369,6 +370,8 @@ class RolloutOutcomes:
             degradation = self.degradations.get(stratum, NO_PERTURBATION) if role == "candidate" else NO_PERTURBATION
             episodes = [episode_from_spec(s, tasks.index(str(s["task"])), degradation) for s in specs]
             controls = {**self.controls(), "flow": _plain(policy.flow)}
+            if policy.bound.cameras:  # what its cameras show depends on the renderer
+                controls["renderer"] = RENDERER_VERSION
             keys[role] = [episode_key(policy.sha256, e, controls) for e in episodes]
             found[role] = cache.get_many(keys[role])
             todo = [i for i, key in enumerate(keys[role]) if key not in found[role]]
@@ -428,6 +431,41 @@ class RolloutOutcomes:
             for row in self.rows
             if row["baseline"] and not row["candidate"]
         ]
+
+    def film(self, folder: Path, count: int, failures: Optional[Sequence[Mapping[str, Any]]] = None) -> List[Path]:
+        """Side-by-side videos (baseline | candidate) of up to `count` of the episodes the candidate
+        failed and the baseline passed -- this run's, or `failures` (registry entries of these two
+        policies) -- the unsafe ones first, re-run from their seeds in this process
+        (vlaeval/rollouts/videos.py), into `folder`. This run's are checked to re-run to their
+        recorded outcomes; a registry entry's degradation (effects) was the gauntlet's, so its video
+        shows what the policies do now."""
+        from vlaeval.data.metaworld import instruction_for
+        from vlaeval.rollouts.videos import pick, regression_video, video_name
+
+        written = []
+        for failure in pick(self.failures() if failures is None else failures, count):
+            spec, stratum = failure["episode"], str(failure["stratum"])
+            task = str(spec["task"])
+            degradation = self.degradations.get(stratum, NO_PERTURBATION)
+            episodes = {
+                "baseline": episode_from_spec(spec, 0, NO_PERTURBATION),
+                "candidate": episode_from_spec(spec, 0, degradation),
+            }
+            bound = {role: p.bound.for_instructions([instruction_for(task)]) for role, p in self.policies.items()}
+            written.append(
+                regression_video(
+                    bound["baseline"],
+                    bound["candidate"],
+                    episodes,
+                    folder / video_name(stratum, str(failure["scenario_id"])),
+                    title=f"{stratum}: {task}, scene {spec.get('family', 0)}/{spec['variant']}, seed {spec['seed']}",
+                    instruction=str(spec.get("instruction") or instruction_for(task)),
+                    execute_actions=self.execute_actions,
+                    max_steps=self.max_steps,
+                    expected={"baseline": True, "candidate": False} if failures is None else None,
+                )
+            )
+        return written
 
     def paired_outcomes_table(self) -> List[Dict[str, Any]]:
         """Every episode produced, as rows of the outcome-file format (plus unsafe and steps columns)."""

@@ -104,6 +104,7 @@ def validate_gauntlet(
         f"gauntlet.catastrophic_delta={s.catastrophic_delta} must be in [margin_delta={s.margin_delta}, 1)",
     )
     require_at_least("gauntlet.batch_units", s.batch_units, 1)
+    require(s.videos >= 0, f"gauntlet.videos={s.videos} must be >= 0 (0: no videos)")
     require_at_least("gauntlet.budget_units", s.budget_units, 1)
     require(s.nominal_base_allowance >= 0, f"gauntlet.nominal_base_allowance={s.nominal_base_allowance} must be >= 0")
     require(s.nominal_expand_factor >= 1.0, f"gauntlet.nominal_expand_factor={s.nominal_expand_factor} must be >= 1")

@@ -7,6 +7,8 @@ sliced by the scheduler). Everything else is an optional capability, all of its 
 
   PreparesPolicies  prepare(progress) -> (baseline version, candidate version), before any unit
   RecordsEpisodes   paired_outcomes_table(), failures(), stats(), registry: the episodes it ran
+  FilmsEpisodes     film(folder, count[, failures]): videos of the episodes the candidate failed and
+                    the baseline passed (gauntlet.videos; job=regressions: registry entries)
   Closable          close(): release what it holds (a Ray instance), after the gauntlet
   HasNotices        notices(): lines the report shows before the strata
   LabelsStrata      stratum_data_labels(): where each stratum's evidence came from
@@ -20,6 +22,7 @@ The gauntlet then talks only to the `CheckedSource`, whose typed fields replace 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
 
 import numpy as np
@@ -33,6 +36,7 @@ OUTCOME_HOOKS = ("produce", "load")  # at least one
 CAPABILITIES: Dict[str, Tuple[str, ...]] = {
     "PreparesPolicies": ("prepare",),
     "RecordsEpisodes": ("paired_outcomes_table", "failures", "stats", "registry"),
+    "FilmsEpisodes": ("film",),
     "Closable": ("close",),
     "HasNotices": ("notices",),
     "LabelsStrata": ("stratum_data_labels",),
@@ -111,6 +115,7 @@ class CheckedSource:
         self.produces = callable(getattr(source, "produce", None))
         self.prepares_policies = capabilities["PreparesPolicies"]
         self.records_episodes = capabilities["RecordsEpisodes"]
+        self.films_episodes = capabilities["FilmsEpisodes"]
         self.closable = capabilities["Closable"]
         self.has_notices = capabilities["HasNotices"]
         self.labels_strata = capabilities["LabelsStrata"]
@@ -142,6 +147,11 @@ class CheckedSource:
     # The optional capabilities: a no-op where the source lacks them.
     def prepare(self, progress: Optional[Callable[[str, int, int], None]] = None) -> Optional[Tuple[str, str]]:
         return tuple(self.source.prepare(progress)) if self.prepares_policies else None
+
+    def film(self, folder: Path, count: int, failures: Optional[List[Dict[str, Any]]] = None) -> List[Path]:
+        if not self.films_episodes or count <= 0:
+            return []
+        return [Path(p) for p in self.source.film(folder, count, *([] if failures is None else [failures]))]
 
     def close(self) -> None:
         if self.closable:

@@ -38,6 +38,7 @@ from vlaeval.seqtest import MODE_EXACT
 from vlaeval.tracking import config_sha256
 
 JOB = "gauntlet"
+VIDEO_FOLDER = "videos"  # regression videos, in the run folder and under the MLflow run's artifacts
 # The config sections this job reads besides job, paths and tracking: the only ones it is given,
 # logs and digests (vlaeval.jobs.dispatch).
 READS = ("gauntlet", "strata", "effects", "outcomes", "reproduce")
@@ -81,11 +82,12 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     )
     cache = ArrayCache(cfg.paths.cache_dir, enabled=settings.use_cache, namespace="gauntlet-units")
     ledger = EvidenceLedger(Path(cfg.paths.cache_dir) / LEDGER_FOLDER) if settings.evidence_ledger else None
-    result = evaluate_strata(inputs, cache, lineage, ledger)
+    result, videos = evaluate_strata(inputs, cache, lineage, ledger, output_dir(cfg))
     extra: List[Tuple[Path, Optional[str]]] = []
     rollouts = None
     if inputs.source.records_episodes:
         rollouts = record_rollouts(inputs.source.episodes(), result, output_dir(cfg))
+        rollouts["videos"] = [str(v) for v in videos]
         extra.append((Path(rollouts["paired_outcomes"]), None))
     result = result.with_job_record(preflight=preflight, notices=inputs.resolved.notices, rollouts=rollouts)
     for path in result.cache["corrupt_entries"]:
@@ -107,7 +109,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             history=view.history,
             plots=plots,
             code=code,
-            artifacts=[(trajectories, None), *extra],
+            artifacts=[(trajectories, None), *extra, *((v, VIDEO_FOLDER) for v in videos)],
         ),
     )
     if ledger is not None:  # after the result is saved: what this run tested, for the runs that continue it
@@ -142,24 +144,23 @@ def prepare_policies(inputs: GauntletInputs) -> None:
 
 
 def evaluate_strata(
-    inputs: GauntletInputs, cache: ArrayCache, lineage: Dict[str, Any], ledger: Optional[EvidenceLedger]
-) -> GauntletResult:
-    """The strata in priority order, a progress bar each; the source is closed however it ends."""
-    with console.strata_progress() as update:
+    inputs: GauntletInputs, cache: ArrayCache, lineage: Dict[str, Any], ledger: Optional[EvidenceLedger], out: Path
+) -> Tuple[GauntletResult, List[Path]]:
+    """The strata in priority order, a progress bar each; then, while the source still holds its
+    policies, the videos gauntlet.videos asks for (into out/videos). The source is closed however it ends."""
 
-        def on_batch(p: BatchProgress) -> None:
-            e = p.e_values or {}
-            wealth = (
-                f", e(reg) {e['e_value_regression']:.3g}, e(pass) {e['e_value_pass']:.3g}"
-                if e.get("e_value_regression") is not None and e.get("e_value_pass") is not None
-                else ""
-            )
-            update(
-                p.stratum, p.units_in_stratum, p.unit_limit, f"{p.clusters} clusters{wealth} [{p.decision}]", p.final
-            )
+    def on_batch(p: BatchProgress) -> None:
+        e = p.e_values or {}
+        wealth = (
+            f", e(reg) {e['e_value_regression']:.3g}, e(pass) {e['e_value_pass']:.3g}"
+            if e.get("e_value_regression") is not None and e.get("e_value_pass") is not None
+            else ""
+        )
+        update(p.stratum, p.units_in_stratum, p.unit_limit, f"{p.clusters} clusters{wealth} [{p.decision}]", p.final)
 
-        try:
-            return run_gauntlet(
+    try:
+        with console.strata_progress() as update:
+            result = run_gauntlet(
                 inputs.settings,
                 inputs.strata,
                 inputs.effects,
@@ -172,8 +173,12 @@ def evaluate_strata(
                 order_seed=inputs.order,
                 ledger=ledger,
             )
-        finally:
-            inputs.source.close()  # e.g. a Ray instance the rollouts started
+        videos = inputs.source.film(out / VIDEO_FOLDER, inputs.settings.videos)
+        if videos:
+            console.show(f"{len(videos)} regression video(s), baseline | candidate: {out / VIDEO_FOLDER}")
+    finally:
+        inputs.source.close()  # e.g. a Ray instance the rollouts started
+    return result, videos
 
 
 def record_rollouts(source: RecordsEpisodes, result: GauntletResult, out: Path) -> Dict[str, Any]:

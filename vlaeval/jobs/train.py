@@ -30,7 +30,7 @@ from vlaeval.policy.builtin import PolicySpec, checkpoint_key, train_and_save
 from vlaeval.policy.checkpoint import sidecar_path
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.time_sampling import validate_time_sampling
-from vlaeval.policy.training import TrainingExtras
+from vlaeval.policy.training import TrainingExtras, validate_training_recipe
 from vlaeval.residual.ablation import mean_loss
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.rollouts.engine import evaluate_closed_loop
@@ -52,6 +52,7 @@ def validate_train(cfg: DictConfig) -> None:
     require_at_least("train.log_every", t.log_every, 1)
     require(0.0 <= t.momentum < 1.0, f"train.momentum={t.momentum} must be in [0, 1)")
     validate_time_sampling(t)
+    validate_training_recipe(t)
     FlowConvention.of(cfg.flow).validate()
     if AnchorSampling.parse(t.anchor_sampling, "train.anchor_sampling") == AnchorSampling.residual:
         validate_estimator_config(cfg.estimator)

@@ -9,7 +9,9 @@ the bag-of-words over the vocabulary it was built with (vlaeval/policy/protocol.
 
 A module with `cameras` (the camera features it reads, e.g. ["observation.images.corner"]) is given
 those images, uint8 (B, 3, height, width) as the data stores them, in its anchor batches, and the
-rollout engine renders them at `image_size` (the data's frame size) at every policy call.
+rollout engine renders them at `image_size` (the data's frame size) at every policy call. A module
+with `history` = k > 1 is given each camera's last k frames stacked on the channels, oldest first:
+uint8 (B, 3k, height, width).
 
 A BoundPolicy pickles (the flow is a plain value), so a rollout worker process receives it whole.
 """
@@ -63,6 +65,7 @@ class BoundPolicy:
     vocab: Optional[Tuple[str, ...]] = None
     cameras: Tuple[str, ...] = ()  # the camera features the model reads (its `cameras`)
     image_size: int = 64  # the frame size rollouts render those cameras at: the data's
+    frames: int = 1  # camera frames per observation (the model's `history`): the latest last, on the channels
 
     # ------------------------------------------------------------------ inputs
     def anchor_batch(self, anchors: AnchorSet, index: np.ndarray) -> Batch:
@@ -79,10 +82,12 @@ class BoundPolicy:
             "target_actions": torch.from_numpy(anchors.target_actions[index]).to(device),
             "target_mask": torch.from_numpy(anchors.target_mask[index]).to(device),
             **{
-                name: torch.from_numpy(images).to(device)
-                for name, images in anchors.demonstrations.decode_cameras(anchors.base_index[index]).items()
+                name: torch.from_numpy(images).to(device) for name, images in self.anchor_images(anchors, index).items()
             },
         }
+
+    def anchor_images(self, anchors: AnchorSet, index: np.ndarray) -> Dict[str, np.ndarray]:
+        return anchor_frames(anchors, index, self.frames)
 
     def episode_tokens(self, task_index: Sequence[int], instructions: Sequence[Optional[str]]) -> torch.Tensor:
         """(B, ...) what each episode's policy is told: its task's tokens, or -- where an episode
@@ -116,6 +121,18 @@ class BoundPolicy:
         return dataclasses.replace(self, tokens=instruction_tokens(self.model, instructions, self.vocab))
 
 
+def anchor_frames(anchors: AnchorSet, index: np.ndarray, frames: int) -> Dict[str, np.ndarray]:
+    """Each camera's frames of anchors[index]: uint8 (B, 3 * frames, H, W), the `frames` steps up to
+    the anchor's, oldest first (an episode's first frame repeated before it starts, as a rollout
+    begins)."""
+    if frames == 1:
+        return anchors.demonstrations.decode_cameras(anchors.base_index[index])
+    within = anchors.anchor_index[index]
+    steps = [anchors.base_index[index] - np.minimum(back, within) for back in range(frames - 1, -1, -1)]
+    decoded = [anchors.demonstrations.decode_cameras(s) for s in steps]
+    return {name: np.concatenate([d[name] for d in decoded], axis=1) for name in decoded[0]}
+
+
 def bind_policy(
     model: torch.nn.Module,
     instructions: Sequence[str],
@@ -138,4 +155,5 @@ def bind_policy(
         None if vocab is None else tuple(str(word) for word in vocab),
         tuple(str(c) for c in (getattr(model, "cameras", None) or ())),
         int(size),
+        int(getattr(model, "history", 1) or 1),
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -18,7 +19,7 @@ from vlaeval.config import to_plain
 from vlaeval.data.anchors import AnchorSet, build_anchors
 from vlaeval.data.metaworld import Demonstrations
 from vlaeval.errors import UserInputError, first_line, require
-from vlaeval.policy.bound import BoundPolicy, bind_policy
+from vlaeval.policy.bound import BoundPolicy, anchor_frames, bind_policy
 from vlaeval.policy.checkpoint import load_state_dict, save_checkpoint
 from vlaeval.policy.protocol import check_policy
 from vlaeval.policy.tiny_vla import vocabulary
@@ -28,7 +29,14 @@ from vlaeval.store import get_or_build
 log = logging.getLogger(__name__)
 
 # Training settings that do not change the trained weights (left out of the cache key).
-NON_WEIGHT_TRAIN_KEYS = ("log_every", "evaluate_after", "heldout_every", "heldout_episodes_per_task", "heldout_draws")
+NON_WEIGHT_TRAIN_KEYS = (
+    "log_every",
+    "evaluate_after",
+    "heldout_every",
+    "heldout_episodes_per_task",
+    "heldout_draws",
+    "threads",  # the speed only (up to rounding in a reduction's order)
+)
 # Settings added after checkpoints were first cached, left out of the key while they train exactly as
 # before they existed (AdamW; flow time from the training distribution), so those checkpoints keep their
 # keys: {the setting that switches them on: (its value before, the settings it alone uses)}.
@@ -37,8 +45,12 @@ LATER_TRAIN_KEYS = {
     "time_sampling": ("uniform", ("time_signal", "time_bins", "time_decay", "time_floor", "time_warmup_steps")),
     "anchor_sampling": ("uniform", ()),
     "init_from": ("None", ()),
+    "warmup_steps": ("0", ()),
+    "grad_clip_norm": ("None", ()),
+    "ema_decay": ("None", ()),
 }
 
+KEYPOINT_STATISTICS_IMAGES = 512  # training frames a vision policy's fixed keypoint standardisation reads
 CHECKPOINT_FILE = "model.pt"  # a built-in checkpoint in its store entry
 
 
@@ -120,6 +132,14 @@ def build_model(spec: PolicySpec, data: PolicyData) -> torch.nn.Module:
     if hasattr(model, "set_observation_statistics"):
         obs = torch.from_numpy(data.demonstrations.observations)
         model.set_observation_statistics(obs.mean(0), obs.std(0))
+    if hasattr(model, "set_keypoint_statistics") and data.demonstrations.cameras:
+        # Evenly spaced training anchors' frames, in eval mode (no augmentation): the same images for a config.
+        index = np.unique(np.linspace(0, len(data.anchors) - 1, KEYPOINT_STATISTICS_IMAGES).astype(np.int64))
+        images = anchor_frames(data.anchors, index, int(getattr(model, "history", 1) or 1))
+        was_training = model.training
+        model.eval()
+        model.set_keypoint_statistics({k: torch.from_numpy(v) for k, v in images.items()})
+        model.train(was_training)
     return model
 
 

@@ -12,8 +12,10 @@ import torch
 from vlaeval.artifacts import stable_seed
 from vlaeval.choices import Optimizer
 from vlaeval.data.anchors import AnchorSet
+from vlaeval.errors import require
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import FlowConvention
+from vlaeval.policy.threads import gflop_of, intra_op_threads, threads_for
 from vlaeval.policy.time_sampling import AdaptiveTimeSampler, time_sampler
 
 
@@ -87,6 +89,63 @@ def minibatch_loss(
     return (torch.from_numpy(weights.astype(np.float32)) * losses).mean(), losses, u, anchor_weights
 
 
+class WeightAverage:
+    """An exponential moving average of a model's trainable weights (train.ema_decay), in a copy of
+    the model that the held-out loss reads and that replaces the weights at the end. The decay ramps
+    up as min(decay, (1 + step) / (10 + step)), so the first steps' weights do not linger."""
+
+    def __init__(self, model: torch.nn.Module, decay: float) -> None:
+        import copy
+
+        self.decay = float(decay)
+        self.model = copy.deepcopy(model).eval()
+        self.online: List[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
+        self.average: List[torch.Tensor] = [
+            p for p, q in zip(self.model.parameters(), model.parameters()) if q.requires_grad
+        ]
+
+    @torch.no_grad()
+    def update(self, step: int) -> None:
+        decay = min(self.decay, (1.0 + step) / (10.0 + step))
+        torch._foreach_lerp_(self.average, [p.detach() for p in self.online], 1.0 - decay)
+
+    @torch.no_grad()
+    def copy_to(self, model: torch.nn.Module) -> None:
+        for average, online in zip(self.average, self.online):
+            online.copy_(average)
+
+
+def learning_rate_schedule(optimizer: torch.optim.Optimizer, train: Any) -> torch.optim.lr_scheduler.LRScheduler:
+    """Linear warmup over train.warmup_steps (from lr / warmup_steps), then a cosine to zero at
+    train.steps; a run no longer than the warmup only rises."""
+    steps, warmup = max(int(train.steps), 1), int(train.get("warmup_steps", 0) or 0)
+    if warmup <= 0:
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min((step - warmup) / max(steps - warmup, 1), 1.0)
+        return 0.5 * (1.0 + float(np.cos(np.pi * progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def step_gflop(policy: BoundPolicy, anchors: AnchorSet, batch_size: int) -> float:
+    """A training step's work in GFLOP: a forward pass of one minibatch counted, the backward taken
+    as twice the forward. Drawn from its own generator, in eval mode (no augmentation), without
+    gradients: training's draws and weights are untouched."""
+    rng = np.random.default_rng(0)
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        with torch.no_grad():
+            forward = gflop_of(lambda: minibatch_loss(policy, anchors, rng, batch_size, None, None))
+    finally:
+        policy.model.train(was_training)
+    return 3.0 * forward
+
+
 def train_policy(
     policy: BoundPolicy,
     anchors: AnchorSet,
@@ -97,15 +156,36 @@ def train_policy(
     """Train `policy` in place for train.steps minibatches of train.batch_size anchors (uniformly, or
     from extras.anchor_probabilities), flow time from the training distribution or the adaptive
     sampler (train.time_sampling), every loss importance-weighted so that the objective stays the
-    policy's own, with a cosine schedule from train.learning_rate to zero. Returns the loss curve
-    (the mean of each log_every steps' minibatch losses, weighted), the held-out curve (step, the
-    run's clock in seconds, loss) when extras ask for it, and timings."""
+    policy's own, with a cosine schedule from train.learning_rate to zero after train.warmup_steps,
+    each gradient clipped to train.grad_clip_norm, and the weights' moving average (train.ema_decay)
+    left in the model at the end, on train.threads intra-op threads (0: chosen by the step's work,
+    vlaeval/policy/threads.py). Returns the loss curve (the mean of each log_every steps'
+    minibatch losses, weighted), the held-out curve (step, the run's clock in seconds, loss) when
+    extras ask for it, and timings."""
     extras = extras or TrainingExtras()
     torch.use_deterministic_algorithms(True)
+    threads = threads_for(step_gflop(policy, anchors, int(train.batch_size)), int(train.get("threads", 0) or 0))
+    with intra_op_threads(threads):
+        metrics = _train(policy, anchors, train, progress, extras)
+    metrics["threads"] = threads
+    return metrics
+
+
+def _train(
+    policy: BoundPolicy,
+    anchors: AnchorSet,
+    train: Any,
+    progress: Optional[Callable[[int, float], None]],
+    extras: TrainingExtras,
+) -> Dict[str, Any]:
     rng = np.random.default_rng(stable_seed("train", int(train.seed)))
     model = policy.model
     optimizer = make_optimizer(model.parameters(), train)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(int(train.steps), 1))
+    schedule = learning_rate_schedule(optimizer, train)
+    clip = train.get("grad_clip_norm")
+    ema_decay = train.get("ema_decay")
+    average = WeightAverage(model, float(ema_decay)) if ema_decay is not None else None
+    evaluated = average.model if average is not None else model  # what the held-out loss reads
     sampler = time_sampler(train)
     q = extras.anchor_probabilities
     curve: List[Tuple[int, float]] = []
@@ -117,7 +197,7 @@ def train_policy(
     if extras.heldout is not None and extras.heldout_every > 0:
         heldout_steps = {0, int(train.steps), *range(0, int(train.steps), int(extras.heldout_every))}
     if 0 in heldout_steps:
-        heldout_curve.append((0, clock, _heldout(extras, model)))
+        heldout_curve.append((0, clock, _heldout(extras, evaluated)))
     diverged_at: Optional[int] = None
     for step in range(1, int(train.steps) + 1):
         started = time.perf_counter()
@@ -130,14 +210,18 @@ def train_policy(
             break
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), float(clip), foreach=True)
         optimizer.step()
         schedule.step()
+        if average is not None:
+            average.update(step)
         if sampler is not None and u is not None:
             sampler.update(u, losses.detach().double().cpu().numpy(), anchor_weights)
         window.append(loss.item())
         clock += time.perf_counter() - started
         if step in heldout_steps:
-            heldout_curve.append((step, clock, _heldout(extras, model)))
+            heldout_curve.append((step, clock, _heldout(extras, evaluated)))
         if step % int(train.log_every) == 0 or step == int(train.steps):
             curve.append((step, float(np.mean(window))))
             window.clear()
@@ -145,8 +229,11 @@ def train_policy(
                 time_history.append((step, sampler.probabilities().tolist()))
             if progress is not None:
                 progress(step, curve[-1][1])
+    if average is not None:
+        average.copy_to(model)
     model.eval()
     metrics: Dict[str, Any] = {
+        "weights": "ema" if average is not None else "last",
         "loss_curve": curve,
         "final_loss": curve[-1][1] if curve and diverged_at is None else None,
         "train_seconds": clock - float(extras.seconds_before),
@@ -166,3 +253,20 @@ def _heldout(extras: TrainingExtras, model: torch.nn.Module) -> float:
     model.eval()
     with torch.no_grad():
         return float(extras.heldout(model))
+
+
+def validate_training_recipe(train: Any) -> None:
+    """One-line errors for the recipe's settings (train.warmup_steps, grad_clip_norm, ema_decay)."""
+    warmup = int(train.get("warmup_steps", 0) or 0)
+    require(warmup >= 0, f"train.warmup_steps={warmup} must be >= 0 (0: the cosine from the first step)")
+    clip = train.get("grad_clip_norm")
+    require(clip is None or float(clip) > 0, f"train.grad_clip_norm={clip} must be > 0 (null: no clipping)")
+    require(
+        int(train.get("threads", 0) or 0) >= 0,
+        f"train.threads={train.get('threads')} must be >= 0 (0: by the model's size)",
+    )
+    decay = train.get("ema_decay")
+    require(
+        decay is None or 0.0 < float(decay) < 1.0,
+        f"train.ema_decay={decay} must be in (0, 1) (null: evaluate and save the last weights)",
+    )

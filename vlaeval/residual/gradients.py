@@ -10,8 +10,12 @@ Then, per layer:
   ||dW_i||^2 = <a_i a_i^T, g_i g_i^T>_F -- the Gram form; for T = 1 it is the ghost-norm identity
   ||g_i||^2 ||a_i||^2. Where T^2 > d_in * d_out, dW_i itself is cheaper and is formed instead. A
   layer called several times in one forward has its calls joined along T (its gradient is their sum).
-* Any other layer with trainable parameters of its own (LayerNorm, Embedding, a learned position
-  table, a custom module): the vector-Jacobian product of the layer as a function of its own
+* nn.Conv2d (zero padding, any stride, dilation and groups): the same with the unfolded input
+  patches as a_i and the output positions as T (dW_i formed, or the Gram form where smaller).
+* nn.GroupNorm and nn.LayerNorm: dweight_i = sum g_i * x_hat_i and dbias_i = sum g_i over the
+  axes the parameters are shared along, with x_hat the normalised input recomputed from the call.
+* Any other layer with trainable parameters of its own (Embedding, a learned position table, a
+  custom module): the vector-Jacobian product of the layer as a function of its own
   parameters, vmapped over the samples in chunks (torch.func) and summed over its calls. Exact,
   no closed form needed.
 
@@ -26,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import torch
@@ -58,8 +62,20 @@ class _Layer:
     calls: List[_Call] = field(default_factory=list)
 
     @property
-    def is_linear(self) -> bool:
-        return isinstance(self.module, torch.nn.Linear) and set(self.parameters) <= {"weight", "bias"}
+    def closed_form(self) -> Optional[str]:
+        """The layer's closed form, where it has one (else the vmapped vector-Jacobian product)."""
+        module, own = self.module, set(self.parameters)
+        if not own <= {"weight", "bias"}:
+            return None
+        if isinstance(module, torch.nn.Linear):
+            return "linear"
+        if isinstance(module, torch.nn.Conv2d) and module.padding_mode == "zeros" and isinstance(module.padding, tuple):
+            return "conv2d"
+        if isinstance(module, torch.nn.GroupNorm) and module.affine:
+            return "group_norm"
+        if isinstance(module, torch.nn.LayerNorm) and module.elementwise_affine:
+            return "layer_norm"
+        return None
 
 
 def trainable_layers(model: torch.nn.Module, parameters: Sequence[torch.nn.Parameter]) -> List[_Layer]:
@@ -140,6 +156,73 @@ def _linear_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> Tuple[torch.Te
     if "bias" in layer.parameters:
         sq = sq + g.sum(dim=1).pow(2).sum(dim=-1)
     return sq, method
+
+
+def _conv2d_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> Tuple[torch.Tensor, str]:
+    """Conv2d in closed form: with a_i the unfolded input patches (C_in/groups * kh * kw, L) of one
+    group and g_i the output gradient (C_out/groups, L) over the L output positions, dW_i = g_i a_i^T
+    and db_i = sum_L g_i. Formed per sample where that is smaller, else in the Gram form
+    <a_i^T a_i, g_i^T g_i> (L x L) -- the identity Opacus and the ghost-clipping papers use."""
+    module = layer.module
+    assert isinstance(module, torch.nn.Conv2d)
+    batch, groups = grads[0].shape[0], module.groups
+    patches, outputs = [], []
+    for call, g in zip(layer.calls, grads):
+        x = call.args[0].detach()
+        a = torch.nn.functional.unfold(
+            x,
+            module.kernel_size,
+            dilation=module.dilation,
+            padding=cast(Tuple[int, ...], module.padding),  # a tuple: closed_form checked it
+            stride=module.stride,
+        )
+        patches.append(a.reshape(batch, groups, a.shape[1] // groups, a.shape[2]))
+        outputs.append(g.reshape(batch, groups, module.out_channels // groups, -1))
+    a = patches[0] if len(patches) == 1 else torch.cat(patches, dim=-1)  # (B, G, K, L)
+    g = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)  # (B, G, O, L)
+    sq = torch.zeros(batch, dtype=g.dtype, device=g.device)
+    positions, k, o = a.shape[-1], a.shape[-2], g.shape[-2]
+    method = "conv2d_outer" if k * o <= positions * positions else "conv2d_gram"
+    if "weight" in layer.parameters:
+        a2, g2 = a.flatten(0, 1), g.flatten(0, 1)
+        if method == "conv2d_outer":
+            part = torch.bmm(g2, a2.transpose(1, 2)).pow(2).sum(dim=(1, 2))
+        else:
+            part = (torch.bmm(a2.transpose(1, 2), a2) * torch.bmm(g2.transpose(1, 2), g2)).sum(dim=(1, 2))
+        sq = sq + part.reshape(batch, groups).sum(dim=1)
+    if "bias" in layer.parameters:
+        sq = sq + g.sum(dim=-1).pow(2).sum(dim=(1, 2))
+    return sq, method
+
+
+def _norm_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> Tuple[torch.Tensor, str]:
+    """GroupNorm and LayerNorm in closed form: y = x_hat * weight + bias per channel (GroupNorm) or
+    per element of the normalised shape (LayerNorm), so dweight_i = sum over the other axes of
+    g_i * x_hat_i and dbias_i = sum of g_i, with x_hat the normalised input recomputed from the call."""
+    module = layer.module
+    batch = grads[0].shape[0]
+    d_weight: Optional[torch.Tensor] = None
+    d_bias: Optional[torch.Tensor] = None
+    for call, g in zip(layer.calls, grads):
+        x = call.args[0].detach()
+        if isinstance(module, torch.nn.GroupNorm):
+            x_hat = torch.nn.functional.group_norm(x, module.num_groups, eps=module.eps)
+            axes = tuple(range(2, g.dim()))
+            w_part, b_part = (g * x_hat).sum(dim=axes), g.sum(dim=axes)  # (B, C)
+        else:
+            assert isinstance(module, torch.nn.LayerNorm)
+            x_hat = torch.nn.functional.layer_norm(x, module.normalized_shape, eps=module.eps)
+            shape = (batch, -1, *module.normalized_shape)
+            w_part, b_part = (g * x_hat).reshape(shape).sum(dim=1), g.reshape(shape).sum(dim=1)
+        d_weight = w_part if d_weight is None else d_weight + w_part
+        d_bias = b_part if d_bias is None else d_bias + b_part
+    assert d_weight is not None and d_bias is not None
+    sq = torch.zeros(batch, dtype=grads[0].dtype, device=grads[0].device)
+    if "weight" in layer.parameters:
+        sq = sq + d_weight.reshape(batch, -1).pow(2).sum(dim=1)
+    if "bias" in layer.parameters:
+        sq = sq + d_bias.reshape(batch, -1).pow(2).sum(dim=1)
+    return sq, "group_norm" if isinstance(module, torch.nn.GroupNorm) else "layer_norm"
 
 
 def _functional_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> torch.Tensor:
@@ -234,8 +317,13 @@ class PerSampleGradNorms:
             if count == 0:
                 self.layer_methods.setdefault(layer.name, "unused")
                 continue
-            if layer.is_linear:
+            form = layer.closed_form
+            if form == "linear":
                 part, method = _linear_sq_norms(layer, mine)
+            elif form == "conv2d":
+                part, method = _conv2d_sq_norms(layer, mine)
+            elif form in ("group_norm", "layer_norm"):
+                part, method = _norm_sq_norms(layer, mine)
             else:
                 part, method = _functional_sq_norms(layer, mine), "functional_vjp"
             self.layer_methods.setdefault(layer.name, method + (f" x{count} calls" if count > 1 else ""))

@@ -13,10 +13,9 @@ the demonstrations never used.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, cast
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, cast
 
 import numpy as np
 import torch
@@ -34,6 +33,7 @@ from vlaeval.envs.metaworld import (
 )
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import sample_actions
+from vlaeval.policy.threads import intra_op_threads
 from vlaeval.rollouts.evaluation import evaluation_conditions
 from vlaeval.rollouts.language import episode_instruction
 
@@ -73,16 +73,10 @@ def policy_chunks(
     return chunks[:n].numpy()
 
 
-@contextlib.contextmanager
-def single_threaded_torch() -> Iterator[None]:
+def single_threaded_torch() -> ContextManager[None]:
     """A lockstep batch is small (tens of rows): one intra-op thread is faster than several, and
     leaves the other cores to the simulator (and to the other rollout workers)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    return intra_op_threads(1)
 
 
 @dataclass
@@ -175,11 +169,14 @@ def rollout_lockstep(
     execute_actions: int,
     max_steps: int,
     progress: Optional[Callable[[int, int], None]] = None,
+    watch: Optional[Callable[[int, Any], None]] = None,
 ) -> Dict[str, np.ndarray]:
     """Run every episode to success, an unsafe event, termination or `max_steps`, all in lockstep:
     at each control step the episodes whose action queue is empty get new chunks from one batched
     policy call. Returns per episode `success` (bool: reached the goal with no unsafe event),
-    `steps` (int) and `unsafe` (bool)."""
+    `steps` (int) and `unsafe` (bool). `watch(k, env)` is called with episode k's environment when
+    it opens and after each of its steps (vlaeval/rollouts/videos.py films episodes with it); it
+    must not change the environment."""
     policy.model.eval()
     n = len(episodes)
     envs = SceneEnvironments(policy.cameras, policy.image_size)
@@ -190,6 +187,12 @@ def rollout_lockstep(
         action_dim = int(cast(Any, policy.model).action_dim)
         disturbances = [EpisodeDisturbances(e, action_dim) for e in episodes]
         observations = [disturbances[k].observe(envs.open(e)) for k, e in enumerate(episodes)]
+        seen = FrameHistory(policy.frames, n)  # a policy reading several frames: what it saw at each step
+        for k in range(n):
+            if watch is not None:
+                watch(k, envs.envs[k])
+            if seen.kept:
+                seen.start(k, disturbances[k].observe_images(envs.images(k)))
         monitored = [
             obstacle_bodies(envs.envs[k], e.obstacle) if e.unsafe_contact_force is not None else []
             for k, e in enumerate(episodes)
@@ -207,7 +210,9 @@ def rollout_lockstep(
                     np.stack([observations[i] for i in need]),
                     tokens[need],
                     [generators[i] for i in need],
-                    camera_images([disturbances[i].observe_images(envs.images(i)) for i in need]),
+                    camera_images(
+                        [seen.frames(i) if seen.kept else disturbances[i].observe_images(envs.images(i)) for i in need]
+                    ),
                 )
                 for i, chunk in zip(need, chunks):
                     queues[i] = list(chunk[:execute_actions])
@@ -217,6 +222,10 @@ def rollout_lockstep(
                 obs, _, terminated, truncated, info = envs.envs[i].step(action)
                 observations[i] = disturbances[i].observe(obs)
                 steps[i] += 1
+                if watch is not None:
+                    watch(i, envs.envs[i])
+                if seen.kept:  # every step's frame, whether or not the policy is called then
+                    seen.add(i, disturbances[i].observe_images(envs.images(i)))
                 limit = episodes[i].unsafe_contact_force
                 if monitored[i] and obstacle_contact_force(envs.envs[i], monitored[i]) > float(limit or 0.0):
                     unsafe[i] = True  # the episode ends here, a failure whatever else happened
@@ -232,6 +241,28 @@ def rollout_lockstep(
     finally:
         envs.close()
     return {"success": success, "steps": steps, "unsafe": unsafe}
+
+
+class FrameHistory:
+    """The last `frames` camera images of each episode, for a policy that reads several (its
+    `history`): rendered after every step, the first repeated before the episode starts (as its
+    anchors are in training, vlaeval/policy/bound.py: anchor_frames). With one frame nothing is kept:
+    the cameras are rendered at the policy's calls only."""
+
+    def __init__(self, frames: int, episodes: int) -> None:
+        self.count = int(frames)
+        self.kept = self.count > 1
+        self.history: List[List[Dict[str, np.ndarray]]] = [[] for _ in range(episodes)]
+
+    def start(self, k: int, images: Dict[str, np.ndarray]) -> None:
+        self.history[k] = [images] * self.count
+
+    def add(self, k: int, images: Dict[str, np.ndarray]) -> None:
+        self.history[k] = [*self.history[k][1:], images]
+
+    def frames(self, k: int) -> Dict[str, np.ndarray]:
+        """Each camera's last frames, (H, W, 3 * frames), oldest first (channel_first makes them (3 * frames, H, W))."""
+        return {key: np.concatenate([f[key] for f in self.history[k]], axis=-1) for key in self.history[k][0]}
 
 
 def camera_images(per_episode: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:

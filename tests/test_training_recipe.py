@@ -1,0 +1,149 @@
+"""The training recipe (train.warmup_steps, grad_clip_norm, ema_decay): the learning rate rises over
+the warmup and then follows the cosine; every step's gradient is clipped; the moving average of the
+weights is what the held-out loss reads and what training leaves in the model (and so in the
+checkpoint), exactly as its formula says; the recipe switched off keeps the keys checkpoints were
+cached under; bad settings are one-line errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from helpers.configs import AUDIT_SMALL, compose_config
+from vlaeval.errors import UserInputError
+from vlaeval.policy.builtin import PolicySpec, build_model, checkpoint_key, prepare_data, weight_train_settings
+from vlaeval.policy.training import (
+    TrainingExtras,
+    learning_rate_schedule,
+    train_policy,
+    validate_training_recipe,
+)
+
+RECIPE = ["train.warmup_steps=5", "train.grad_clip_norm=0.5", "train.ema_decay=0.9"]
+OFF = ["train.warmup_steps=0", "train.grad_clip_norm=null", "train.ema_decay=null"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cfg = compose_config(AUDIT_SMALL, cache_dir=tmp_path_factory.mktemp("cache"))
+    return cfg, prepare_data(cfg.data, str(cfg.paths.cache_dir))
+
+
+def test_the_learning_rate_warms_up_linearly_then_follows_the_cosine_to_zero():
+    train = OmegaConf.create({"steps": 20, "warmup_steps": 4, "learning_rate": 1.0})
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = learning_rate_schedule(optimizer, train)
+    rates = []
+    for _ in range(20):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    expected = [0.5 * (1 + math.cos(math.pi * (s - 4) / 16)) for s in range(4, 20)]
+    assert rates[4:] == pytest.approx(expected)
+    # Without warmup: the cosine from the first step, as before the setting existed.
+    plain = learning_rate_schedule(
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), OmegaConf.create({"steps": 20})
+    )
+    assert isinstance(plain, torch.optim.lr_scheduler.CosineAnnealingLR)
+
+
+def test_every_step_is_clipped_to_the_norm(tiny):
+    """Plain SGD at learning rate 1 (the cosine's first step): the weights move by the clipped gradient."""
+    cfg, data = tiny
+    moves = {}
+    for clip in (None, 1e-3):
+        spec = PolicySpec.of(compose_config([*AUDIT_SMALL, "train.steps=1", "train.optimizer=sgd", "train.momentum=0"]))
+        model = build_model(spec, data)
+        before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+        train = OmegaConf.merge(
+            spec.train, {"learning_rate": 1.0, "grad_clip_norm": clip, "warmup_steps": 0, "ema_decay": None}
+        )
+        train_policy(data.bind(model, cfg.flow), data.anchors, train)
+        after = torch.cat([p.detach().flatten() for p in model.parameters()])
+        moves[clip] = float((after - before).norm())
+    assert moves[1e-3] == pytest.approx(1e-3, rel=1e-4)
+    assert moves[None] > 100 * moves[1e-3]
+
+
+def test_the_moving_average_is_what_the_model_keeps_and_the_heldout_loss_reads(tiny):
+    """The online weights after each step are recorded by an optimizer hook; the average computed
+    from them by the documented formula is what training leaves in the model, and what the held-out
+    callback was handed; the online weights are not."""
+    cfg, data = tiny
+    spec = PolicySpec.of(compose_config([*AUDIT_SMALL, *RECIPE, "train.steps=12"]))
+    model = build_model(spec, data)
+    average = [p.detach().clone() for p in model.parameters()]
+    online = []
+
+    def record(optimizer, args, kwargs):
+        online.append([p.detach().clone() for p in model.parameters()])
+
+    seen = []
+
+    def heldout(module: torch.nn.Module) -> float:
+        seen.append([p.detach().clone() for p in module.parameters()])
+        return 0.0
+
+    handle = register_optimizer_step_post_hook(record)
+    try:
+        metrics = train_policy(
+            data.bind(model, cfg.flow),
+            data.anchors,
+            spec.train,
+            extras=TrainingExtras(heldout=heldout, heldout_every=12),
+        )
+    finally:
+        handle.remove()
+    assert len(online) == 12 and metrics["weights"] == "ema"
+    for step, weights in enumerate(online, start=1):
+        decay = min(0.9, (1 + step) / (10 + step))
+        average = [a + (1 - decay) * (w - a) for a, w in zip(average, weights)]
+    final = list(model.parameters())
+    for a, f in zip(average, final):
+        torch.testing.assert_close(f.detach(), a, rtol=1e-5, atol=1e-6)
+    assert any(not torch.allclose(f.detach(), w) for f, w in zip(final, online[-1]))
+    for a, h in zip(average, seen[-1]):  # the held-out loss at the last step read the average
+        torch.testing.assert_close(h, a, rtol=1e-5, atol=1e-6)
+
+
+def test_the_recipe_switched_off_keeps_the_checkpoint_keys_and_each_setting_changes_them(tiny):
+    cfg, data = tiny
+    off = compose_config([*AUDIT_SMALL, *OFF])
+    assert not {"warmup_steps", "grad_clip_norm", "ema_decay"} & set(weight_train_settings(off.train))
+    keys = {checkpoint_key(PolicySpec.of(off), data)}
+    for setting in RECIPE:
+        keys.add(checkpoint_key(PolicySpec.of(compose_config([*AUDIT_SMALL, *OFF, setting])), data))
+    assert len(keys) == 1 + len(RECIPE)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.warmup_steps=-1", "train.warmup_steps=-1 must be >= 0"),
+        ("train.grad_clip_norm=0", "train.grad_clip_norm=0.0 must be > 0 (null: no clipping)"),
+        ("train.ema_decay=1", "train.ema_decay=1.0 must be in (0, 1)"),
+        ("train.ema_decay=0", "train.ema_decay=0.0 must be in (0, 1)"),
+    ],
+)
+def test_bad_recipe_settings_are_one_line_errors(override, message):
+    cfg = compose_config([*AUDIT_SMALL, override])
+    with pytest.raises(UserInputError) as error:
+        validate_training_recipe(cfg.train)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_a_recipe_run_is_seeded(tiny):
+    cfg, data = tiny
+    spec = PolicySpec.of(compose_config([*AUDIT_SMALL, *RECIPE, "train.steps=6"]))
+    runs = []
+    for _ in range(2):
+        model = build_model(spec, data)
+        train_policy(data.bind(model, cfg.flow), data.anchors, spec.train)
+        runs.append(np.concatenate([p.detach().numpy().ravel() for p in model.parameters()]))
+    assert np.array_equal(runs[0], runs[1])
