@@ -174,16 +174,15 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=10, help="held-out episodes per task")
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--cache-dir", default=None, help="an existing cache folder (default: a fresh one)")
-    parser.add_argument("--only", nargs="*", default=None, help=f"arms: {' '.join(ARMS)}")
+    parser.add_argument("--only", nargs="*", default=None, choices=list(ARMS), help="arms to measure, in this order")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "vision_ablations.json")
     args = parser.parse_args()
-    saved: Dict[str, Any] = json.loads(args.out.read_text()) if args.only and args.out.exists() else {}
+    saved: Dict[str, Any] = json.loads(args.out.read_text()) if args.only is not None and args.out.exists() else {}
     results: Dict[str, Any] = saved.get("arms", {})
     with tempfile.TemporaryDirectory() as fresh:
-        for name in ARMS:
-            if args.only is None or name in args.only:
-                results[name] = run_arm(name, args, args.cache_dir or fresh)
-                atomic_write_json(args.out, {"steps": args.steps, "episodes": args.episodes, "arms": results})
+        for name in list(ARMS) if args.only is None else args.only:  # --only: in the order given
+            results[name] = run_arm(name, args, args.cache_dir or fresh)
+            atomic_write_json(args.out, {"steps": args.steps, "episodes": args.episodes, "arms": results})
     write_figures(
         "vision_ablations",
         "What makes the vision policy see",
@@ -211,6 +210,7 @@ def body(results: Dict[str, Any], args: Any) -> str:
                 f"{r['final_loss']:.4f}",
             )
         )
+    missing = [name for name in ARMS if name not in results]
     return (
         f"Each arm trains {args.steps:,} steps on data=metaworld_vision (72 demonstrations, six tasks) and runs "
         f"{args.episodes} held-out episodes per task; success with its 95% Clopper-Pearson interval, the same "
@@ -230,6 +230,13 @@ def body(results: Dict[str, Any], args: Any) -> str:
                 "final loss",
             ],
             rows,
+        )
+        + (
+            f"\n\nArms defined but not measured in this record (`--only {' '.join(missing)}` measures them): "
+            + ", ".join(f"{name} ({ARMS[name][0]})" for name in missing)
+            + "."
+            if missing
+            else ""
         )
     )
 

@@ -1,8 +1,8 @@
 """model=tiny_vla_vision: a small vision-language-action policy that sees and reads.
 
     camera(s), uint8 (B, 3, H, W) -- or the last `history` frames, (B, 3 * history, H, W) -- --> /255, cropped to the workspace (`crop`, fractions of the
-        frame), resized to image_size (and, while training, shifted by up to augment_shift pixels),
-        channels-last in memory (the CPU's convolutions run ~1.4x faster on it) --> per camera:
+        frame), resized to image_size (and, while training, shifted by up to augment_shift pixels)
+        --> per camera:
         Conv2d 5x5/2 -> GroupNorm [-> FiLM] -> SiLU -> Conv2d 3x3/2 -> GroupNorm [-> FiLM] -> SiLU
         -> Conv2d 3x3/1 -> spatial softmax at a learned sharpness (each channel's expected image
            x, y: where it sees its feature) -> LayerNorm of the keypoints (`keypoint_norm`)
@@ -61,15 +61,6 @@ class SpatialSoftmax(nn.Module):
         x = (weights.sum(dim=2) * xs).sum(dim=-1)
         y = (weights.sum(dim=3) * ys).sum(dim=-1)
         return torch.cat([x, y], dim=-1)
-
-
-def channels_last(images: torch.Tensor) -> torch.Tensor:
-    """The images in channels-last memory, where the CPU's convolutions (oneDNN) run ~1.4x faster
-    forward and backward (benchmarks/vision_speed.py); the numbers are the same up to rounding."""
-    try:
-        return images.contiguous(memory_format=torch.channels_last)
-    except RuntimeError:  # inside torch.func.vmap (per-sample gradients), which keeps the standard layout
-        return images
 
 
 def random_shift(images: torch.Tensor, pixels: int) -> torch.Tensor:
@@ -242,7 +233,7 @@ class TinyVLAVision(MLPFlowPolicy):
 
     def pixels(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, 3 * history, H, W) -> (B, 3 * history, image_size, image_size) in [0, 1], in the
-        weights' dtype, cropped to `crop` first, channels-last in memory (a sample's frames shifted alike)."""
+        weights' dtype, cropped to `crop` first (a sample's frames shifted alike)."""
         if self.crop is not None:
             top, left, height, width = self.crop
             h, w = images.shape[-2:]
@@ -250,7 +241,6 @@ class TinyVLAVision(MLPFlowPolicy):
                 ..., round(top * h) : round((top + height) * h), round(left * w) : round((left + width) * w)
             ]
         x = images.to(next(self.action_head.parameters()).dtype) / 255.0
-        x = channels_last(x)
         if x.shape[-2:] != (self.image_size, self.image_size):
             x = nn.functional.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear", antialias=True)
         if self.training and self.augment_shift > 0:
