@@ -149,17 +149,24 @@ def evaluate_strata(
     """The strata in priority order, a progress bar each; then, while the source still holds its
     policies, the videos gauntlet.videos asks for (into out/videos). The source is closed however it ends."""
 
-    def on_batch(p: BatchProgress) -> None:
-        e = p.e_values or {}
-        wealth = (
-            f", e(reg) {e['e_value_regression']:.3g}, e(pass) {e['e_value_pass']:.3g}"
-            if e.get("e_value_regression") is not None and e.get("e_value_pass") is not None
-            else ""
-        )
-        update(p.stratum, p.units_in_stratum, p.unit_limit, f"{p.clusters} clusters{wealth} [{p.decision}]", p.final)
-
     try:
         with console.strata_progress() as update:
+
+            def on_batch(p: BatchProgress) -> None:
+                e = p.e_values or {}
+                wealth = (
+                    f", e(reg) {e['e_value_regression']:.3g}, e(pass) {e['e_value_pass']:.3g}"
+                    if e.get("e_value_regression") is not None and e.get("e_value_pass") is not None
+                    else ""
+                )
+                update(
+                    p.stratum,
+                    p.units_in_stratum,
+                    p.unit_limit,
+                    f"{p.clusters} clusters{wealth} [{p.decision}]",
+                    p.final,
+                )
+
             result = run_gauntlet(
                 inputs.settings,
                 inputs.strata,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -95,8 +96,6 @@ class WeightAverage:
     up as min(decay, (1 + step) / (10 + step)), so the first steps' weights do not linger."""
 
     def __init__(self, model: torch.nn.Module, decay: float) -> None:
-        import copy
-
         self.decay = float(decay)
         self.model = copy.deepcopy(model).eval()
         self.online: List[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
