@@ -11,8 +11,8 @@ pixel), not to the pixels:
   64x64 (finer for larger frames, in proportion) and the triangles that collapse are dropped, a
   fifth of them kept. The simplified faces are uploaded once, when the renderer is made, and the
   model's own faces put back at once, so the physics never sees them (it collides on convex
-  hulls anyway). Measured in benchmarks/vision_speed.py: ~2x fewer ms a frame, under 1% of
-  pixels changed visibly.
+  hulls anyway). Measured in benchmarks/vision_speed.py: 1.7-1.8x fewer ms a frame (idle, 2
+  cores); under 1% of pixels changed visibly (tests/test_cameras.py).
 
 RENDERER_VERSION is part of the key of recorded camera data and of a camera policy's cached
 episodes: bump it when what a frame shows changes. Images are flipped to the usual orientation
