@@ -17,8 +17,9 @@ from the cache, wall time. Results in benchmarks/results/rollout_gauntlet.json.
 The gauntlet of a policy that sees and reads (`model=tiny_vla_vision strata=vision outcomes=rollout_vision`,
 its built-in policies trained on rendered demonstrations on first use): the worse candidate on the default
 families, which a safety halt may end before the visual and language strata; then the worse candidate on
-those five strata alone (each on held-out scenes 25-29), and that run again from the cache; the first
-run stops at a budget of 300 episode pairs (rendered rollouts cost ~1.7 s a pair on 2 cores). Results in
+those five strata alone (each on held-out scenes 25-29), that run again from the cache (filming the
+episodes that decide), and the equivalent candidate on them (the A/A run); the first run stops at a
+budget of 300 episode pairs (rendered rollouts cost ~1 s a pair on 2 cores). Results in
 benchmarks/results/rollout_gauntlet_vision.json, docs/figures/rollout_gauntlet_vision.md.
 """
 
@@ -40,6 +41,7 @@ from vlaeval.artifacts import atomic_write_json
 # The strata that change what a policy sees or is told (strata=vision); the vision benchmark's second run
 # keeps only these, on a few held-out scenes per variant family, so that a safety halt cannot hide them.
 FIRST_BUDGET = 300
+VIDEOS = 2  # side-by-side videos of the deciding episodes, filmed by the rerun
 SEEN_AND_READ_SCENES = 5
 SEEN_AND_READ = ["camera_pose", "occlusion", "visual_shift", "paraphrase", "unseen_phrasing"]
 VISION = ["model=tiny_vla_vision", "strata=vision", "outcomes=rollout_vision"]
@@ -106,6 +108,7 @@ def gauntlet(cache: Path, name: str, overrides: List[str], outcomes: str = "outc
         "registry_entries_added": r["registry_entries_added"],
         "registry_replayed": result["lineage"]["data_source"]["registry_entries_replayed"],
         "env_steps_per_s": r["env_steps_per_s"],
+        "videos": [Path(v).name for v in r.get("videos", [])],
         "wall_s": wall,
     }
     print(json.dumps(row, indent=1), flush=True)
@@ -159,19 +162,29 @@ def main() -> None:
 
 def vision_runs(cache: Path, extra: List[str]) -> List[Dict[str, Any]]:
     """The worse candidate on the vision gauntlet's default families; then on the five families that
-    change what the policies see or are told alone, and that run again (served from the cache)."""
+    change what the policies see or are told alone, and that run again (served from the cache, filming
+    the episodes that decide); then the equivalent candidate on those families (the A/A run: the same
+    recipe, another training seed)."""
     outcomes, model_and_strata = VISION[2], VISION[:2]
-    # Rendered rollouts cost ~1.7 s an episode pair on 2 cores: the first run stops at a budget of
+    # Rendered rollouts cost ~1 s an episode pair on 2 cores: the first run stops at a budget of
     # FIRST_BUDGET pairs (gauntlet.budget_units; the strata left are reported not evaluated), the
-    # second has SEEN_AND_READ_SCENES held-out scenes per variant family and task.
+    # others have SEEN_AND_READ_SCENES held-out scenes per variant family and task.
     worse = gauntlet(cache, "worse", [*model_and_strata, f"gauntlet.budget_units={FIRST_BUDGET}", *extra], outcomes)
     only = [f"~outcomes.scenarios.{name}" for name in NOT_SEEN_OR_READ]
     only += [f"outcomes.scenarios.{name}.variants=[25,{25 + SEEN_AND_READ_SCENES}]" for name in SEEN_AND_READ]
-    seen_and_read = [
-        gauntlet(cache, run, [*model_and_strata, *only, *extra], outcomes)
-        for run in ("worse-seen-and-read", "worse-seen-and-read-rerun")
-    ]
-    return [worse, *seen_and_read]
+    seen_and_read = gauntlet(cache, "worse-seen-and-read", [*model_and_strata, *only, *extra], outcomes)
+    rerun = gauntlet(
+        cache, "worse-seen-and-read-rerun", [*model_and_strata, *only, f"gauntlet.videos={VIDEOS}", *extra], outcomes
+    )
+    # The A/A run: the same recipe, another training seed (the very same checkpoint would be refused
+    # by the lineage check, and would only replay the baseline's own episodes).
+    same = gauntlet(
+        cache,
+        "equivalent-seen-and-read",
+        [*model_and_strata, *only, "outcomes.candidate=builtin:equivalent", *extra],
+        outcomes,
+    )
+    return [worse, seen_and_read, rerun, same]
 
 
 def write_page(page: str, runs: List[Dict[str, Any]], extra: Sequence[str] = ()) -> None:
@@ -195,12 +208,16 @@ DEFAULT_LEAD = (
 )
 VISION_LEAD = (
     "`job=gauntlet model=tiny_vla_vision strata=vision outcomes=rollout_vision`: the built-in vision-language "
-    "baseline (the deployable recipe: 900 demonstrations rendered from the corner camera at 64x64, 20k steps, "
+    "baseline (the deployable recipe: 900 demonstrations rendered from the corner camera at 64x64, 40k steps "
+    "of 64 anchors with 4 flow draws each, "
     "unless the overrides below say otherwise) against the `worse` built-in candidate (45 demonstrations, 1,500 "
     "steps). First on every default family, up to a budget of 300 episode pairs, "
     "in priority order; then on the five families that change what the policies see or are told alone "
     "(held-out scenes 25-29 of variant families 0 and 2), so that a halt on an earlier stratum cannot hide "
-    "them; then that run again, served from the per-episode cache. One fixed order seed for every run."
+    "them; then that run again, served from the per-episode cache and filming the episodes that decide "
+    "(side-by-side MP4s in the run folder's videos/); then the `equivalent` candidate on those families (the "
+    "A/A run: the same recipe, another training seed; it must not be blocked). One fixed order seed for every run. The baseline success "
+    "column is the baseline's success on each family."
 )
 
 
@@ -245,7 +262,9 @@ def figures_body(runs: List[Dict[str, Any]]) -> str:
             for name, s in r["strata"].items()
         ],
     )
-    return summary + "\n\n" + strata
+    videos = [f"`{r['run']}/videos/{v}`" for r in runs for v in r.get("videos", [])]
+    filmed = ("\n\nVideos (baseline | candidate, same scene and seed): " + ", ".join(videos) + ".") if videos else ""
+    return summary + "\n\n" + strata + filmed
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Pixels and training, faster: what a camera frame costs to render (the full meshes against the
 simplified ones the renderer now draws) beside the simulator step it accompanies, and training
 steps/s of each built-in policy -- on one thread against two, OpenMP's threads spinning (its
-default) against waiting passively (vlaeval's) -- idle and under a competing load.
+default) against waiting passively (vlaeval's), one flow draw per anchor against four (the vision
+recipe's: the encoder runs on a quarter of the images) -- idle and under a competing load.
 
-    python benchmarks/vision_speed.py [--cache-dir DIR] [--frames 300] [--steps 30]
+    python benchmarks/vision_speed.py [--cache-dir DIR] [--frames 300] [--steps 30] [--models ...]
 
 The competing load is two processes multiplying matrices on one thread each (what a test run or
 a neighbour's job does to a 2-core machine). Each training measurement runs in a fresh process,
@@ -112,7 +113,7 @@ def child(args: Any) -> None:
 
     def step() -> None:
         model.train()
-        loss, *_ = minibatch_loss(policy, data.anchors, rng, int(cfg.train.batch_size), None, None)
+        loss, *_ = minibatch_loss(policy, data.anchors, rng, int(cfg.train.batch_size), None, None, args.draws)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -128,7 +129,7 @@ def child(args: Any) -> None:
     print(json.dumps({"steps_per_second": max(rates)}))
 
 
-def train_rate(model: str, threads: int, wait: str, args: Any) -> float:
+def train_rate(model: str, threads: int, wait: str, draws: int, args: Any) -> float:
     env = {**os.environ, "OMP_WAIT_POLICY": wait, "PYTHONPATH": str(REPO)}
     steps = args.steps if model == "tiny_vla_vision" else args.steps * 10
     command = [
@@ -143,20 +144,26 @@ def train_rate(model: str, threads: int, wait: str, args: Any) -> float:
         args.cache_dir,
         "--steps",
         str(steps),
+        "--draws",
+        str(draws),
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO / "benchmarks", check=True)
     return float(json.loads(done.stdout.strip().splitlines()[-1])["steps_per_second"])
 
 
-TRAINING_RUNS = [  # (model, threads, OpenMP wait policy); before: two threads spinning (torch's defaults here)
-    ("tiny_vla_vision", 2, "ACTIVE"),  # before
-    ("tiny_vla_vision", 2, "PASSIVE"),  # after: vlaeval's choice (every core above 2 GFLOP a step)
-    ("tiny_vla_vision", 1, "PASSIVE"),
-    ("tiny_vla", 2, "ACTIVE"),  # before
-    ("tiny_vla", 2, "PASSIVE"),
-    ("tiny_vla", 1, "PASSIVE"),  # after: vlaeval's choice (one thread below 2 GFLOP a step)
-    ("tiny_dit", 2, "ACTIVE"),  # before
-    ("tiny_dit", 1, "PASSIVE"),  # after
+# (model, threads, OpenMP wait policy, flow draws per anchor); before: two threads spinning (torch's
+# defaults here), one draw per anchor.
+TRAINING_RUNS = [
+    ("tiny_vla_vision", 2, "ACTIVE", 1),  # before
+    ("tiny_vla_vision", 2, "PASSIVE", 1),  # vlaeval's threads (every core above 2 GFLOP a step)
+    ("tiny_vla_vision", 1, "PASSIVE", 1),
+    ("tiny_vla_vision", 2, "PASSIVE", 4),  # after: the vision recipe's 4 draws per anchor
+    ("tiny_vla", 2, "ACTIVE", 1),  # before
+    ("tiny_vla", 2, "PASSIVE", 1),
+    ("tiny_vla", 1, "PASSIVE", 1),  # after: vlaeval's choice (one thread below 2 GFLOP a step)
+    ("tiny_dit", 2, "ACTIVE", 1),  # before
+    ("tiny_dit", 2, "PASSIVE", 1),
+    ("tiny_dit", 1, "PASSIVE", 1),  # after
 ]
 
 
@@ -172,6 +179,8 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="tiny_vla_vision", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--draws", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--models", nargs="+", default=list(POLICIES), choices=list(POLICIES))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "vision_speed.json")
     args = parser.parse_args()
     if args.child:
@@ -180,7 +189,9 @@ def main() -> None:
     # Sections re-measured keep the others' last figures (the page shows them all).
     out: Dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {"render": {}, "training": []}
     out["training"] = [
-        r for r in out["training"] if not ("training" in args.sections and r["condition"] in args.conditions)
+        r
+        for r in out["training"]
+        if not ("training" in args.sections and r["condition"] in args.conditions and r["model"] in args.models)
     ]
     for condition, processes in (("idle", 0), ("under load", 2)):
         if condition not in args.conditions:
@@ -189,18 +200,21 @@ def main() -> None:
             if "render" in args.sections:
                 out["render"][condition] = render_costs(args.frames)
                 print(condition, json.dumps(out["render"][condition]))
-            for model, threads, wait in TRAINING_RUNS if "training" in args.sections else []:
-                rate = train_rate(model, threads, wait, args)
+            for model, threads, wait, draws in TRAINING_RUNS if "training" in args.sections else []:
+                if model not in args.models:
+                    continue
+                rate = train_rate(model, threads, wait, draws, args)
                 out["training"].append(
                     {
                         "condition": condition,
                         "model": model,
                         "threads": threads,
                         "wait": wait,
+                        "draws": draws,
                         "steps_per_second": rate,
                     }
                 )
-                print(f"{condition}: {model} {threads} thread(s), OMP_WAIT_POLICY={wait}: {rate:.1f} steps/s")
+                print(f"{condition}: {model} {threads} thread(s), {wait}, {draws} draw(s): {rate:.1f} steps/s")
     from vlaeval.artifacts import atomic_write_json
 
     atomic_write_json(args.out, out)
@@ -225,7 +239,7 @@ def body(out: Dict[str, Any]) -> str:
     before = {
         (r["condition"], r["model"]): r["steps_per_second"]
         for r in out["training"]
-        if r["wait"] == "ACTIVE" and r["threads"] == 2
+        if r["wait"] == "ACTIVE" and r["threads"] == 2 and r.get("draws", 1) == 1
     }
     measured = {(r["condition"], r["model"]) for r in out["training"]}
     absent = [f"{m} ({c})" for c in ("idle", "under load") for m in POLICIES if (c, m) not in measured]
@@ -235,6 +249,7 @@ def body(out: Dict[str, Any]) -> str:
             r["model"],
             r["threads"],
             r["wait"],
+            r.get("draws", 1),
             f"{r['steps_per_second']:.1f}",
             f"{r['steps_per_second'] / before[r['condition'], r['model']]:.2f}x",
         )
@@ -255,10 +270,12 @@ def body(out: Dict[str, Any]) -> str:
             ],
             render_rows,
         )
-        + "\n\nTraining steps/s at the default batch (256), best of three repetitions in a fresh process; the ratio is "
+        + "\n\nTraining steps/s at the default batch (256 (anchor, flow draw) pairs), best of three repetitions in a fresh process; the ratio is "
         "against the same policy's setting before this change (two threads, OpenMP spinning) in the same condition; "
         "deterministic algorithms on, as training runs them:\n\n"
-        + markdown_table(["condition", "policy", "threads", "OMP_WAIT_POLICY", "steps/s", "x before"], train_rows)
+        + markdown_table(
+            ["condition", "policy", "threads", "OMP_WAIT_POLICY", "draws per anchor", "steps/s", "x before"], train_rows
+        )
         + (f"\n\nNot measured in this record: {', '.join(absent)}." if absent else "")
     )
 

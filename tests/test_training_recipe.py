@@ -147,3 +147,80 @@ def test_a_recipe_run_is_seeded(tiny):
         train_policy(data.bind(model, cfg.flow), data.anchors, spec.train)
         runs.append(np.concatenate([p.detach().numpy().ravel() for p in model.parameters()]))
     assert np.array_equal(runs[0], runs[1])
+
+
+@pytest.fixture(scope="module")
+def tiny_vision(tmp_path_factory):
+    from helpers.servers import need, osmesa_installed
+
+    need(osmesa_installed(), "Debian's libosmesa6 (OSMesa: MuJoCo's camera rendering on the CPU)")
+    cfg = compose_config(
+        [*AUDIT_SMALL, "data=tiny_vision", "model=tiny_vla_vision_small"], cache_dir=tmp_path_factory.mktemp("cache")
+    )
+    data = prepare_data(cfg.data, str(cfg.paths.cache_dir))
+    return cfg, data, build_model(PolicySpec.of(cfg), data)
+
+
+def test_draws_per_anchor_are_the_loss_of_each_anchor_repeated_with_its_encoder_run_once(tiny_vision):
+    """k draws per anchor give, draw for draw, the losses of a batch holding each anchor k times (the
+    same t and noise); the image encoder sees each anchor once."""
+    from vlaeval.policy.training import flow_draws
+
+    cfg, data, model = tiny_vision
+    policy = data.bind(model, cfg.flow)
+    model.eval()  # no augmentation: the repeated batch's copies see the same pixels
+    index, k = np.array([3, 17, 5, 40, 3]), 4
+    chunk = (data.anchors.horizon, data.anchors.target_actions.shape[-1])
+    t, noise = flow_draws(np.random.default_rng(1), index.size * k, *chunk, cfg.flow)
+    rows: list = []
+    hook = model.images[0].register_forward_hook(lambda module, args, output: rows.append(output.shape[0]))
+    try:
+        with torch.no_grad():
+            drawn = policy.losses(policy.anchor_batch(data.anchors, index), t, noise, draws=k)
+            repeated = policy.losses(policy.anchor_batch(data.anchors, np.repeat(index, k)), t, noise)
+    finally:
+        hook.remove()
+    assert rows == [index.size, index.size * k]
+    assert drawn.shape == (index.size * k,)
+    torch.testing.assert_close(drawn, repeated, rtol=1e-5, atol=1e-6)
+    # A negative control: the draws paired with the wrong anchors (tiled, not repeated) differ.
+    with torch.no_grad():
+        tiled = policy.losses(policy.anchor_batch(data.anchors, np.tile(index, k)), t, noise)
+    assert not torch.allclose(drawn, tiled, rtol=1e-3)
+
+
+@pytest.mark.parametrize("sampling", [[], ["train.time_sampling=adaptive"]])
+def test_a_run_with_draws_per_anchor_is_seeded_and_one_draw_is_the_run_it_was(tiny, sampling):
+    """draws_per_anchor=1 trains bit for bit as before the setting existed and keeps the checkpoint
+    key; 2 trains another (seeded) run under another key, on the weighted path as well."""
+    cfg, data = tiny
+    runs = {}
+    for draws in (None, 1, 2, 2):
+        extra = [] if draws is None else [f"train.draws_per_anchor={draws}"]
+        spec = PolicySpec.of(compose_config([*AUDIT_SMALL, *sampling, *extra, "train.steps=4"]))
+        model = build_model(spec, data)
+        if draws is None:  # as the loop ran before the setting: no key in the config at all
+            spec = PolicySpec.of(compose_config([*AUDIT_SMALL, *sampling, "train.steps=4"]))
+            train = OmegaConf.create(
+                {k: v for k, v in OmegaConf.to_container(spec.train).items() if k != "draws_per_anchor"}
+            )
+        else:
+            train = spec.train
+        metrics = train_policy(data.bind(model, cfg.flow), data.anchors, train)
+        weights = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
+        runs.setdefault(draws, []).append((weights, metrics["final_loss"], checkpoint_key(spec, data)))
+    (before,), (one,), twice = runs[None], runs[1], runs[2]
+    assert np.array_equal(before[0], one[0]) and before[2] == one[2]
+    assert np.array_equal(twice[0][0], twice[1][0]) and twice[0][2] == twice[1][2]
+    assert not np.array_equal(one[0], twice[0][0]) and one[2] != twice[0][2]
+
+
+@pytest.mark.parametrize(
+    "draws, message",
+    [(3, "train.draws_per_anchor=3 must be >= 1 and divide"), (0, "train.draws_per_anchor=0 must be >= 1")],
+)
+def test_draws_that_do_not_divide_the_batch_are_one_line_errors(draws, message):
+    cfg = compose_config([*AUDIT_SMALL, "train.batch_size=32", f"train.draws_per_anchor={draws}"])
+    with pytest.raises(UserInputError) as error:
+        validate_training_recipe(cfg.train)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)

@@ -198,6 +198,11 @@ class TrainConfig:
     # torch's intra-op threads while training; 0: one for a model whose training step is under 2 GFLOP
     # (the MLP and transformer policies), every available core above (vlaeval/policy/threads.py).
     threads: int = 0
+    # (t, noise) draws per anchor in a minibatch: batch_size / draws_per_anchor anchors, each encoded
+    # once and its conditioning reused for every draw. An image policy's encoder is most of its step, so
+    # 4 cuts that step ~3x at the same batch of pairs (benchmarks/vision_ablations.py measures what it
+    # costs in success); 1 draws every pair's anchor independently, as before this existed.
+    draws_per_anchor: int = 1
     optimizer: Optimizer = Optimizer.adamw
     momentum: float = 0.9  # optimizer=sgd only (heavy-ball momentum)
     seed: int = 0

@@ -107,9 +107,10 @@ class BoundPolicy:
         return {"observation": observations, "instruction": tokens, **(images or {})}
 
     # ------------------------------------------------------------------ the loss
-    def losses(self, batch: Batch, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Per-sample flow-matching loss under the policy's convention: shape (B,)."""
-        return flow_matching_losses(self.model, batch, t, noise, self.flow)
+    def losses(self, batch: Batch, t: torch.Tensor, noise: torch.Tensor, draws: int = 1) -> torch.Tensor:
+        """Per-sample flow-matching loss under the policy's convention: shape (B * draws,), `draws`
+        consecutive (t, noise) draws per anchor of the batch, each anchor encoded once."""
+        return flow_matching_losses(self.model, batch, t, noise, self.flow, draws)
 
     # ------------------------------------------------------------------ copies
     def with_model(self, model: torch.nn.Module) -> "BoundPolicy":

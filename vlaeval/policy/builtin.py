@@ -48,6 +48,7 @@ LATER_TRAIN_KEYS = {
     "warmup_steps": ("0", ()),
     "grad_clip_norm": ("None", ()),
     "ema_decay": ("None", ()),
+    "draws_per_anchor": ("1", ()),
 }
 
 KEYPOINT_STATISTICS_IMAGES = 512  # training frames a vision policy's fixed keypoint standardisation reads

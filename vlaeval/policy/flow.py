@@ -145,14 +145,19 @@ class FlowConvention:
 
 
 def flow_matching_losses(
-    model: Any, batch: Dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor, flow: Any
+    model: Any, batch: Dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor, flow: Any, draws: int = 1
 ) -> torch.Tensor:
-    """Per-sample flow-matching loss under the policy's convention (`flow`): shape (B,)."""
+    """Per-sample flow-matching loss under the policy's convention (`flow`): shape (B * draws,), with
+    `draws` consecutive (t, noise) draws per anchor of the batch. The anchor is encoded once and its
+    conditioning repeated: an image policy's encoder, most of its step, runs on B anchors, not B * draws."""
     convention = FlowConvention.of(flow)
     conditioning = model.encode(batch)
-    x_t = convention.noisy(batch["target_actions"], noise, t)
+    actions, mask = batch["target_actions"], batch["target_mask"]
+    if draws > 1:
+        conditioning, actions, mask = (x.repeat_interleave(draws, dim=0) for x in (conditioning, actions, mask))
+    x_t = convention.noisy(actions, noise, t)
     velocity = model.velocity(conditioning, x_t, t)
-    return convention.per_sample_loss(velocity, batch["target_actions"], noise, batch["target_mask"])
+    return convention.per_sample_loss(velocity, actions, noise, mask)
 
 
 def sample_flow_time(rng: np.random.Generator, size: int, flow: Any) -> np.ndarray:

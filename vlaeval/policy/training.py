@@ -61,31 +61,35 @@ def minibatch_loss(
     batch_size: int,
     q: Optional[np.ndarray],
     sampler: Optional[AdaptiveTimeSampler],
+    draws: int = 1,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[np.ndarray], Optional[np.ndarray]]:
-    """One training step's draws and loss: anchors uniformly or from q, flow time from the training
-    distribution or the sampler, each loss importance-weighted. Returns the weighted mean loss, the
-    per-sample losses, the quantile levels u and the anchor weights (None where not drawn that way)."""
+    """One training step's draws and loss: batch_size / draws anchors uniformly or from q, each with
+    `draws` flow times (from the training distribution or the sampler) and noises, each loss
+    importance-weighted. Returns the weighted mean loss, the batch_size per-sample losses, the
+    quantile levels u and the anchor weights (None where not drawn that way)."""
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
+    count = batch_size // draws
     if q is None:
-        index = rng.integers(0, len(anchors), size=batch_size)
+        index = rng.integers(0, len(anchors), size=count)
         anchor_weights = None
     else:
-        index = rng.choice(len(anchors), size=batch_size, p=q)
-        anchor_weights = 1.0 / (len(anchors) * q[index])
+        index = rng.choice(len(anchors), size=count, p=q)
+        anchor_weights = np.repeat(1.0 / (len(anchors) * q[index]), draws)
     batch = policy.anchor_batch(anchors, index)
+    pairs = count * draws
     if sampler is None and anchor_weights is None:
-        t, noise = flow_draws(rng, index.size, *chunk, policy.flow)
-        losses = policy.losses(batch, t, noise)
+        t, noise = flow_draws(rng, pairs, *chunk, policy.flow)
+        losses = policy.losses(batch, t, noise, draws)
         return losses.mean(), losses, None, None
     # The same generator, in the same order of use, whatever the sampler's state: a run is
     # reproduced by its seed alone.
     if sampler is None:
-        u, time_weights = rng.random(index.size), np.ones(index.size)
+        u, time_weights = rng.random(pairs), np.ones(pairs)
     else:
-        u, time_weights = sampler.draw(rng, index.size)
-    noise = torch.from_numpy(rng.standard_normal((index.size, *chunk)).astype(np.float32))
+        u, time_weights = sampler.draw(rng, pairs)
+    noise = torch.from_numpy(rng.standard_normal((pairs, *chunk)).astype(np.float32))
     t = torch.from_numpy(policy.flow.time_quantile(u).astype(np.float32))
-    losses = policy.losses(batch, t, noise)
+    losses = policy.losses(batch, t, noise, draws)
     weights = time_weights if anchor_weights is None else time_weights * anchor_weights
     return (torch.from_numpy(weights.astype(np.float32)) * losses).mean(), losses, u, anchor_weights
 
@@ -130,7 +134,7 @@ def learning_rate_schedule(optimizer: torch.optim.Optimizer, train: Any) -> torc
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def step_gflop(policy: BoundPolicy, anchors: AnchorSet, batch_size: int) -> float:
+def step_gflop(policy: BoundPolicy, anchors: AnchorSet, batch_size: int, draws: int = 1) -> float:
     """A training step's work in GFLOP: a forward pass of one minibatch counted, the backward taken
     as twice the forward. Drawn from its own generator, in eval mode (no augmentation), without
     gradients: training's draws and weights are untouched."""
@@ -139,7 +143,7 @@ def step_gflop(policy: BoundPolicy, anchors: AnchorSet, batch_size: int) -> floa
     policy.model.eval()
     try:
         with torch.no_grad():
-            forward = gflop_of(lambda: minibatch_loss(policy, anchors, rng, batch_size, None, None))
+            forward = gflop_of(lambda: minibatch_loss(policy, anchors, rng, batch_size, None, None, draws))
     finally:
         policy.model.train(was_training)
     return 3.0 * forward
@@ -163,7 +167,8 @@ def train_policy(
     extras ask for it, and timings."""
     extras = extras or TrainingExtras()
     torch.use_deterministic_algorithms(True)
-    threads = threads_for(step_gflop(policy, anchors, int(train.batch_size)), int(train.get("threads", 0) or 0))
+    draws = int(train.get("draws_per_anchor", 1) or 1)
+    threads = threads_for(step_gflop(policy, anchors, int(train.batch_size), draws), int(train.get("threads", 0) or 0))
     with intra_op_threads(threads):
         metrics = _train(policy, anchors, train, progress, extras)
     metrics["threads"] = threads
@@ -186,6 +191,7 @@ def _train(
     average = WeightAverage(model, float(ema_decay)) if ema_decay is not None else None
     evaluated = average.model if average is not None else model  # what the held-out loss reads
     sampler = time_sampler(train)
+    draws = int(train.get("draws_per_anchor", 1) or 1)
     q = extras.anchor_probabilities
     curve: List[Tuple[int, float]] = []
     heldout_curve: List[Tuple[int, float, float]] = []
@@ -201,7 +207,7 @@ def _train(
     for step in range(1, int(train.steps) + 1):
         started = time.perf_counter()
         model.train()
-        loss, losses, u, anchor_weights = minibatch_loss(policy, anchors, rng, int(train.batch_size), q, sampler)
+        loss, losses, u, anchor_weights = minibatch_loss(policy, anchors, rng, int(train.batch_size), q, sampler, draws)
         if not torch.isfinite(loss):
             # A learning rate too high for this optimizer (a grid finds them): stop here and say so,
             # rather than train on NaN weights.
@@ -255,7 +261,8 @@ def _heldout(extras: TrainingExtras, model: torch.nn.Module) -> float:
 
 
 def validate_training_recipe(train: Any) -> None:
-    """One-line errors for the recipe's settings (train.warmup_steps, grad_clip_norm, ema_decay)."""
+    """One-line errors for the recipe's settings (train.warmup_steps, grad_clip_norm, ema_decay,
+    threads, draws_per_anchor)."""
     warmup = int(train.get("warmup_steps", 0) or 0)
     require(warmup >= 0, f"train.warmup_steps={warmup} must be >= 0 (0: the cosine from the first step)")
     clip = train.get("grad_clip_norm")
@@ -268,4 +275,10 @@ def validate_training_recipe(train: Any) -> None:
     require(
         decay is None or 0.0 < float(decay) < 1.0,
         f"train.ema_decay={decay} must be in (0, 1) (null: evaluate and save the last weights)",
+    )
+    draws, batch = int(train.get("draws_per_anchor", 1)), int(train.batch_size)
+    require(
+        draws >= 1 and batch % draws == 0,
+        f"train.draws_per_anchor={draws} must be >= 1 and divide train.batch_size={batch}"
+        " (the batch is batch_size / draws_per_anchor anchors, each with that many flow draws)",
     )
