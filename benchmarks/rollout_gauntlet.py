@@ -12,12 +12,12 @@ cache folder, so the figures are what a user sees.
 Per run: decisions per stratum, episode pairs evaluated against a full evaluation's, rollouts run and
 from the cache, wall time. Results in benchmarks/results/rollout_gauntlet.json.
 
-    python benchmarks/rollout_gauntlet.py --vision
+    python benchmarks/rollout_gauntlet.py --vision [--runs NAME ...]
 
 The gauntlet of a policy that sees and reads (`model=tiny_vla_vision strata=vision outcomes=rollout_vision`,
 its built-in policies trained on rendered demonstrations on first use): the worse candidate on the default
 families, which a safety halt may end before the visual and language strata; then the worse candidate on
-those five strata alone (each on held-out scenes 25-29), that run again from the cache (filming the
+those five strata alone (each on held-out scenes 25-34), that run again from the cache (filming the
 episodes that decide), and the equivalent candidate on them (the A/A run); the first run stops at a
 budget of 300 episode pairs (rendered rollouts cost ~1 s a pair on 2 cores). Results in
 benchmarks/results/rollout_gauntlet_vision.json, docs/figures/rollout_gauntlet_vision.md.
@@ -42,7 +42,7 @@ from vlaeval.artifacts import atomic_write_json
 # keeps only these, on a few held-out scenes per variant family, so that a safety halt cannot hide them.
 FIRST_BUDGET = 300
 VIDEOS = 2  # side-by-side videos of the deciding episodes, filmed by the rerun
-SEEN_AND_READ_SCENES = 5
+SEEN_AND_READ_SCENES = 10
 SEEN_AND_READ = ["camera_pose", "occlusion", "visual_shift", "paraphrase", "unseen_phrasing"]
 VISION = ["model=tiny_vla_vision", "strata=vision", "outcomes=rollout_vision"]
 NOT_SEEN_OR_READ = [
@@ -122,6 +122,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results JSON (default benchmarks/results/<page>.json)")
     parser.add_argument("--vision", action="store_true", help="the vision-language policy's gauntlet instead")
     parser.add_argument(
+        "--runs", nargs="*", default=None, choices=VISION_RUNS, help="--vision: re-measure these runs, keep the others"
+    )
+    parser.add_argument(
         "--page-only",
         action="store_true",
         help="rewrite docs/figures/rollout_gauntlet.md from --out, measuring nothing",
@@ -134,8 +137,8 @@ def main() -> None:
         write_page(page, saved["runs"], saved.get("extra_overrides", []))
         return
     if args.vision:
-        runs = vision_runs(args.cache_dir, args.extra)
-        atomic_write_json(out, {"runs": runs, "extra_overrides": args.extra})
+        saved = json.loads(out.read_text()) if args.runs and out.exists() else {}
+        runs = vision_runs(args.cache_dir, args.extra, args.runs or VISION_RUNS, saved, out)
         write_page(page, runs, args.extra)
         print(f"wrote {out}")
         return
@@ -160,31 +163,34 @@ def main() -> None:
     print(f"wrote {out}")
 
 
-def vision_runs(cache: Path, extra: List[str]) -> List[Dict[str, Any]]:
+VISION_RUNS = ("worse", "worse-seen-and-read", "worse-seen-and-read-rerun", "equivalent-seen-and-read")
+
+
+def vision_runs(cache: Path, extra: List[str], names: Sequence[str], saved: Dict[str, Any], out: Path) -> List[Any]:
     """The worse candidate on the vision gauntlet's default families; then on the five families that
     change what the policies see or are told alone, and that run again (served from the cache, filming
     the episodes that decide); then the equivalent candidate on those families (the A/A run: the same
-    recipe, another training seed)."""
+    recipe, another training seed). `names` re-measures some runs, keeping the others' last rows;
+    each row is saved as soon as its run ends."""
     outcomes, model_and_strata = VISION[2], VISION[:2]
-    # Rendered rollouts cost ~1 s an episode pair on 2 cores: the first run stops at a budget of
+    # Rendered rollouts cost ~1-2 s an episode pair on 2 cores: the first run stops at a budget of
     # FIRST_BUDGET pairs (gauntlet.budget_units; the strata left are reported not evaluated), the
     # others have SEEN_AND_READ_SCENES held-out scenes per variant family and task.
-    worse = gauntlet(cache, "worse", [*model_and_strata, f"gauntlet.budget_units={FIRST_BUDGET}", *extra], outcomes)
     only = [f"~outcomes.scenarios.{name}" for name in NOT_SEEN_OR_READ]
     only += [f"outcomes.scenarios.{name}.variants=[25,{25 + SEEN_AND_READ_SCENES}]" for name in SEEN_AND_READ]
-    seen_and_read = gauntlet(cache, "worse-seen-and-read", [*model_and_strata, *only, *extra], outcomes)
-    rerun = gauntlet(
-        cache, "worse-seen-and-read-rerun", [*model_and_strata, *only, f"gauntlet.videos={VIDEOS}", *extra], outcomes
-    )
-    # The A/A run: the same recipe, another training seed (the very same checkpoint would be refused
-    # by the lineage check, and would only replay the baseline's own episodes).
-    same = gauntlet(
-        cache,
-        "equivalent-seen-and-read",
-        [*model_and_strata, *only, "outcomes.candidate=builtin:equivalent", *extra],
-        outcomes,
-    )
-    return [worse, seen_and_read, rerun, same]
+    overrides = {
+        "worse": [f"gauntlet.budget_units={FIRST_BUDGET}"],
+        "worse-seen-and-read": only,
+        "worse-seen-and-read-rerun": [*only, f"gauntlet.videos={VIDEOS}"],
+        # The A/A run: the same recipe, another training seed (the very same checkpoint would be
+        # refused by the lineage check, and would only replay the baseline's own episodes).
+        "equivalent-seen-and-read": [*only, "outcomes.candidate=builtin:equivalent"],
+    }
+    rows = {r["run"]: r for r in saved.get("runs", [])}
+    for name in names:
+        rows[name] = gauntlet(cache, name, [*model_and_strata, *overrides[name], *extra], outcomes)
+        atomic_write_json(out, {"runs": [rows[n] for n in VISION_RUNS if n in rows], "extra_overrides": extra})
+    return [rows[n] for n in VISION_RUNS if n in rows]
 
 
 def write_page(page: str, runs: List[Dict[str, Any]], extra: Sequence[str] = ()) -> None:
@@ -213,7 +219,7 @@ VISION_LEAD = (
     "unless the overrides below say otherwise) against the `worse` built-in candidate (45 demonstrations, 1,500 "
     "steps). First on every default family, up to a budget of 300 episode pairs, "
     "in priority order; then on the five families that change what the policies see or are told alone "
-    "(held-out scenes 25-29 of variant families 0 and 2), so that a halt on an earlier stratum cannot hide "
+    "(held-out scenes 25-34 of variant families 0 and 2), so that a halt on an earlier stratum cannot hide "
     "them; then that run again, served from the per-episode cache and filming the episodes that decide "
     "(side-by-side MP4s in the run folder's videos/); then the `equivalent` candidate on those families (the "
     "A/A run: the same recipe, another training seed; it must not be blocked). One fixed order seed for every run. The baseline success "
