@@ -224,3 +224,28 @@ def test_draws_that_do_not_divide_the_batch_are_one_line_errors(draws, message):
     with pytest.raises(UserInputError) as error:
         validate_training_recipe(cfg.train)
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_a_gauntlet_built_in_policy_with_a_bad_recipe_is_one_line_naming_it_before_any_recording(tmp_path):
+    from helpers.processes import run_main
+
+    proc = run_main(
+        [
+            "job=gauntlet",
+            "outcomes=rollout_small",
+            "strata=small",
+            "tracking=disabled",
+            "+outcomes.policies.baseline.train.draws_per_anchor=3",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+        env={"VLAEVAL_CACHE_DIR": str(tmp_path / "cache")},
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(
+        "error: outcomes.policies.baseline: train.draws_per_anchor=3 must be >= 1 and divide train.batch_size=64"
+    ), lines[0]
+    assert not (tmp_path / "cache" / "demonstrations").exists()  # nothing recorded, nothing trained

@@ -31,7 +31,7 @@ from vlaeval.artifacts import sha256_json, stable_seed
 from vlaeval.config import StratumConfig
 from vlaeval.data.rendering import RENDERER_VERSION
 from vlaeval.envs.metaworld import NO_PERTURBATION, Episode, Perturbation
-from vlaeval.errors import require, require_at_least
+from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes
 from vlaeval.gauntlet.registry import FailureRegistry, registry_path
 from vlaeval.rollouts.scenarios import (
@@ -123,6 +123,7 @@ class RolloutOutcomes:
                     f"outcomes.{role}={reference}: no built-in policy {name!r}; "
                     f"known: {', '.join(BUILTIN_PREFIX + k for k in self.recipes)} (or give a checkpoint path)",
                 )
+                self._check_recipe(name)
             else:
                 require(
                     Path(reference).is_file(),
@@ -130,6 +131,19 @@ class RolloutOutcomes:
                     f"({', '.join(BUILTIN_PREFIX + k for k in self.recipes)})",
                 )
         self._check_obstacles()  # last: it builds each safety task's scene (~2 s a task)
+
+    def _check_recipe(self, name: str) -> None:
+        """The built-in policy's training recipe (the run's train section and its overrides), checked
+        before any recording or training; an error names the recipe it came from."""
+        from omegaconf import OmegaConf
+
+        from vlaeval.policy.training import validate_training_recipe
+
+        train = OmegaConf.merge(self.context.train, dict(self.recipes[name] or {}).get("train") or {})
+        try:
+            validate_training_recipe(train)
+        except UserInputError as error:
+            raise UserInputError(f"outcomes.policies.{name}: {error}") from None
 
     def describe(self) -> Dict[str, Any]:
         policies = {
