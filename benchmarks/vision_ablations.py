@@ -69,7 +69,7 @@ ARMS: Dict[str, Any] = {
         [*NORMALISED, *RECIPE, *DRAWS, "+steps_factor=8"],
         True,
     ),
-    # Measured against `draws` (the recipe at 4 draws per anchor, which trains them ~7x faster):
+    # Measured against `draws` (the recipe at 4 draws per anchor, which trains them 6-8x faster):
     "crop": ("+ draws, workspace crop of a 96x96 render", VISION, [*NORMALISED, *RECIPE, *DRAWS, *CROP], False),
     "film": ("+ draws, FiLM on the instruction", VISION, [*NORMALISED, *RECIPE, *DRAWS, "model.film=true"], False),
     "second_camera": (

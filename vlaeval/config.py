@@ -200,8 +200,9 @@ class TrainConfig:
     threads: int = 0
     # (t, noise) draws per anchor in a minibatch: batch_size / draws_per_anchor anchors, each encoded
     # once and its conditioning reused for every draw. An image policy's encoder is most of its step, so
-    # 4 cuts that step ~3x at the same batch of pairs (benchmarks/vision_ablations.py measures what it
-    # costs in success); 1 draws every pair's anchor independently, as before this existed.
+    # 4 makes the vision policy's step 6-8x faster at the same batch of pairs (docs/figures/vision_speed.md;
+    # what it costs in success: benchmarks/vision_ablations.py); 1 draws every pair's anchor
+    # independently, as before this existed.
     draws_per_anchor: int = 1
     optimizer: Optimizer = Optimizer.adamw
     momentum: float = 0.9  # optimizer=sgd only (heavy-ball momentum)
