@@ -170,7 +170,7 @@ def train_policy(
     draws = int(train.get("draws_per_anchor", 1) or 1)
     threads = threads_for(step_gflop(policy, anchors, int(train.batch_size), draws), int(train.get("threads", 0) or 0))
     with intra_op_threads(threads):
-        metrics = _train(policy, anchors, train, progress, extras)
+        metrics = _train(policy, anchors, train, progress, extras, draws)
     metrics["threads"] = threads
     return metrics
 
@@ -181,6 +181,7 @@ def _train(
     train: Any,
     progress: Optional[Callable[[int, float], None]],
     extras: TrainingExtras,
+    draws: int,
 ) -> Dict[str, Any]:
     rng = np.random.default_rng(stable_seed("train", int(train.seed)))
     model = policy.model
@@ -191,7 +192,6 @@ def _train(
     average = WeightAverage(model, float(ema_decay)) if ema_decay is not None else None
     evaluated = average.model if average is not None else model  # what the held-out loss reads
     sampler = time_sampler(train)
-    draws = int(train.get("draws_per_anchor", 1) or 1)
     q = extras.anchor_probabilities
     curve: List[Tuple[int, float]] = []
     heldout_curve: List[Tuple[int, float, float]] = []
