@@ -43,6 +43,8 @@ from vlaeval.rollouts.scenarios import (
     episode_spec,
 )
 
+POLICY_SECTIONS = ("model", "data", "flow", "train")  # what a built-in policy's recipe may override
+
 
 class RolloutOutcomes:
     """Paired outcomes from rolling out two checkpoints on scenario families, on demand."""
@@ -132,14 +134,24 @@ class RolloutOutcomes:
                 )
         self._check_obstacles()  # last: it builds each safety task's scene (~2 s a task)
 
-    def _check_recipe(self, name: str) -> None:
-        """The built-in policy's training recipe (the run's train section and its overrides), checked
-        before any recording or training; an error names the recipe it came from."""
+    def _recipe_sections(self, name: str) -> Dict[str, Any]:
+        """The run's model, data, flow and train sections with built-in policy `name`'s overrides merged in."""
         from omegaconf import OmegaConf
 
+        recipe = dict(self.recipes[name] or {})
+        for key in recipe:
+            require(
+                key in POLICY_SECTIONS,
+                f"outcomes.policies.{name}.{key} is not a policy section; use model, data, flow or train",
+            )
+        return {k: OmegaConf.merge(getattr(self.context, k), recipe.get(k) or {}) for k in POLICY_SECTIONS}
+
+    def _check_recipe(self, name: str) -> None:
+        """The built-in policy's sections and training recipe, checked before any recording or
+        training; an error names the recipe it came from."""
         from vlaeval.policy.training import validate_training_recipe
 
-        train = OmegaConf.merge(self.context.train, dict(self.recipes[name] or {}).get("train") or {})
+        train = self._recipe_sections(name)["train"]
         try:
             validate_training_recipe(train)
         except UserInputError as error:
@@ -247,22 +259,15 @@ class RolloutOutcomes:
     def _load(
         self, role: str, reference: str, progress: Optional[Callable[[str, int, int], None]] = None
     ) -> RolloutPolicy:
-        from omegaconf import OmegaConf
 
         from vlaeval.config import CheckpointConfig
         from vlaeval.policy.builtin import PolicySpec, load_policy, obtain_policy, prepare_data
 
         ctx = self.context
-        sections = {name: getattr(ctx, name) for name in ("model", "data", "flow", "train")}
         if reference.startswith(BUILTIN_PREFIX):
-            name = reference[len(BUILTIN_PREFIX) :]
-            recipe = dict(self.recipes[name] or {})
-            for key in recipe:
-                require(
-                    key in sections,
-                    f"outcomes.policies.{name}.{key} is not a policy section; use model, data, flow or train",
-                )
-            sections = {k: OmegaConf.merge(v, recipe.get(k) or {}) for k, v in sections.items()}
+            sections = self._recipe_sections(reference[len(BUILTIN_PREFIX) :])
+        else:
+            sections = {name: getattr(ctx, name) for name in POLICY_SECTIONS}
         spec = PolicySpec(sections["model"], sections["data"], sections["flow"], sections["train"])
         steps = int(spec.train.steps)
         data = prepare_data(
