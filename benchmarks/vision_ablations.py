@@ -25,6 +25,7 @@ import torch
 
 from benchlib import REPO, compose_default, markdown_table, rate, show, write_figures
 from vlaeval.artifacts import atomic_write_json
+from vlaeval.data.rendering import RENDERER_VERSION
 from vlaeval.policy.builtin import PolicySpec, checkpoint_key, obtain_policy, prepare_data
 from vlaeval.rollouts.engine import evaluate_closed_loop
 
@@ -39,6 +40,7 @@ SECOND_CAMERA = [
     "model.cameras=[observation.images.corner,observation.images.corner4]",
 ]
 DRAWS = ["train.draws_per_anchor=4"]
+LOCATE = "model.locate=[4,5,6,36,37,38]"  # the object's and the goal's x, y, z
 VISION = "tiny_vla_vision"
 # name: (what it changes, model, overrides, whether to probe the blanked camera)
 ARMS: Dict[str, Any] = {
@@ -83,6 +85,20 @@ ARMS: Dict[str, Any] = {
         VISION,
         [*NORMALISED, *RECIPE, *DRAWS, "model.history=2"],
         False,
+    ),
+    # Measured with the goal drawn visibly (renderer 3; the rows above drew Meta-World's own goal site):
+    "marker": ("+ draws, the goal drawn as a 4 cm marker", VISION, [*NORMALISED, *RECIPE, *DRAWS], True),
+    "locate": (
+        "+ marker, the image features taught where the object and goal are",
+        VISION,
+        [*NORMALISED, *RECIPE, *DRAWS, LOCATE],
+        True,
+    ),
+    "locate_two_cameras": (
+        "+ locate, a second camera (corner4)",
+        VISION,
+        [*NORMALISED, *RECIPE, *DRAWS, LOCATE, *SECOND_CAMERA],
+        True,
     ),
     "state_before": ("state policy, recipe off", "tiny_vla", NO_RECIPE, False),
     "state_recipe": ("state policy, recipe on", "tiny_vla", RECIPE, False),
@@ -220,6 +236,7 @@ def run_arm(name: str, args: Any, cache: str) -> Dict[str, Any]:
         "final_loss": handle.sidecar["metrics"]["final_loss"],
         "train_seconds": handle.sidecar["metrics"]["train_seconds"],
         "trained_now_seconds": train_s if handle.trained_now else None,
+        "renderer": RENDERER_VERSION if model == VISION else None,
     }
     if blanked:
         c = next(iter(evaluation["conditions"].values()))
@@ -284,6 +301,7 @@ def body(results: Dict[str, Any], args: Any) -> str:
                 if "probe_r2_goal_within_task" in d
                 else "",
                 f"{r['final_loss']:.4f}",
+                str(r.get("renderer", 2)) if r["model"] == VISION else "",
                 f"{r.get('steps', args.steps):,}",
                 f"{r['train_seconds']:.0f}",
             )
@@ -298,7 +316,10 @@ def body(results: Dict[str, Any], args: Any) -> str:
         "trained on even episodes, scored on odd ones; within a task: the same probe "
         "fitted and scored per task (what the image tells beyond which task it is), for the object's and the goal's "
         "x, y, z, averaged over the tasks where they move. Training s: the arm's own training clock, under whatever "
-        "else the machine ran then (speed is compared in the same process in vision_speed.md). Overrides of each arm: "
+        "else the machine ran then (speed is compared in the same process in vision_speed.md). Final loss: the "
+        "flow-matching loss (an arm with `model.locate` also minimised its auxiliary loss). Renderer: the "
+        "RENDERER_VERSION its frames were drawn with (3 draws the goal as a 4 cm marker; 2 and before, Meta-World's "
+        "own 1-2 cm site). Overrides of each arm: "
         "`benchmarks/vision_ablations.py: ARMS`.\n\n"
         + markdown_table(
             [
@@ -311,6 +332,7 @@ def body(results: Dict[str, Any], args: Any) -> str:
                 "probe R^2",
                 "within a task: object / goal",
                 "final loss",
+                "renderer",
                 "steps",
                 "training s",
             ],

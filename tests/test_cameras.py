@@ -176,7 +176,7 @@ def test_simplified_meshes_change_few_pixels_and_leave_the_physics_its_own_faces
     runner, env = _scene("pick-place-v3")
     model, data = env.unwrapped.model, env.unwrapped.data
     faces = model.mesh_face.copy()
-    simplified = rendering.SceneCameras(model, ["corner"], 64)
+    simplified = rendering.SceneCameras(model, ["corner"], 64, goal_marker=None)  # the meshes alone
     assert np.array_equal(model.mesh_face, faces)
     frame = simplified.render(data)[CORNER].astype(int)
     simplified.close()
@@ -194,4 +194,52 @@ def test_simplified_meshes_change_few_pixels_and_leave_the_physics_its_own_faces
     changed = float(np.mean(np.abs(frame - reference).max(axis=-1) > 30))
     assert changed < 0.02, changed
     assert np.abs(frame - reference).mean() < 2.0
+    runner.close()
+
+
+def _pixel_of(model, data, camera: str, point: np.ndarray, size: int) -> np.ndarray:
+    """Where `point` (world, metres) falls in a size x size frame of `camera`, (row, column): MuJoCo's
+    pinhole camera looks down its -z axis with vertical field of view fovy, and in the renderer's
+    frames (flipped rows: Meta-World's cameras are set up with y pointing down) +y runs down the rows."""
+    import mujoco
+
+    cam = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+    local = data.cam_xmat[cam].reshape(3, 3).T @ (point - data.cam_xpos[cam])
+    focal = (size / 2) / np.tan(np.radians(model.cam_fovy[cam]) / 2)
+    return np.array([size / 2 + focal * local[1] / -local[2], size / 2 + focal * local[0] / -local[2]])
+
+
+@pytest.mark.parametrize("variant", [0, 7, 19])
+def test_the_goal_is_drawn_where_the_camera_sees_it_and_the_physics_never_sees_the_marker(variant):
+    """Meta-World's goal site is a 1-2 px speck at 64x64 (red on the red arm for reach): the renderer
+    draws it as a GOAL_MARKER_RADIUS green sphere. The blob of marker pixels sits on the goal's
+    projection; Meta-World's own drawing (goal_marker=None) has none there; the model and the state
+    observation are untouched."""
+    import mujoco
+
+    from vlaeval.data import rendering
+    from vlaeval.data.metaworld import EpisodeRunner
+
+    runner = EpisodeRunner()
+    env, obs = runner.env("reach-v3", variant)
+    model, data = env.unwrapped.model, env.unwrapped.data
+    goal = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, rendering.GOAL_SITE)
+    size_before, rgba_before = model.site_size.copy(), model.site_rgba.copy()
+    marked = rendering.SceneCameras(model, ["corner"], 64)
+    plain = rendering.SceneCameras(model, ["corner"], 64, goal_marker=None)
+    frame, own = marked.render(data)[CORNER].astype(int), plain.render(data)[CORNER].astype(int)
+    marked.close(), plain.close()
+
+    def green(image):
+        return (image[..., 1] > 150) & (image[..., 0] < 120) & (image[..., 2] < 120)
+
+    blob = np.argwhere(green(frame))
+    assert 4 <= len(blob) <= 40, len(blob)  # a few pixels across, not a wash over the scene
+    expected = _pixel_of(model, data, "corner", data.site_xpos[goal], 64)
+    assert np.abs(blob.mean(axis=0) + 0.5 - expected).max() < 1.5, (blob.mean(axis=0), expected)
+    assert not green(own).any()  # Meta-World's reach goal is a red speck
+    changed = np.argwhere(np.abs(frame - own).max(axis=-1) > 30)
+    assert np.abs(changed - expected).max() < 4  # nothing else in the frame moved
+    assert np.array_equal(model.site_size, size_before) and np.array_equal(model.site_rgba, rgba_before)
+    assert np.array_equal(env.unwrapped._get_obs(), obs)
     runner.close()

@@ -249,3 +249,98 @@ def test_a_gauntlet_built_in_policy_with_a_bad_recipe_is_one_line_naming_it_befo
         "error: outcomes.policies.baseline: train.draws_per_anchor=3 must be >= 1 and divide train.batch_size=64"
     ), lines[0]
     assert not (tmp_path / "cache" / "demonstrations").exists()  # nothing recorded, nothing trained
+
+
+LOCATE = "model.locate=[4,5,6,36,37,38]"  # Meta-World: the first object's and the goal's x, y, z
+
+
+def test_locate_adds_a_read_out_of_where_things_are_to_the_training_objective_alone(tiny_vision):
+    """With model.locate, a training step minimises the flow-matching loss plus locate_weight times
+    the squared error of a linear read-out of the image features onto those standardised state dims,
+    from the same encoder pass, each anchor weighted as drawn; the flow-matching losses (what scoring,
+    gradients and the loss curve see) are those of encode alone, and the auxiliary gradient reaches
+    the image encoder."""
+    from vlaeval.policy.training import flow_draws, minibatch_loss
+
+    cfg, data, _ = tiny_vision
+    located = compose_config(
+        [*AUDIT_SMALL, "data=tiny_vision", "model=tiny_vla_vision_small", LOCATE, "model.locate_weight=0.5"]
+    )
+    model = build_model(PolicySpec.of(located), data).eval()  # eval: no augmentation, the same pixels twice
+    policy = data.bind(model, cfg.flow)
+    index, k = np.array([3, 17, 5, 40]), 2
+    batch = policy.anchor_batch(data.anchors, index)
+    t, noise = flow_draws(np.random.default_rng(1), index.size * k, data.anchors.horizon, 4, cfg.flow)
+    features: list = []
+    hooks = [encoder.register_forward_hook(lambda m, a, out: features.append(out)) for encoder in model.images]
+    try:
+        with torch.no_grad():
+            losses, auxiliary = policy.training_losses(batch, t, noise, k)
+            plain = policy.losses(batch, t, noise, k)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    torch.testing.assert_close(losses, plain, rtol=0, atol=0)
+    state = model.normalise(batch["observation"])[:, [4, 5, 6, 36, 37, 38]]
+    by_hand = 0.5 * ((model.locate_head(torch.cat(features[: len(model.images)], -1)) - state) ** 2).mean(-1)
+    assert auxiliary is not None and auxiliary.shape == (index.size,)
+    torch.testing.assert_close(auxiliary, by_hand.detach())
+    assert float(auxiliary.min()) > 0
+
+    # The step's objective: uniform draws, then a proposal q (each anchor weighted 1 / (N q_i)).
+    q = np.linspace(1.0, 3.0, len(data.anchors))
+    q /= q.sum()
+    for proposal in (None, q):
+        step = minibatch_loss(policy, data.anchors, np.random.default_rng(7), 8, proposal, None, k)
+        rng = np.random.default_rng(7)
+        drawn = (
+            rng.integers(0, len(data.anchors), size=4) if proposal is None else rng.choice(len(data.anchors), 4, p=q)
+        )
+        with torch.no_grad():
+            _, again = policy.training_losses(policy.anchor_batch(data.anchors, drawn), t, noise, k)
+        weights = np.ones(4) if proposal is None else 1.0 / (len(data.anchors) * q[drawn])
+        expected = float((torch.from_numpy(weights.astype(np.float32)) * again).mean())
+        assert step.auxiliary is not None
+        assert float(step.auxiliary.detach()) == pytest.approx(expected, rel=1e-5)
+        flow = (
+            step.losses
+            if proposal is None
+            else torch.from_numpy(np.repeat(weights, k).astype(np.float32)) * step.losses
+        ).mean()
+        assert float(step.objective.detach()) == pytest.approx(float(flow.detach()) + expected, rel=1e-5)
+
+    # The auxiliary loss's gradient reaches the image encoder (the head alone would not teach it).
+    encoder = list(model.images[0].parameters())[0]
+    without = torch.autograd.grad(policy.losses(batch, t, noise, k).mean(), encoder)[0]
+    with_it = torch.autograd.grad(sum(x.mean() for x in policy.training_losses(batch, t, noise, k)), encoder)[0]
+    assert not torch.allclose(with_it, without, rtol=1e-3, atol=1e-8)
+
+
+def test_locate_trains_its_own_curve_and_off_keeps_the_model_and_its_key(tiny_vision):
+    """A run with locate logs the auxiliary loss beside the flow-matching curve; off (the default),
+    the model has no read-out, its checkpoint key is the one it had before the setting existed, and
+    locate_weight alone changes nothing."""
+    cfg, data, model = tiny_vision
+    assert not any(name.startswith("locate_head") for name in model.state_dict())
+    base = [*AUDIT_SMALL, "data=tiny_vision", "model=tiny_vla_vision_small"]
+    key = checkpoint_key(PolicySpec.of(cfg), data)
+    spec = PolicySpec.of(cfg)
+    before = OmegaConf.to_container(spec.model)
+    assert isinstance(before, dict)
+    for name in ("locate", "locate_weight"):
+        before.pop(name)
+    assert checkpoint_key(PolicySpec(**{**vars(spec), "model": OmegaConf.create(before)}), data) == key
+    assert checkpoint_key(PolicySpec.of(compose_config([*base, "model.locate_weight=3"])), data) == key
+    assert checkpoint_key(PolicySpec.of(compose_config([*base, "model.locate=[]"])), data) == key
+    located = compose_config([*base, LOCATE, "train.steps=6", "train.log_every=2"])
+    assert checkpoint_key(PolicySpec.of(located), data) != key
+    trained = build_model(PolicySpec.of(located), data)
+    metrics = train_policy(data.bind(trained, located.flow), data.anchors, located.train)
+    assert [s for s, _ in metrics["auxiliary_curve"]] == [s for s, _ in metrics["loss_curve"]] == [2, 4, 6]
+    assert all(math.isfinite(v) and v > 0 for _, v in metrics["auxiliary_curve"])
+    assert metrics["final_auxiliary_loss"] == metrics["auxiliary_curve"][-1][1]
+    from vlaeval.jobs.train import training_view
+
+    headline, curves = training_view(metrics)  # what MLflow shows: its own curve beside the loss
+    assert curves["train.auxiliary_loss"] == metrics["auxiliary_curve"]
+    assert headline["train.final_auxiliary_loss"] == metrics["final_auxiliary_loss"]

@@ -419,6 +419,9 @@ def test_film_starts_as_the_unconditioned_encoder_and_the_crop_takes_the_named_p
         ({"crop": [0.1, 0.1]}, "model.crop=[0.1, 0.1] is not (top, left, height, width)"),
         ({"sharpness": 0.0}, "model.sharpness=0.0 must be positive"),
         ({"cameras": []}, "model.cameras is empty"),
+        ({"locate": [4, 39]}, "model.locate=[4, 39] must list distinct observation dims in [0, 39)"),
+        ({"locate": [4, 4]}, "model.locate=[4, 4] must list distinct observation dims"),
+        ({"locate": [4], "locate_weight": 0.0}, "model.locate_weight=0.0 must be > 0"),
     ],
 )
 def test_a_bad_vision_setting_is_one_line(options, needle):

@@ -12,7 +12,14 @@ pixel), not to the pixels:
   fifth of them kept. The simplified faces are uploaded once, when the renderer is made, and the
   model's own faces put back at once, so the physics never sees them (it collides on convex
   hulls anyway). Measured in benchmarks/vision_speed.py: 1.7-1.8x fewer ms a frame (idle, 2
-  cores); under 1% of pixels changed visibly (tests/test_cameras.py).
+  cores); under 1% of pixels changed visibly (tests/test_cameras.py);
+* the goal is drawn where a camera can see it: Meta-World marks it with a site, a sphere of 1-2 cm
+  radius coloured by task (red on the red arm for reach), 1-3 pixels of a 64x64 corner view -- a
+  policy that reads pixels cannot find it, and no amount of training teaches it to (the within-task
+  probe of benchmarks/vision_ablations.py: R^2 <= 0 for the goal). The renderer draws that site at
+  GOAL_MARKER_RADIUS in one colour, as a real scene shows its target (a plate, a bin, a mark on the
+  table); only the renderer's copy of the scene changes, the physics and the state observation
+  never see it. `goal_marker=None` draws Meta-World's own.
 
 RENDERER_VERSION is part of the key of recorded camera data and of a camera policy's cached
 episodes: bump it when what a frame shows changes. Images are flipped to the usual orientation
@@ -30,8 +37,11 @@ from vlaeval.errors import UserInputError, first_line
 # The cameras every Meta-World scene defines (metaworld/assets: sawyer_xyz_base.xml).
 METAWORLD_CAMERAS = ("topview", "corner", "corner2", "corner3", "corner4", "behindGripper", "gripperPOV")
 CAMERA_PREFIX = "observation.images."  # a camera's feature name, as LeRobot names them
-RENDERER_VERSION = 2  # 2: simplified meshes (1: full meshes)
+RENDERER_VERSION = 3  # 3: the goal marker drawn visibly (2: simplified meshes; 1: full meshes)
 MESH_CELL_AT_64 = 0.01  # metres: a 64x64 corner view's pixel covers ~2 cm of the table
+GOAL_SITE = "goal"  # the site Meta-World's scenes mark their goal with
+GOAL_MARKER_RADIUS = 0.04  # metres: ~3-4 pixels across in a 64x64 corner view
+GOAL_MARKER_RGBA = (0.1, 1.0, 0.1, 0.8)  # green, which no arm, table or object of the nine tasks is
 
 
 def camera_key(camera: str) -> str:
@@ -42,12 +52,22 @@ class SceneCameras:
     """Render `cameras` of one MuJoCo model at `size` x `size`; `render(data)` gives each camera's
     uint8 (size, size, 3) image of the current state."""
 
-    def __init__(self, model: Any, cameras: Sequence[str], size: int, mesh_cell: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        cameras: Sequence[str],
+        size: int,
+        mesh_cell: Optional[float] = None,
+        goal_marker: Optional[float] = GOAL_MARKER_RADIUS,
+    ) -> None:
         """`mesh_cell`: the simplification's grid in metres (None: MESH_CELL_AT_64 scaled to `size`;
-        0: the full meshes, as RENDERER_VERSION 1 drew them)."""
+        0: the full meshes, as RENDERER_VERSION 1 drew them). `goal_marker`: the goal site's radius
+        in metres, drawn in GOAL_MARKER_RGBA (None: as the model draws it, as version 2 did)."""
         import mujoco
 
         self.cameras, self.size = [str(c) for c in cameras], int(size)
+        goal = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, GOAL_SITE)
+        self._goal = None if goal_marker is None or goal < 0 else (int(goal), float(goal_marker))
         cell = MESH_CELL_AT_64 * 64 / self.size if mesh_cell is None else float(mesh_cell)
         model.vis.quality.offsamples = 0
         model.vis.global_.offwidth = max(int(model.vis.global_.offwidth), self.size)
@@ -70,8 +90,24 @@ class SceneCameras:
         out = {}
         for camera in self.cameras:
             self.renderer.update_scene(data, camera=camera)
+            if self._goal is not None:
+                self._mark_goal()
             out[camera_key(camera)] = np.ascontiguousarray(self.renderer.render()[::-1])
         return out
+
+    def _mark_goal(self) -> None:
+        """The goal site's sphere in the scene just built, enlarged and recoloured (the scene is the
+        renderer's own list of what to draw: the model is untouched)."""
+        import mujoco
+
+        site, radius = self._goal  # type: ignore[misc]
+        scene = self.renderer.scene
+        for i in range(int(scene.ngeom)):
+            geom = scene.geoms[i]
+            if geom.objtype == mujoco.mjtObj.mjOBJ_SITE and geom.objid == site:
+                geom.type = mujoco.mjtGeom.mjGEOM_SPHERE
+                geom.size[:] = radius
+                geom.rgba[:] = GOAL_MARKER_RGBA
 
     def close(self) -> None:
         # MuJoCo frees a renderer's GL objects in whichever OSMesa context is current: make it this

@@ -193,6 +193,11 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         f"trained {result['parameters']:,} parameters for {metrics_train['steps']} steps in "
         f"{metrics_train['train_seconds']:.1f} s: final loss "
         + (f"{final:.4f}" if final is not None else f"none (diverged at step {diverged})")
+        + (
+            f", auxiliary loss {metrics_train['final_auxiliary_loss']:.4f}"
+            if metrics_train.get("final_auxiliary_loss") is not None
+            else ""
+        )
     )
     if "evaluation" in result:
         print_evaluation(result["evaluation"])
@@ -208,6 +213,9 @@ def training_view(metrics_train: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[s
         "timing.train_seconds": metrics_train["train_seconds"],
     }
     history: Dict[str, Any] = {"train.loss": metrics_train["loss_curve"]}
+    if "auxiliary_curve" in metrics_train:  # the policy's own auxiliary loss (model.locate), beside it
+        history["train.auxiliary_loss"] = metrics_train["auxiliary_curve"]
+        metrics["train.final_auxiliary_loss"] = metrics_train["final_auxiliary_loss"]
     if "heldout_curve" in metrics_train:  # against steps; the clock (scoring included) is in result.json
         history["train.heldout_loss"] = [(step, loss) for step, _, loss in metrics_train["heldout_curve"]]
         metrics["train.heldout_loss_final"] = metrics_train["heldout_curve"][-1][2]

@@ -28,7 +28,7 @@ import torch
 from vlaeval.config import FlowConfig
 from vlaeval.data.anchors import AnchorSet
 from vlaeval.errors import UserInputError
-from vlaeval.policy.flow import FlowConvention, flow_matching_losses
+from vlaeval.policy.flow import FlowConvention, flow_matching_losses, training_losses
 from vlaeval.policy.tiny_vla import bag_of_words, vocabulary
 
 Batch = Dict[str, torch.Tensor]
@@ -111,6 +111,13 @@ class BoundPolicy:
         """Per-sample flow-matching loss under the policy's convention: shape (B * draws,), `draws`
         consecutive (t, noise) draws per anchor of the batch, each anchor encoded once."""
         return flow_matching_losses(self.model, batch, t, noise, self.flow, draws)
+
+    def training_losses(
+        self, batch: Batch, t: torch.Tensor, noise: torch.Tensor, draws: int = 1
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """`losses` and the model's per-anchor auxiliary loss (None without one), from one encoder
+        pass: what a training step minimises (vlaeval/policy/flow.py: training_losses)."""
+        return training_losses(self.model, batch, t, noise, self.flow, draws)
 
     # ------------------------------------------------------------------ copies
     def with_model(self, model: torch.nn.Module) -> "BoundPolicy":

@@ -50,6 +50,10 @@ LATER_TRAIN_KEYS = {
     "ema_decay": ("None", ()),
     "draws_per_anchor": ("1", ()),
 }
+# Likewise the model's: tiny_vla_vision's auxiliary loss (`locate`), off unless named.
+LATER_MODEL_KEYS = {
+    "locate": ("None", ("locate_weight",)),
+}
 
 KEYPOINT_STATISTICS_IMAGES = 512  # training frames a vision policy's fixed keypoint standardisation reads
 CHECKPOINT_FILE = "model.pt"  # a built-in checkpoint in its store entry
@@ -158,9 +162,19 @@ def check_cameras(model: torch.nn.Module, data: PolicyData) -> None:
 
 def weight_train_settings(train: Any) -> Dict[str, Any]:
     """The train settings the trained weights depend on, as the checkpoint key sees them."""
-    out = {k: v for k, v in to_plain(train).items() if k not in NON_WEIGHT_TRAIN_KEYS}
-    for switch, (before, uses) in LATER_TRAIN_KEYS.items():
-        if str(out.get(switch, before)) == before:
+    return _without_later_keys(
+        {k: v for k, v in to_plain(train).items() if k not in NON_WEIGHT_TRAIN_KEYS}, LATER_TRAIN_KEYS
+    )
+
+
+def weight_model_settings(model: Any) -> Dict[str, Any]:
+    """The model section as the checkpoint key sees it."""
+    return _without_later_keys(dict(to_plain(model)), LATER_MODEL_KEYS)
+
+
+def _without_later_keys(out: Dict[str, Any], later: Dict[str, Any]) -> Dict[str, Any]:
+    for switch, (before, uses) in later.items():
+        if str(out.get(switch, before)) in (before, "[]"):
             for key in (switch, *uses):
                 out.pop(key, None)
     return out
@@ -172,7 +186,7 @@ def checkpoint_key(spec: PolicySpec, data: PolicyData) -> str:
         {
             "data_manifest": data.demonstrations.manifest_sha256,
             "horizon": int(data.anchors.horizon),
-            "model": to_plain(spec.model),
+            "model": weight_model_settings(spec.model),
             "flow": to_plain(spec.flow),
             "train": train,
             "torch": torch.__version__.split("+")[0],

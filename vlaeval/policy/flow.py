@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -150,8 +150,32 @@ def flow_matching_losses(
     """Per-sample flow-matching loss under the policy's convention (`flow`): shape (B * draws,), with
     `draws` consecutive (t, noise) draws per anchor of the batch. The anchor is encoded once and its
     conditioning repeated: an image policy's encoder, most of its step, runs on B anchors, not B * draws."""
+    return _losses_given(model, model.encode(batch), batch, t, noise, flow, draws)
+
+
+def training_losses(
+    model: Any, batch: Dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor, flow: Any, draws: int = 1
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """What a training step minimises: the per-sample flow-matching losses (B * draws,) as
+    flow_matching_losses gives them, and the policy's own per-anchor auxiliary loss (B,) where it
+    defines one (`encode_for_training`, e.g. tiny_vla_vision's `locate`: the image features
+    predict where things are), from the same encoder pass; None where it does not. Only training
+    calls this: scoring, gradients and rollouts see the flow-matching loss alone."""
+    own = getattr(model, "encode_for_training", None)
+    conditioning, auxiliary = own(batch) if callable(own) else (model.encode(batch), None)
+    return _losses_given(model, conditioning, batch, t, noise, flow, draws), auxiliary
+
+
+def _losses_given(
+    model: Any,
+    conditioning: torch.Tensor,
+    batch: Dict[str, torch.Tensor],
+    t: torch.Tensor,
+    noise: torch.Tensor,
+    flow: Any,
+    draws: int,
+) -> torch.Tensor:
     convention = FlowConvention.of(flow)
-    conditioning = model.encode(batch)
     actions, mask = batch["target_actions"], batch["target_mask"]
     if draws > 1:
         conditioning, actions, mask = (x.repeat_interleave(draws, dim=0) for x in (conditioning, actions, mask))

@@ -12,6 +12,10 @@ audited (gradients included) and rolled out. docs/extending.md "Your own policy"
     tokenize(instructions) -> (tasks, ...)        optional: your own tokenizer, called once per task
                                                   list; without it the policy reads the bag-of-words
                                                   over the `vocab` it was built with
+    encode_for_training(batch)                    optional: (conditioning, a per-anchor auxiliary
+        -> (conditioning, auxiliary (B,))         loss or None) from one encoder pass; training
+                                                  adds the auxiliary loss's mean to its objective
+                                                  (scoring and gradients see the flow loss alone)
 
 A batch is a dict of tensors: "observation" (B, obs_dim), "instruction" (B, ...) the policy's own
 tokens of each row's task instruction, "task_index" (B,), and for training and scoring
@@ -21,7 +25,7 @@ is noise, the velocity target, the time distribution) is configuration: the `flo
 (vlaeval/policy/bound.py), the module with its tokens, flow and device.
 
 Callers: policy/bound.py (tokenize), policy/training.py and residual/estimators.py (encode,
-velocity, train/eval), residual/gradients.py (trainable_parameters, named_modules,
+velocity, train/eval; training also encode_for_training), residual/gradients.py (trainable_parameters, named_modules,
 named_parameters), rollouts/engine.py (encode, velocity, horizon, action_dim), policy/builtin.py
 (state_dict, load_state_dict).
 """

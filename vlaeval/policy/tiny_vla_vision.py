@@ -12,6 +12,11 @@
         feature map: FiLM, as RT-1 conditions its image encoder on the instruction)
     proprioception: the first `state_dims` of the state (Meta-World: hand position and gripper;
         the object and goal positions are left out, so where things are must come from the camera)
+    while training, with `locate` (observation dims, e.g. Meta-World's object and goal x, y, z):
+        a linear read-out of the image features predicts those dims of the (standardised) state,
+        its squared error times `locate_weight` added to the loss -- the simulator knows where
+        things are, so the encoder is taught to find them (Levine et al. 2016 trained their
+        spatial-softmax keypoints on object positions); the policy never reads those dims
     --> MLP -> conditioning --> the flow-matching action head of the tiny VLA (an MLP over the
         noisy chunk, the conditioning and the flow time)
 
@@ -184,6 +189,8 @@ class TinyVLAVision(MLPFlowPolicy):
         crop: Optional[Sequence[float]] = None,
         film: bool = False,
         history: int = 1,
+        locate: Optional[Sequence[int]] = None,
+        locate_weight: float = 1.0,
     ) -> None:
         super().__init__(vocab, obs_dim, action_dim, horizon, time_embedding_dim)
         require(
@@ -220,6 +227,10 @@ class TinyVLAVision(MLPFlowPolicy):
         features = 2 * image_channels * len(self.cameras) + text_width + self.state_dims
         self.encoder = mlp([features, conditioning_dim, conditioning_dim])
         self.build_action_head(conditioning_dim, head_hidden, head_layers)
+        self.locate = checked_locate(locate, obs_dim, locate_weight)
+        self.locate_weight = float(locate_weight)
+        if self.locate:  # only then: checkpoints without it keep their state_dict
+            self.locate_head = nn.Linear(2 * image_channels * len(self.cameras), len(self.locate))
 
     # ------------------------------------------------------------------ preprocessing (the policy's own)
     def tokenize(self, instructions: Sequence[str]) -> torch.Tensor:
@@ -260,13 +271,26 @@ class TinyVLAVision(MLPFlowPolicy):
 
     # ------------------------------------------------------------------ the protocol
     def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._encode(batch)[0]
+
+    def encode_for_training(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The conditioning and, with `locate`, each anchor's auxiliary loss: locate_weight times the
+        mean squared error of the image features' read-out of those standardised state dims."""
+        conditioning, seen, state = self._encode(batch)
+        if not self.locate:
+            return conditioning, None
+        predicted = self.locate_head(seen)
+        return conditioning, self.locate_weight * ((predicted - state[:, self.locate]) ** 2).mean(dim=-1)
+
+    def _encode(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(conditioning, the image features, the whole standardised state)."""
         missing = [c for c in self.cameras if c not in batch]
         if missing:
             raise KeyError(f"the batch lacks camera {missing[0]} that model.cameras names; present: {sorted(batch)}")
         read = self.text(batch["instruction"])
-        seen = [encoder(self.pixels(batch[c]), read) for encoder, c in zip(self.images, self.cameras)]
-        state = self.normalise(batch["observation"])[:, : self.state_dims]
-        return self.encoder(torch.cat([*seen, read, state], dim=-1))
+        seen = torch.cat([encoder(self.pixels(batch[c]), read) for encoder, c in zip(self.images, self.cameras)], -1)
+        state = self.normalise(batch["observation"])
+        return self.encoder(torch.cat([seen, read, state[:, : self.state_dims]], dim=-1)), seen, state
 
     def encoder_modules(self) -> List[nn.Module]:
         return [self.images, self.text, self.encoder]
@@ -288,3 +312,15 @@ def checked_crop(crop: Optional[Sequence[float]]) -> Optional[Tuple[float, float
         "e.g. model.crop=[0.25,0.1,0.7,0.8], or null for the whole frame",
     )
     return (values[0], values[1], values[2], values[3])
+
+
+def checked_locate(locate: Optional[Sequence[int]], obs_dim: int, weight: float) -> List[int]:
+    """model.locate: distinct observation dims in [0, obs_dim), or None/empty (no auxiliary loss)."""
+    dims = [int(d) for d in (locate or ())]
+    require(
+        all(0 <= d < obs_dim for d in dims) and len(set(dims)) == len(dims),
+        f"model.locate={list(locate or ())} must list distinct observation dims in [0, {obs_dim}); e.g. "
+        "model.locate=[4,5,6,36,37,38] (Meta-World: the object's and the goal's x, y, z), or null for none",
+    )
+    require(float(weight) > 0, f"model.locate_weight={weight} must be > 0 (the auxiliary loss's weight)")
+    return dims

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -54,6 +54,20 @@ class TrainingExtras:
     heldout_every: int = 0
 
 
+class Minibatch(NamedTuple):
+    """One training step's draws and loss. objective: what the step minimises (the weighted mean
+    flow-matching loss, plus the model's auxiliary loss where it has one); losses: the batch_size
+    per-sample flow-matching losses; u: the flow times' quantile levels and anchor_weights: the
+    anchors' importance weights, repeated per draw (None where not drawn that way); auxiliary: the
+    weighted mean auxiliary loss (None without one)."""
+
+    objective: torch.Tensor
+    losses: torch.Tensor
+    u: Optional[np.ndarray]
+    anchor_weights: Optional[np.ndarray]
+    auxiliary: Optional[torch.Tensor]
+
+
 def minibatch_loss(
     policy: BoundPolicy,
     anchors: AnchorSet,
@@ -62,11 +76,9 @@ def minibatch_loss(
     q: Optional[np.ndarray],
     sampler: Optional[AdaptiveTimeSampler],
     draws: int = 1,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[np.ndarray], Optional[np.ndarray]]:
-    """One training step's draws and loss: batch_size / draws anchors uniformly or from q, each with
-    `draws` flow times (from the training distribution or the sampler) and noises, each loss
-    importance-weighted. Returns the weighted mean loss, the batch_size per-sample losses, the
-    quantile levels u and the anchor weights (None where not drawn that way)."""
+) -> Minibatch:
+    """batch_size / draws anchors uniformly or from q, each with `draws` flow times (from the
+    training distribution or the sampler) and noises, each loss importance-weighted."""
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
     count = batch_size // draws
     if q is None:
@@ -79,8 +91,8 @@ def minibatch_loss(
     pairs = count * draws
     if sampler is None and anchor_weights is None:
         t, noise = flow_draws(rng, pairs, *chunk, policy.flow)
-        losses = policy.losses(batch, t, noise, draws)
-        return losses.mean(), losses, None, None
+        losses, auxiliary = policy.training_losses(batch, t, noise, draws)
+        return _with_auxiliary(losses.mean(), losses, None, None, auxiliary)
     # The same generator, in the same order of use, whatever the sampler's state: a run is
     # reproduced by its seed alone.
     if sampler is None:
@@ -89,9 +101,28 @@ def minibatch_loss(
         u, time_weights = sampler.draw(rng, pairs)
     noise = torch.from_numpy(rng.standard_normal((pairs, *chunk)).astype(np.float32))
     t = torch.from_numpy(policy.flow.time_quantile(u).astype(np.float32))
-    losses = policy.losses(batch, t, noise, draws)
+    losses, auxiliary = policy.training_losses(batch, t, noise, draws)
     weights = time_weights if anchor_weights is None else time_weights * anchor_weights
-    return (torch.from_numpy(weights.astype(np.float32)) * losses).mean(), losses, u, anchor_weights
+    flow_loss = (torch.from_numpy(weights.astype(np.float32)) * losses).mean()
+    return _with_auxiliary(flow_loss, losses, u, anchor_weights, auxiliary, draws)
+
+
+def _with_auxiliary(
+    flow_loss: torch.Tensor,
+    losses: torch.Tensor,
+    u: Optional[np.ndarray],
+    anchor_weights: Optional[np.ndarray],
+    auxiliary: Optional[torch.Tensor],
+    draws: int = 1,
+) -> Minibatch:
+    """The step's objective: the flow-matching loss plus the per-anchor auxiliary loss's mean, each
+    anchor weighted as it was drawn (so a proposal q leaves the auxiliary objective unbiased too)."""
+    if auxiliary is None:
+        return Minibatch(flow_loss, losses, u, anchor_weights, None)
+    if anchor_weights is not None:
+        auxiliary = torch.from_numpy(anchor_weights[::draws].astype(np.float32)) * auxiliary
+    mean = auxiliary.mean()
+    return Minibatch(flow_loss + mean, losses, u, anchor_weights, mean)
 
 
 class WeightAverage:
@@ -163,8 +194,9 @@ def train_policy(
     each gradient clipped to train.grad_clip_norm, and the weights' moving average (train.ema_decay)
     left in the model at the end, on train.threads intra-op threads (0: chosen by the step's work,
     vlaeval/policy/threads.py). Returns the loss curve (the mean of each log_every steps'
-    minibatch losses, weighted), the held-out curve (step, the run's clock in seconds, loss) when
-    extras ask for it, and timings."""
+    minibatch flow-matching losses, weighted), the policy's auxiliary loss's curve where it has one
+    (model.locate), the held-out curve (step, the run's clock in seconds, loss) when extras ask for
+    it, and timings."""
     extras = extras or TrainingExtras()
     torch.use_deterministic_algorithms(True)
     draws = int(train.get("draws_per_anchor", 1) or 1)
@@ -173,6 +205,38 @@ def train_policy(
         metrics = _train(policy, anchors, train, progress, extras, draws)
     metrics["threads"] = threads
     return metrics
+
+
+class Curves:
+    """The loop's curves, each a mean over the steps since its last point: the flow-matching loss
+    (comparable across runs with and without an auxiliary loss), the auxiliary loss where the
+    policy has one, and the adaptive sampler's bin probabilities."""
+
+    def __init__(self) -> None:
+        self.loss: List[Tuple[int, float]] = []
+        self.auxiliary: List[Tuple[int, float]] = []
+        self.time_bins: List[Tuple[int, List[float]]] = []
+        self._loss: List[float] = []
+        self._auxiliary: List[float] = []
+
+    def add(self, step: Minibatch) -> None:
+        if step.auxiliary is None:
+            self._loss.append(step.objective.item())
+        else:
+            auxiliary = step.auxiliary.item()
+            self._loss.append(step.objective.item() - auxiliary)
+            self._auxiliary.append(auxiliary)
+
+    def point(self, step: int, sampler: Optional[AdaptiveTimeSampler]) -> float:
+        """Close the window at `step`; returns its mean loss."""
+        self.loss.append((step, float(np.mean(self._loss))))
+        self._loss.clear()
+        if self._auxiliary:
+            self.auxiliary.append((step, float(np.mean(self._auxiliary))))
+            self._auxiliary.clear()
+        if sampler is not None:
+            self.time_bins.append((step, sampler.probabilities().tolist()))
+        return self.loss[-1][1]
 
 
 def _train(
@@ -193,10 +257,8 @@ def _train(
     evaluated = average.model if average is not None else model  # what the held-out loss reads
     sampler = time_sampler(train)
     q = extras.anchor_probabilities
-    curve: List[Tuple[int, float]] = []
+    curves = Curves()
     heldout_curve: List[Tuple[int, float, float]] = []
-    time_history: List[Tuple[int, List[float]]] = []
-    window: List[float] = []
     clock = float(extras.seconds_before)
     heldout_steps = set()
     if extras.heldout is not None and extras.heldout_every > 0:
@@ -207,49 +269,49 @@ def _train(
     for step in range(1, int(train.steps) + 1):
         started = time.perf_counter()
         model.train()
-        loss, losses, u, anchor_weights = minibatch_loss(policy, anchors, rng, int(train.batch_size), q, sampler, draws)
-        if not torch.isfinite(loss):
+        drawn = minibatch_loss(policy, anchors, rng, int(train.batch_size), q, sampler, draws)
+        if not torch.isfinite(drawn.objective):
             # A learning rate too high for this optimizer (a grid finds them): stop here and say so,
             # rather than train on NaN weights.
             diverged_at = step
             break
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        drawn.objective.backward()
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), float(clip), foreach=True)
         optimizer.step()
         schedule.step()
         if average is not None:
             average.update(step)
-        if sampler is not None and u is not None:
-            sampler.update(u, losses.detach().double().cpu().numpy(), anchor_weights)
-        window.append(loss.item())
+        if sampler is not None and drawn.u is not None:
+            sampler.update(drawn.u, drawn.losses.detach().double().cpu().numpy(), drawn.anchor_weights)
+        curves.add(drawn)
         clock += time.perf_counter() - started
         if step in heldout_steps:
             heldout_curve.append((step, clock, _heldout(extras, evaluated)))
         if step % int(train.log_every) == 0 or step == int(train.steps):
-            curve.append((step, float(np.mean(window))))
-            window.clear()
-            if sampler is not None:
-                time_history.append((step, sampler.probabilities().tolist()))
+            mean = curves.point(step, sampler)
             if progress is not None:
-                progress(step, curve[-1][1])
+                progress(step, mean)
     if average is not None:
         average.copy_to(model)
     model.eval()
     metrics: Dict[str, Any] = {
         "weights": "ema" if average is not None else "last",
-        "loss_curve": curve,
-        "final_loss": curve[-1][1] if curve and diverged_at is None else None,
+        "loss_curve": curves.loss,
+        "final_loss": curves.loss[-1][1] if curves.loss and diverged_at is None else None,
         "train_seconds": clock - float(extras.seconds_before),
         "steps": int(train.steps),
         "diverged_at_step": diverged_at,  # the step whose loss was not finite; None: trained to the end
     }
+    if curves.auxiliary:
+        metrics["auxiliary_curve"] = curves.auxiliary
+        metrics["final_auxiliary_loss"] = curves.auxiliary[-1][1] if diverged_at is None else None
     if heldout_curve:
         metrics["heldout_curve"] = heldout_curve
         metrics["clock_seconds"] = clock
     if sampler is not None:
-        metrics["time_sampling"] = {**sampler.describe(), "history": time_history}
+        metrics["time_sampling"] = {**sampler.describe(), "history": curves.time_bins}
     return metrics
 
 
