@@ -163,7 +163,14 @@ def main() -> None:
     print(f"wrote {out}")
 
 
-VISION_RUNS = ("worse", "worse-seen-and-read", "worse-seen-and-read-rerun", "equivalent-seen-and-read")
+VISION_RUNS = (
+    "worse",
+    "worse-seen-and-read",
+    "worse-seen-and-read-rerun",
+    "equivalent-seen-and-read",
+    "equivalent-clean",
+)
+CLEAN_SCENES = 5  # held-out scenes per variant family and task of the clean run
 
 
 def vision_runs(cache: Path, extra: List[str], names: Sequence[str], saved: Dict[str, Any], out: Path) -> List[Any]:
@@ -185,6 +192,17 @@ def vision_runs(cache: Path, extra: List[str], names: Sequence[str], saved: Dict
         # The A/A run: the same recipe, another training seed (the very same checkpoint would be
         # refused by the lineage check, and would only replay the baseline's own episodes).
         "equivalent-seen-and-read": [*only, "outcomes.candidate=builtin:equivalent"],
+        # Both policies' clean success: held-out scenes of their training families, nothing changed
+        # (distribution_shift alone), the A/A pair again.
+        "equivalent-clean": [
+            *(
+                f"~outcomes.scenarios.{name}"
+                for name in [*NOT_SEEN_OR_READ, *SEEN_AND_READ]
+                if name != "distribution_shift"
+            ),
+            f"outcomes.scenarios.distribution_shift.variants=[25,{25 + CLEAN_SCENES}]",
+            "outcomes.candidate=builtin:equivalent",
+        ],
     }
     rows = {r["run"]: r for r in saved.get("runs", [])}
     for name in names:
@@ -214,16 +232,18 @@ DEFAULT_LEAD = (
 )
 VISION_LEAD = (
     "`job=gauntlet model=tiny_vla_vision strata=vision outcomes=rollout_vision`: the built-in vision-language "
-    "baseline (the deployable recipe: 900 demonstrations rendered from the corner camera at 64x64, 40k steps "
-    "of 64 anchors with 4 flow draws each, "
+    "baseline (the deployable recipe: 900 demonstrations rendered from the corner camera at 64x64 with the goal "
+    "drawn as a 4 cm marker, 24k steps of 64 anchors with 4 flow draws each, its image features also taught "
+    "where the object and goal are (`model.locate`), "
     "unless the overrides below say otherwise) against the `worse` built-in candidate (45 demonstrations, 1,500 "
     "steps). First on every default family, up to a budget of 300 episode pairs, "
     "in priority order; then on the five families that change what the policies see or are told alone "
     "(held-out scenes 25-34 of variant families 0 and 2), so that a halt on an earlier stratum cannot hide "
     "them; then that run again, served from the per-episode cache and filming the episodes that decide "
     "(side-by-side MP4s in the run folder's videos/); then the `equivalent` candidate on those families (the "
-    "A/A run: the same recipe, another training seed; it must not be blocked). One fixed order seed for every run. The baseline success "
-    "column is the baseline's success on each family."
+    "A/A run: the same recipe, another training seed; it must not be blocked); last, both on clean held-out "
+    f"scenes (distribution_shift alone, scenes 25-{24 + CLEAN_SCENES}: the baseline's clean success). One fixed "
+    "order seed for every run. The baseline success column is the baseline's success on each family."
 )
 
 
