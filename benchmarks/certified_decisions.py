@@ -64,6 +64,7 @@ from vlaeval.seqtest.simulation import (
     size_dependent_designs,
     skewed_null_cluster_means,
 )
+from vlaeval.seqtest.state import DEFAULT_ORDERS, OrderFreeSettings, TestSettings
 from vlaeval.seqtest.units import success_rate_interval
 
 ALPHA, DELTA, CAT = 0.05, 0.02, 0.05
@@ -382,19 +383,21 @@ def heterogeneous_files(rng: np.random.Generator, reps: int, scenes: int, effect
     return ((fresh < p + shift).astype(float) - (u < p)).mean(axis=2)
 
 
-def order_free_decisions(x: np.ndarray, n: np.ndarray, delta: float, **kwargs: Any) -> Tuple[int, int, float]:
-    """(PASS count, REGRESSION count, median ms per file) of the order-free test over the rows of x."""
+def order_free_decisions(
+    x: np.ndarray, n: np.ndarray, delta: float, *, orders: int = DEFAULT_ORDERS, **common: Any
+) -> Tuple[int, int, float]:
+    """(PASS count, REGRESSION count, median ms per file) of the order-free test over the rows of x;
+    `common`: TestSettings' fields."""
     from vlaeval.seqtest.order_free import OrderFreeTest
 
     passes = regressions = 0
     times = []
     for row, sizes in zip(x, np.broadcast_to(n, x.shape)):
         started = time.perf_counter()
-        test = OrderFreeTest(delta, ALPHA, **kwargs)
-        test.update_clusters(row, sizes)
+        state = OrderFreeTest(TestSettings(delta, ALPHA, **common), OrderFreeSettings(orders=orders)).update(row, sizes)
         times.append(time.perf_counter() - started)
-        passes += test.evaluate() == "PASS"
-        regressions += test.evaluate() == "REGRESSION"
+        passes += state.decision == "PASS"
+        regressions += state.decision == "REGRESSION"
     return passes, regressions, 1000 * float(np.median(times))
 
 
@@ -469,9 +472,11 @@ def decide_once(x: np.ndarray, orders: int) -> str:
     """One heterogeneous file's order-free decision (scenes of 8)."""
     from vlaeval.seqtest.order_free import OrderFreeTest
 
-    test = OrderFreeTest(DELTA, ALPHA, orders=orders)
-    test.update_clusters(x, np.full(x.size, 8))
-    return test.evaluate()
+    return (
+        OrderFreeTest(TestSettings(DELTA, ALPHA), OrderFreeSettings(orders=orders))
+        .update(x, np.full(x.size, 8))
+        .decision
+    )
 
 
 def markdown(r: Mapping[str, Any]) -> str:

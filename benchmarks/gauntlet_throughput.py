@@ -28,6 +28,7 @@ from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet, valida
 from vlaeval.gauntlet.outcomes import synthetic_paired_outcomes
 from vlaeval.gauntlet.scheduler import priority_order
 from vlaeval.seqtest import DECISION_INSUFFICIENT, PairedSequentialTest
+from vlaeval.seqtest.state import ExactSettings, TestSettings
 
 LINEAGE = {"valid": True, "problems": []}
 
@@ -71,11 +72,8 @@ def prototype_style_gauntlet(settings, strata, effects, cache_dir: Path) -> Dict
         if name == settings.nominal_stratum:
             limit = min(limit, nominal_allowance)
         test = PairedSequentialTest(
-            settings.margin_delta,
-            settings.alpha,
-            bet_rule=settings.bet_rule,
-            bet_cap=settings.bet_cap,
-            cs_grid_step=settings.cs_grid_step,
+            TestSettings(settings.margin_delta, settings.alpha, cs_grid_step=settings.cs_grid_step),
+            ExactSettings(bet_rule=str(settings.bet_rule), bet_cap=settings.bet_cap),
         )
         used = 0
         while used < limit:
@@ -86,12 +84,12 @@ def prototype_style_gauntlet(settings, strata, effects, cache_dir: Path) -> Dict
             for d, cid in zip(diffs, cluster_ids[used:end]):  # the prototype's per-unit grouping
                 sums[cid] = sums.get(cid, 0.0) + d
                 counts[cid] = counts.get(cid, 0) + 1
-            test.update_clusters(np.array([sums[k] / counts[k] for k in sums]))
+            test.update(np.array([sums[k] / counts[k] for k in sums]))
             _ = (b[used:end].astype(bool).tolist(), c[used:end].astype(bool).tolist())  # record_objects
             used = end
-            if test.evaluate() != DECISION_INSUFFICIENT:
+            if test.state.decision != DECISION_INSUFFICIENT:
                 break
-        if name == settings.critical_stratum and test.evaluate() == "PASS":
+        if name == settings.critical_stratum and test.state.decision == "PASS":
             nominal_allowance = int(nominal_allowance * settings.nominal_expand_factor)
         budget_left -= used
         units_evaluated += used

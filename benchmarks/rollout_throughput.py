@@ -79,7 +79,7 @@ def measure(name, cfg, data, handle, episodes_per_task, max_steps, workers, ray_
     lockstep_1, lockstep_1_s = timed(group_size=group, workers=1)
     lockstep_w, lockstep_w_s = timed(group_size=group, workers=workers)
     single, single_s = timed(group_size=1, workers=1)
-    assert np.array_equal(lockstep_1["success"], lockstep_w["success"])  # workers change only the speed
+    assert np.array_equal(lockstep_1.success, lockstep_w.success)  # workers change only the speed
     on_ray_s = None
     if ray_too:
         import ray
@@ -91,8 +91,8 @@ def measure(name, cfg, data, handle, episodes_per_task, max_steps, workers, ray_
         timed(group_size=group, executor=executor)  # warm: the workers start and build the scenes once
         on_ray, on_ray_s = timed(group_size=group, executor=executor)
         ray.shutdown()
-        assert np.array_equal(on_ray["steps"], lockstep_1["steps"])  # the executor changes only the speed
-    steps = lockstep_1["steps"]
+        assert np.array_equal(on_ray.steps, lockstep_1.steps)  # the executor changes only the speed
+    steps = lockstep_1.steps
     total = int(steps.sum())
     cameras, size = policy.cameras, policy.image_size
     bound_1 = total / simulator_alone(episodes, steps, 1, cameras, size)
@@ -110,11 +110,11 @@ def measure(name, cfg, data, handle, episodes_per_task, max_steps, workers, ray_
         "simulator_alone_steps_per_second_workers": bound_w,
         "lockstep_steps_per_second_1_process": total / lockstep_1_s,
         "lockstep_steps_per_second_workers": total / lockstep_w_s,
-        "one_at_a_time_steps_per_second": int(single["steps"].sum()) / single_s,
+        "one_at_a_time_steps_per_second": int(single.steps.sum()) / single_s,
         "lockstep_fraction_of_bound_1_process": (total / lockstep_1_s) / bound_1,
         "lockstep_fraction_of_bound_workers": (total / lockstep_w_s) / bound_w,
-        "lockstep_speedup_over_one_at_a_time": (total / lockstep_1_s) / (int(single["steps"].sum()) / single_s),
-        "success_rate": float(lockstep_1["success"].mean()),
+        "lockstep_speedup_over_one_at_a_time": (total / lockstep_1_s) / (int(single.steps.sum()) / single_s),
+        "success_rate": float(lockstep_1.success.mean()),
         "ray_steps_per_second_workers": None if on_ray_s is None else total / on_ray_s,
         "ray_fraction_of_local_pool": None if on_ray_s is None else lockstep_w_s / on_ray_s,
     }

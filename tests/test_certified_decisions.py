@@ -38,6 +38,7 @@ from vlaeval.seqtest.simulation import (
     rare_giant_cluster_means,
     skewed_null_cluster_means,
 )
+from vlaeval.seqtest.state import TestSettings
 from vlaeval.seqtest.units import success_rate_interval
 
 ALPHA, DELTA, CAT = 0.05, 0.02, 0.05
@@ -179,14 +180,14 @@ def test_the_sequential_test_bets_with_the_running_minimum_exactly_as_simulated(
     x, n = rare_giant_cluster_means(rng, 1, 600, "regression")
     n = np.where(rng.random(n.shape) < 0.05, 2, n)  # some smaller clusters arrive late
     expected = exact_decision_times(x, DELTA, ALPHA, rule="blend", cap=running_minimum_caps(n), weights=n / 200)
-    test = PairedSequentialTest(DELTA, ALPHA, estimand="unit", max_cluster_size=200)
+    test = PairedSequentialTest(TestSettings(DELTA, ALPHA, estimand="unit", max_cluster_size=200))
     for part in np.array_split(np.arange(600), [1, 9, 40, 41, 300]):
-        test.update_clusters(x[0, part], n[0, part])
+        test.update(x[0, part], n[0, part])
     first = min(expected["pass"][0], expected["regression"][0])
-    assert test.snapshot()["decided_at_cluster"] == (None if first == NEVER else first)
-    assert "running minimum" in test.snapshot()["bet_cap_rule"]
+    assert test.state.decided_at_cluster == (None if first == NEVER else first)
+    assert "running minimum" in test.state.settings["bet_cap_rule"]
     with pytest.raises(ValueError, match="larger than max_cluster_size=200"):
-        test.update_clusters(np.array([0.0]), np.array([201]))
+        test.update(np.array([0.0]), np.array([201]))
 
 
 # ----------------------------------------------------------------------------- 2. the order

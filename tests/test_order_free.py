@@ -31,6 +31,7 @@ from vlaeval.seqtest.simulation import (
     size_dependent_designs,
     skewed_null_cluster_means,
 )
+from vlaeval.seqtest.state import DEFAULT_ORDERS, OrderFreeSettings, TestSettings
 
 ALPHA, DELTA = 0.05, 0.02
 LINEAGE = {"valid": True, "problems": []}
@@ -51,10 +52,13 @@ def heterogeneous_means(rng: np.random.Generator, reps: int, scenes: int, delta:
     return ((fresh < p + effect).astype(float) - (u < p)).mean(axis=2)
 
 
-def decide(x: np.ndarray, sizes: np.ndarray, delta: float = DELTA, **kwargs: object) -> str:
-    test = OrderFreeTest(delta, ALPHA, **kwargs)  # type: ignore[arg-type]
-    test.update_clusters(x, sizes)
-    return test.evaluate()
+def decide(
+    x: np.ndarray, sizes: np.ndarray, delta: float = DELTA, *, orders: int = DEFAULT_ORDERS, **common: Any
+) -> str:
+    """The order-free test's decision on one file; `common`: TestSettings' fields."""
+    return (
+        OrderFreeTest(TestSettings(delta, ALPHA, **common), OrderFreeSettings(orders=orders)).update(x, sizes).decision
+    )
 
 
 def designs() -> List[Tuple[str, str, float, Callable[..., Any], Dict[str, Any]]]:
@@ -112,9 +116,9 @@ def test_the_decision_does_not_depend_on_the_order_the_clusters_come_in():
     sizes = rng.integers(4, 12, 200)
     snapshots = []
     for order in (np.arange(200), np.argsort(x), np.argsort(-x), rng.permutation(200)):
-        test = OrderFreeTest(DELTA, ALPHA, catastrophic_delta=0.05)
-        test.update_clusters(x[order], sizes[order])
-        snapshots.append({k: v for k, v in test.snapshot().items()})
+        test = OrderFreeTest(TestSettings(DELTA, ALPHA, catastrophic_delta=0.05))
+        test.update(x[order], sizes[order])
+        snapshots.append({k: v for k, v in test.state.to_json().items()})
     assert all(s == snapshots[0] for s in snapshots[1:])
     assert snapshots[0]["orders"] == 16 and snapshots[0]["blocks"][0]["clusters"] == 200
 
@@ -132,10 +136,10 @@ def test_re_running_on_a_growing_file_continues_the_evidence_and_holds_alpha():
     for r in range(reps):
         x = growing_file(r, versions[-1])
         sizes = np.full(x.size, 8)
-        test, start, passed = OrderFreeTest(DELTA, ALPHA), 0, False
+        test, start, passed = OrderFreeTest(TestSettings(DELTA, ALPHA)), 0, False
         for end in versions:
-            test.update_clusters(x[start:end], sizes[start:end])
-            start, passed = end, passed or test.evaluate() == "PASS"
+            test.update(x[start:end], sizes[start:end])
+            start, passed = end, passed or test.state.decision == "PASS"
         continued += passed
         # Each version restarted in its own order: row k holds version k's clusters (then padding).
         rows = np.stack(
@@ -148,7 +152,7 @@ def test_re_running_on_a_growing_file_continues_the_evidence_and_holds_alpha():
         restarted += bool(np.any(times <= np.asarray(versions)))
     assert continued / reps <= allowed(reps), continued
     assert restarted / reps > allowed(reps), restarted  # fails the bound the continued test is held to
-    assert test.snapshot()["looks"] == len(versions) and len(test.trajectory()["clusters"]) == len(versions)
+    assert test.state.looks == len(versions) and len(test.trajectory()["clusters"]) == len(versions)
 
 
 # ----------------------------------------------------------------------------- the ledger, end to end
@@ -203,11 +207,11 @@ def test_the_ledger_continues_repeats_and_refuses_to_continue(tmp_path):
     )
     assert second.details["looks"] == 2 and [b["clusters"] for b in second.details["blocks"]] == [200, 100]
     # Exactly the test fed the two versions as two looks.
-    direct = OrderFreeTest(DELTA, ALPHA, catastrophic_delta=None, alarm_alpha=second.alarm_alpha)
-    direct.update_clusters(x[:200], np.full(200, 8))
-    direct.update_clusters(x[200:], np.full(100, 8))
-    assert second.e_value_pass == pytest.approx(direct.e_values()["e_value_pass"], rel=1e-12)
-    assert second.decision == direct.evaluate()
+    direct = OrderFreeTest(TestSettings(DELTA, ALPHA, catastrophic_delta=None, alarm_alpha=second.alarm_alpha))
+    direct.update(x[:200], np.full(200, 8))
+    direct.update(x[200:], np.full(100, 8))
+    assert second.e_value_pass == pytest.approx(direct.state.e_values.pass_, rel=1e-12)
+    assert second.decision == direct.state.decision
     # The same file again: the same evidence, the same numbers, no new look.
     again, _ = nominal_run(tmp_path / "v2.parquet", ledger, "run-3")
     assert again.details["evidence"]["continuation"]["status"] == "repeats"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -14,12 +15,24 @@ from vlaeval.seqtest import (
     DECISION_PASS,
     DECISION_REGRESSION,
     NOT_CATASTROPHIC,
+    AsymptoticSequentialTest,
+    GroupSequentialTest,
+    OrderFreeTest,
     PairedSequentialTest,
+    TestState,
     cluster_means,
     log_wealth_paths,
+    make_sequential_test,
     plan_batches,
 )
 from vlaeval.seqtest.eprocess import LOWER, UPPER, MomentState, WealthFamily, plug_in_bets, predictable_moments
+from vlaeval.seqtest.state import (
+    AsymptoticSettings,
+    ExactSettings,
+    GroupSequentialSettings,
+    OrderFreeSettings,
+    TestSettings,
+)
 
 
 def clopper_pearson_lower(k: int, n: int, level: float = 0.95) -> float:
@@ -90,36 +103,87 @@ def test_batches_of_any_split_give_the_same_wealth():
 
 def test_pass_regression_and_stickiness():
     rng = np.random.default_rng(5)
-    test = PairedSequentialTest(delta=0.02, alpha=0.05)
-    assert test.evaluate() == DECISION_INSUFFICIENT and test.delta_estimate() is None
-    test.update_clusters(paired_cluster_means(rng, 1, 400, 20, 0.0)[0])
-    assert test.evaluate() == DECISION_PASS
-    decided = test.snapshot()["decided_at_cluster"]
+    test = PairedSequentialTest(TestSettings(delta=0.02, alpha=0.05))
+    assert test.state.decision == DECISION_INSUFFICIENT and test.state.delta_estimate is None
+    test.update(paired_cluster_means(rng, 1, 400, 20, 0.0)[0])
+    assert test.state.decision == DECISION_PASS
+    decided = test.state.decided_at_cluster
     assert 50 < decided < 400
-    test.update_clusters(np.full(2000, -1.0))  # overwhelming contrary evidence afterwards
-    assert test.evaluate() == DECISION_PASS  # sticky
-    assert test.snapshot()["decided_at_cluster"] == decided
+    test.update(np.full(2000, -1.0))  # overwhelming contrary evidence afterwards
+    assert test.state.decision == DECISION_PASS  # sticky
+    assert test.state.decided_at_cluster == decided
 
-    bad = PairedSequentialTest(delta=0.02, alpha=0.05)
-    bad.update_clusters(paired_cluster_means(rng, 1, 400, 20, -0.06)[0])
-    assert bad.evaluate() == DECISION_REGRESSION
-    assert bad.delta_estimate() == pytest.approx(-0.06, abs=0.01)
+    bad = PairedSequentialTest(TestSettings(delta=0.02, alpha=0.05))
+    bad.update(paired_cluster_means(rng, 1, 400, 20, -0.06)[0])
+    assert bad.state.decision == DECISION_REGRESSION
+    assert bad.state.delta_estimate == pytest.approx(-0.06, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ExactSettings(),
+        OrderFreeSettings(orders=4),
+        AsymptoticSettings(burn_in_clusters=10, tuning_clusters=300),
+        GroupSequentialSettings(planned_looks=(100, 300)),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_update_returns_a_frozen_state_each_mode(mode):
+    """`update` returns the test's state after the look: a new frozen record each time (an earlier
+    one does not change), the figures the report is written from, the halt's question typed."""
+    rng = np.random.default_rng(3)
+    test = make_sequential_test(TestSettings(delta=0.02, alpha=0.05, catastrophic_delta=0.05), mode)
+    assert (
+        type(test)
+        is {
+            "ExactSettings": PairedSequentialTest,
+            "OrderFreeSettings": OrderFreeTest,
+            "AsymptoticSettings": AsymptoticSequentialTest,
+            "GroupSequentialSettings": GroupSequentialTest,
+        }[type(mode).__name__]
+    )
+    x = paired_cluster_means(rng, 1, 300, 20, -0.12, p_plus=0.02)[0]
+    first = test.update(x[:100])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.decision = DECISION_PASS  # type: ignore[misc]
+    second = test.update(x[100:])
+    assert isinstance(first, TestState) and isinstance(second, TestState)
+    assert (first.clusters, first.looks, second.clusters, second.looks) == (100, 1, 300, 2)
+    assert second == test.state and second is not first
+    assert second.decision == DECISION_REGRESSION and second.delta_estimate == pytest.approx(x.mean())
+    assert second.catastrophic is not None and second.catastrophic.delta == 0.05
+    report = second.to_json()
+    assert report["decision"] == second.decision and report["catastrophic"] == second.catastrophic.status
+    assert report["confidence_sequence"]["upper"] == second.confidence_sequence.upper
+    assert report["catastrophic_bound"]["upper"] == second.catastrophic.bound.upper
+    if isinstance(mode, ExactSettings):  # the betting modes report their wealth
+        assert report["e_value_regression"] == second.e_values.regression > 1.0
+        assert report["bet_rule"] == mode.bet_rule
+    else:
+        assert second.e_values.regression is None and report["e_value_regression"] is None
+    assert make_sequential_test(TestSettings(0.02, 0.05), mode).state.catastrophic is None  # no halt question
+
+
+def test_a_mode_is_picked_by_its_settings_type():
+    with pytest.raises(TypeError, match="no sequential test takes dict"):
+        make_sequential_test(TestSettings(0.02, 0.05), {"bet_rule": "blend"})  # type: ignore[arg-type]
 
 
 def test_catastrophic_status_is_certified_not_estimated():
     rng = np.random.default_rng(8)
-    cat = PairedSequentialTest(delta=0.02, alpha=0.05, catastrophic_delta=0.05)
-    cat.update_clusters(paired_cluster_means(rng, 1, 400, 20, -0.12, p_plus=0.02)[0])
-    assert cat.catastrophic_status() == CATASTROPHIC
-    assert cat.confidence_sequence()[1] < 0  # the CS agrees: the whole interval is below zero
-    mild = PairedSequentialTest(delta=0.02, alpha=0.05, catastrophic_delta=0.05)
-    mild.update_clusters(paired_cluster_means(rng, 1, 600, 20, -0.035, p_plus=0.02)[0])
-    assert mild.evaluate() == DECISION_REGRESSION
-    assert mild.catastrophic_status() == NOT_CATASTROPHIC
+    cat = PairedSequentialTest(TestSettings(delta=0.02, alpha=0.05, catastrophic_delta=0.05))
+    cat.update(paired_cluster_means(rng, 1, 400, 20, -0.12, p_plus=0.02)[0])
+    assert cat.state.catastrophic.status == CATASTROPHIC
+    assert cat.state.confidence_sequence.upper < 0  # the CS agrees: the whole interval is below zero
+    mild = PairedSequentialTest(TestSettings(delta=0.02, alpha=0.05, catastrophic_delta=0.05))
+    mild.update(paired_cluster_means(rng, 1, 600, 20, -0.035, p_plus=0.02)[0])
+    assert mild.state.decision == DECISION_REGRESSION
+    assert mild.state.catastrophic.status == NOT_CATASTROPHIC
     # A point estimate below -0.05 on a handful of clusters is not a certificate.
-    few = PairedSequentialTest(delta=0.02, alpha=0.05, catastrophic_delta=0.05)
-    few.update_clusters(np.array([-0.1, -0.05, -0.1]))
-    assert few.delta_estimate() < -0.05 and few.catastrophic_status() == "UNDECIDED"
+    few = PairedSequentialTest(TestSettings(delta=0.02, alpha=0.05, catastrophic_delta=0.05))
+    few.update(np.array([-0.1, -0.05, -0.1]))
+    assert few.state.delta_estimate < -0.05 and few.state.catastrophic.status == "UNDECIDED"
 
 
 def test_confidence_sequence_covers_uniformly_over_time_and_shrinks():
@@ -128,11 +192,11 @@ def test_confidence_sequence_covers_uniformly_over_time_and_shrinks():
     alpha, reps, truth = 0.1, 300, -0.01
     ever_missed, widths = 0, []
     for x in paired_cluster_means(rng, reps, 300, 10, truth, p_plus=0.03):
-        test = PairedSequentialTest(delta=0.02, alpha=alpha, cs_grid_step=0.002)
+        test = PairedSequentialTest(TestSettings(delta=0.02, alpha=alpha, cs_grid_step=0.002))
         missed = False
         for chunk in np.array_split(x, 15):
-            test.update_clusters(chunk)
-            lo, hi = test.confidence_sequence()
+            test.update(chunk)
+            lo, hi = test.state.confidence_sequence.lower, test.state.confidence_sequence.upper
             missed |= not (lo < truth < hi)
         ever_missed += missed
         widths.append(hi - lo)
@@ -158,12 +222,12 @@ def test_cluster_means_and_batches_respect_clusters():
 
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="alpha"):
-        PairedSequentialTest(0.02, 1.5)
+        PairedSequentialTest(TestSettings(0.02, 1.5))
     with pytest.raises(ValueError, match="bet rule"):
-        PairedSequentialTest(0.02, 0.05, bet_rule="kelly")
-    test = PairedSequentialTest(0.02, 0.05)
+        PairedSequentialTest(TestSettings(0.02, 0.05), ExactSettings(bet_rule="kelly"))
+    test = PairedSequentialTest(TestSettings(0.02, 0.05))
     with pytest.raises(ValueError, match=r"\[-1, 1\]"):
-        test.update_clusters(np.array([0.5, 1.5]))
+        test.update(np.array([0.5, 1.5]))
 
 
 # ----------------------------------------------------------------------------- group-sequential mode
@@ -204,16 +268,18 @@ def test_group_sequential_test_matches_its_vectorised_harness_and_refuses_unplan
     x = realistic_cluster_means(rng, 40, 300, 10, -0.01)
     times = group_sequential_decision_times(x, 0.02, 0.05, looks=looks, cluster_sizes=10, alarm_alpha=0.05 / 6)
     for r in range(40):
-        test = GroupSequentialTest(0.02, 0.05, planned_looks=looks, alarm_alpha=0.05 / 6)
+        test = GroupSequentialTest(
+            TestSettings(0.02, 0.05, alarm_alpha=0.05 / 6), GroupSequentialSettings(planned_looks=tuple(looks))
+        )
         for start, end in zip(np.r_[0, looks[:-1]], looks):
-            test.update_clusters(x[r, start:end], np.full(end - start, 10))
-            if test.evaluate() != DECISION_INSUFFICIENT:
+            test.update(x[r, start:end], np.full(end - start, 10))
+            if test.state.decision != DECISION_INSUFFICIENT:
                 break
         expected = min(times["pass"][r], times["regression"][r])
-        assert test.snapshot()["decided_at_cluster"] == (None if expected == NEVER else expected)
-    test = GroupSequentialTest(0.02, 0.05, planned_looks=looks)
+        assert test.state.decided_at_cluster == (None if expected == NEVER else expected)
+    test = GroupSequentialTest(TestSettings(0.02, 0.05), GroupSequentialSettings(planned_looks=tuple(looks)))
     with pytest.raises(ValueError, match="look 1 of the group-sequential design is planned at 30 clusters"):
-        test.update_clusters(x[0, :31])
+        test.update(x[0, :31])
 
 
 def test_group_sequential_type_one_error_where_its_normal_model_holds():
@@ -282,10 +348,10 @@ def _halt_series(design_mean, *, sizes=None, rule="blend", whole_grid=False, nev
     """The halt's upper bound after every cluster, over batches, with the margins below
     -catastrophic_delta brought in lazily (the engine), from the start (whole_grid) or never."""
     rng = np.random.default_rng(17)
-    kwargs = dict(bet_rule=rule, catastrophic_delta=0.05)
-    if sizes is not None:
-        kwargs.update(estimand="unit", max_cluster_size=40, min_cluster_size=1)
-    test = PairedSequentialTest(delta=0.02, alpha=0.05, **kwargs)
+    unit = dict(estimand="unit", max_cluster_size=40, min_cluster_size=1) if sizes is not None else {}
+    test = PairedSequentialTest(
+        TestSettings(delta=0.02, alpha=0.05, catastrophic_delta=0.05, **unit), ExactSettings(bet_rule=rule)
+    )
     if whole_grid:
         test._cat_floor = 0  # every margin from the first cluster: the reference
     if never_extend:
@@ -295,7 +361,7 @@ def _halt_series(design_mean, *, sizes=None, rule="blend", whole_grid=False, nev
         np.array_split(x, [40, 41, 300, 620]),
         np.array_split(sizes if sizes is not None else np.ones(900), [40, 41, 300, 620]),
     ):
-        test.update_clusters(part, None if sizes is None else size)
+        test.update(part, None if sizes is None else size)
     return np.asarray(test.trajectory()["catastrophic_upper"]), test
 
 
@@ -307,7 +373,7 @@ def test_halt_bound_with_late_margins_equals_the_whole_grid(rule, design_mean):
     lazy, lazy_test = _halt_series(design_mean, rule=rule)
     whole, whole_test = _halt_series(design_mean, rule=rule, whole_grid=True)
     np.testing.assert_array_equal(lazy, whole)
-    assert lazy_test.snapshot()["catastrophic_at_cluster"] == whole_test.snapshot()["catastrophic_at_cluster"]
+    assert lazy_test.state.catastrophic.at_cluster == whole_test.state.catastrophic.at_cluster
     if design_mean == -0.20:  # the bound falls far below -0.05: the lower margins were needed
         assert lazy.min() < -0.1 and lazy_test._cat_floor < lazy_test._cat_index
 

@@ -43,6 +43,7 @@ from vlaeval.seqtest.simulation import (
     unequal_cluster_means,
     unit_weighted_mean,
 )
+from vlaeval.seqtest.state import AsymptoticSettings, ExactSettings, TestSettings
 
 ALPHA, DELTA, REPS = 0.05, 0.02, 2000
 VALID_LINEAGE = {"valid": True, "problems": []}
@@ -170,17 +171,19 @@ def test_object_api_on_the_size_dependent_designs(index):
     cuts = np.sort(np.random.default_rng(index).choice(np.arange(1, DESIGN_CLUSTERS), size=24, replace=False))
     for r in range(reps):
         test = PairedSequentialTest(
-            design.margin_delta(),
-            ALPHA,
-            estimand=design.estimand,
-            min_cluster_size=int(n[r].min()),
-            max_cluster_size=design.sizes[1],
+            TestSettings(
+                design.margin_delta(),
+                ALPHA,
+                estimand=design.estimand,
+                min_cluster_size=int(n[r].min()),
+                max_cluster_size=design.sizes[1],
+            )
         )
         for part in np.split(np.arange(DESIGN_CLUSTERS), cuts):
-            test.update_clusters(x[r, part], n[r, part])
-        decided = test.snapshot()["decided_at_cluster"]
+            test.update(x[r, part], n[r, part])
+        decided = test.state.decided_at_cluster
         assert decided == (None if expected[r] == NEVER else expected[r]), (design.name, r)
-        wrong += test.evaluate() != DECISION_INSUFFICIENT
+        wrong += test.state.decision != DECISION_INSUFFICIENT
     assert cp_lower(wrong, reps) <= ALPHA, (design.name, wrong)
 
 
@@ -252,19 +255,20 @@ def test_sequential_test_object_matches_the_vectorised_harness():
     x, n = unequal_cluster_means(np.random.default_rng(5), 1, 300, sizes, p_plus, p_minus)
     for rule in BET_RULES:
         test = PairedSequentialTest(
-            DELTA, ALPHA, bet_rule=rule, bet_cap=None, estimand="unit", max_cluster_size=40, min_cluster_size=2
+            TestSettings(DELTA, ALPHA, estimand="unit", max_cluster_size=40, min_cluster_size=2),
+            ExactSettings(bet_rule=rule, bet_cap=None),
         )
         for part in np.array_split(np.arange(300), [3, 50, 51, 170]):
-            test.update_clusters(x[0, part], n[0, part])
+            test.update(x[0, part], n[0, part])
         times = exact_decision_times(x, DELTA, ALPHA, rule=rule, cap=float(size_adaptive_cap(2)), weights=n / 40)
         expected = min(times["pass"][0], times["regression"][0])
-        assert test.snapshot()["decided_at_cluster"] == (None if expected == NEVER else expected), rule
+        assert test.state.decided_at_cluster == (None if expected == NEVER else expected), rule
 
 
 def test_a_cluster_smaller_than_the_plan_is_refused():
-    test = PairedSequentialTest(DELTA, ALPHA, min_cluster_size=5)
+    test = PairedSequentialTest(TestSettings(DELTA, ALPHA, min_cluster_size=5))
     with pytest.raises(ValueError, match="smaller than min_cluster_size=5"):
-        test.update_clusters(np.array([0.0, 0.1]), np.array([5, 1]))
+        test.update(np.array([0.0, 0.1]), np.array([5, 1]))
 
 
 def test_ons_state_carries_across_batches():
@@ -364,10 +368,12 @@ def test_the_halt_is_decided_on_its_own_confidence_sequence_and_quotes_the_cross
     halts = 0
     for effect in np.linspace(-0.12, -0.05, 15):
         x = realistic_cluster_means(rng, 1, 400, 20, effect)[0]
-        test = PairedSequentialTest(DELTA, ALPHA, catastrophic_delta=0.05, alarm_alpha=ALPHA / 7, min_cluster_size=20)
+        test = PairedSequentialTest(
+            TestSettings(DELTA, ALPHA, catastrophic_delta=0.05, alarm_alpha=ALPHA / 7, min_cluster_size=20)
+        )
         for part in np.array_split(x, 5):  # batches of 80 clusters: crossings fall mid-batch
-            test.update_clusters(part, np.full(part.size, 20))
-        snap = test.snapshot()
+            test.update(part, np.full(part.size, 20))
+        snap = test.state.to_json()
         if snap["catastrophic"] != CATASTROPHIC:
             continue
         halts += 1
@@ -385,7 +391,7 @@ def test_the_halt_is_decided_on_its_own_confidence_sequence_and_quotes_the_cross
 
 def test_decision_margins_must_lie_on_the_confidence_grid():
     with pytest.raises(ValueError, match="catastrophic_delta=0.05 is not a multiple of cs_grid_step=0.003"):
-        PairedSequentialTest(0.021, ALPHA, catastrophic_delta=0.05, cs_grid_step=0.003)
+        PairedSequentialTest(TestSettings(0.021, ALPHA, catastrophic_delta=0.05, cs_grid_step=0.003))
     settings, strata, effects = typed_gauntlet(
         compose_config(["gauntlet.cs_grid_step=0.003", "gauntlet.margin_delta=0.021"])
     )
@@ -431,11 +437,14 @@ def test_scheduler_splits_the_alarm_level_over_regressions_and_halts():
 # ----------------------------------------------------------------------------- approximate modes
 def test_asymptotic_mode_is_labelled_and_waits_for_its_burn_in():
     x = realistic_cluster_means(np.random.default_rng(3), 1, 200, 20, 0.0)[0]
-    test = AsymptoticSequentialTest(DELTA, ALPHA, burn_in_clusters=40)
-    test.update_clusters(x[:39], np.full(39, 20))
-    assert test.evaluate() == DECISION_INSUFFICIENT and test.confidence_sequence() == (-1.0, 1.0)
-    test.update_clusters(x[39:], np.full(161, 20))
-    snap = test.snapshot()
+    test = AsymptoticSequentialTest(TestSettings(DELTA, ALPHA), AsymptoticSettings(burn_in_clusters=40))
+    test.update(x[:39], np.full(39, 20))
+    assert test.state.decision == DECISION_INSUFFICIENT and (
+        test.state.confidence_sequence.lower,
+        test.state.confidence_sequence.upper,
+    ) == (-1.0, 1.0)
+    test.update(x[39:], np.full(161, 20))
+    snap = test.state.to_json()
     assert snap["test_mode"] == "asymptotic" and "ASYMPTOTIC" in snap["confidence_sequence"]["kind"]
     assert snap["decision"] == "PASS" and snap["decided_at_cluster"] >= 40
     assert snap["e_value_pass"] is None  # no e-values to misread

@@ -141,7 +141,7 @@ def test_a_vision_policy_sees_its_camera_and_is_told_its_episode_instruction_at_
         Episode("push-v3", 1, 26, 2, perturbation=Perturbation(camera_shift=0.1)),
     ]
     out = rollout_lockstep(policy, episodes, execute_actions=2, max_steps=6)
-    assert out["steps"].tolist() == [6, 6, 6, 6]
+    assert out.steps.tolist() == [6, 6, 6, 6]
     seen = policy.model.seen
     assert len(seen) == 3  # one call per 2 executed actions
     first = seen[0]

@@ -34,7 +34,8 @@ def _remove_if_only_hydra_files(output_dir: str | None) -> None:
             parent.rmdir()  # the outputs/ folder Hydra made for this run alone
 
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # the checkout's conf/ (an editable install)
+# The config groups ship inside the package (a wheel holds them; a checkout's conf/ links here).
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 def main() -> None:

@@ -11,9 +11,9 @@ from typing import Dict, List
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf"
-JOBS = Path(__file__).resolve().parent / "jobs"
+PACKAGE = Path(__file__).resolve().parent
+CONF = PACKAGE / "conf"  # shipped with the package (a checkout's conf/ links here)
+JOBS = PACKAGE / "jobs"
 
 
 def job_summaries() -> Dict[str, str]:

@@ -69,10 +69,10 @@ def _plot_halt(axis: Any, result: GauntletResult, s: StratumResult, units: np.nd
             label=f"{s.stratum} halted ({halt.figures.get('halt_rule', 'certified_catastrophic')})",
         )
     bound = s.catastrophic_bound
-    if s.catastrophic == "CATASTROPHIC" and bound.get("decided_at_unit") is not None:
+    if s.catastrophic == "CATASTROPHIC" and bound is not None and bound.decided_at_unit is not None:
         axis.plot(
-            [bound["decided_at_unit"]],
-            [bound["upper_bound_at_decision"]],
+            [bound.decided_at_unit],
+            [bound.upper_bound_at_decision],
             marker="X",
             markersize=11,
             color="red",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Type
 
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION
+from vlaeval.seqtest.state import CatastrophicBound, ConfidenceSequence, TestState
 from vlaeval.seqtest.units import Drift, SuccessRateInterval
 
 LAUNCH = "LAUNCH"
@@ -39,23 +40,6 @@ def _split(
     """(the typed fields of `cls` present in `data`, everything else)."""
     names = {f.name for f in dataclasses.fields(cls)} - set(exclude)
     return {k: v for k, v in data.items() if k in names}, {k: v for k, v in data.items() if k not in names}
-
-
-@dataclass(frozen=True)
-class ConfidenceSequence:
-    """The stratum's running-intersection CS for Δ after its last cluster."""
-
-    lower: float
-    upper: float
-    level: float
-    kind: str
-
-    def to_json(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "ConfidenceSequence":
-        return cls(float(data["lower"]), float(data["upper"]), float(data.get("level", 0.0)), str(data.get("kind", "")))
 
 
 @dataclass(frozen=True)
@@ -89,7 +73,7 @@ class StratumResult:
     catastrophic: Optional[str] = None  # CATASTROPHIC / NOT_CATASTROPHIC / UNDECIDED (halting strata)
     catastrophic_delta: Optional[float] = None
     catastrophic_alpha: Optional[float] = None
-    catastrophic_bound: Mapping[str, Any] = field(default_factory=dict)
+    catastrophic_bound: Optional[CatastrophicBound] = None
     trajectory: Mapping[str, List[Any]] = field(default_factory=dict)
     drift: Optional[Drift] = None  # the estimand early vs late in the evaluation order (None: not recorded)
     details: Mapping[str, Any] = field(default_factory=dict)  # the rest of the test's report, as it came
@@ -120,8 +104,10 @@ class StratumResult:
             value = getattr(self, f.name)
             if f.name in ("catastrophic", "catastrophic_delta", "catastrophic_alpha") and not self.halting:
                 continue  # a non-halting stratum's report has no catastrophic keys
-            if f.name == "catastrophic_bound" and not value:
-                continue
+            if f.name == "catastrophic_bound":
+                if value is None:
+                    continue
+                value = value.to_json()
             if f.name == "drift":
                 if value is None:
                     continue
@@ -133,9 +119,37 @@ class StratumResult:
         return out
 
     @classmethod
+    def of_test(cls, state: TestState, **fields: Any) -> "StratumResult":
+        """A stratum's record from its test's state and the scheduler's figures (`fields`: the
+        rest of this class's fields; `details` holds what the report carries untyped)."""
+        c = state.catastrophic
+        return cls(
+            decision=state.decision,
+            test_mode=state.test_mode,
+            alpha=state.alpha,
+            alarm_alpha=state.alarm_alpha,
+            margin_delta=state.margin_delta,
+            confidence_sequence=state.confidence_sequence,
+            delta_estimate=state.delta_estimate,
+            decided_at_cluster=state.decided_at_cluster,
+            decided_at_unit=state.decided_at_unit,
+            decision_wealth=state.decision_wealth,
+            e_value_regression=state.e_values.regression,
+            e_value_pass=state.e_values.pass_,
+            catastrophic=None if c is None else c.status,
+            catastrophic_delta=None if c is None else c.delta,
+            catastrophic_alpha=None if c is None else c.alpha,
+            catastrophic_bound=None if c is None else c.bound,
+            **fields,
+        )
+
+    @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "StratumResult":
+        """A saved stratum (a result.json), from this version or an earlier one."""
         known, rest = _split(cls, data, exclude=("details",))
         known["confidence_sequence"] = ConfidenceSequence.from_json(data["confidence_sequence"])
+        bound = data.get("catastrophic_bound")
+        known["catastrophic_bound"] = CatastrophicBound.from_json(bound) if bound else None
         known["success_rates"] = {
             who: SuccessRateInterval.from_json(interval) for who, interval in (data.get("success_rates") or {}).items()
         }
@@ -325,8 +339,8 @@ class GauntletResult:
                     f"{key}.candidate_success_rate": s.success_rates["candidate"].rate,
                 }
             )
-            if s.catastrophic_bound:
-                metrics[f"{key}.catastrophic_upper_bound"] = s.catastrophic_bound["upper"]
+            if s.catastrophic_bound is not None:
+                metrics[f"{key}.catastrophic_upper_bound"] = s.catastrophic_bound.upper
             tags[f"{key}.decision"] = s.decision
             drift_z = s.drift.z if s.drift is not None else None
             if drift_z is not None:

@@ -34,6 +34,7 @@ from vlaeval.envs.metaworld import NO_PERTURBATION, Episode, Perturbation
 from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes
 from vlaeval.gauntlet.registry import FailureRegistry, registry_path
+from vlaeval.rollouts.outcomes import EpisodeOutcome, EpisodeOutcomes, PairedEpisode, PolicyIdentity
 from vlaeval.rollouts.scenarios import (
     BUILTIN_PREFIX,
     RolloutPolicy,
@@ -84,7 +85,7 @@ class RolloutOutcomes:
         self.registry = FailureRegistry(registry_path(registry, context.tracking, context.cache_dir))
         self.degradations: Dict[str, Perturbation] = {}
         self.policies: Dict[str, RolloutPolicy] = {}
-        self.rows: List[Dict[str, Any]] = []  # every episode pair produced, in production order
+        self.rows: List[PairedEpisode] = []  # every episode pair produced, in production order
         self._replayed: Optional[List[Dict[str, Any]]] = None
         self._scenes: Dict[str, List[Scene]] = {}
         self._built: set = set()  # strata whose scenes' benchmarks are built in this process
@@ -356,34 +357,31 @@ class RolloutOutcomes:
         for scene in scenes:
             for spec in scene.episodes:
                 self.rows.append(
-                    {
-                        "stratum": stratum,
+                    PairedEpisode(
+                        stratum=stratum,
                         # Unique across strata: a replayed registry entry is the very episode it
                         # was found as, in another stratum.
-                        "scenario_id": f"{stratum}:{scene.id}/seed-{spec['seed']}",
-                        "cluster_id": scene.id,
-                        **{role: bool(outcomes[role]["success"][k]) for role in ("baseline", "candidate")},
-                        **{f"{role}_unsafe": bool(outcomes[role]["unsafe"][k]) for role in ("baseline", "candidate")},
-                        **{f"{role}_steps": int(outcomes[role]["steps"][k]) for role in ("baseline", "candidate")},
-                        "episode": spec,
-                    }
+                        scenario_id=f"{stratum}:{scene.id}/seed-{spec['seed']}",
+                        cluster_id=scene.id,
+                        episode=spec,
+                        baseline=outcomes["baseline"][k],
+                        candidate=outcomes["candidate"][k],
+                    )
                 )
                 k += 1
         status = "hit" if episode_cache.misses == 0 else ("miss" if episode_cache.hits == 0 else "partial")
-        return StratumOutcomes(outcomes["baseline"]["success"], outcomes["candidate"]["success"], sizes), status
+        return StratumOutcomes(outcomes["baseline"].success, outcomes["candidate"].success, sizes), status
 
-    def _outcomes(
-        self, stratum: str, specs: Sequence[Mapping[str, Any]], cache: Any
-    ) -> Dict[str, Dict[str, np.ndarray]]:
-        """Per policy (baseline, candidate): success, unsafe, steps of the episodes `specs`, from the
-        cache or rolled out now -- both policies' missing episodes in one executor call."""
+    def _outcomes(self, stratum: str, specs: Sequence[Mapping[str, Any]], cache: Any) -> Dict[str, EpisodeOutcomes]:
+        """Per policy (baseline, candidate): the outcomes of the episodes `specs`, from the cache or
+        rolled out now -- both policies' missing episodes in one executor call."""
         from vlaeval.data.metaworld import instruction_for
         from vlaeval.rollouts.engine import RolloutJob, rollout_jobs
         from vlaeval.rollouts.episode_cache import episode_key
 
         tasks = sorted({str(s["task"]) for s in specs})
         keys: Dict[str, List[str]] = {}
-        found: Dict[str, Dict[str, Tuple[bool, bool, int]]] = {}
+        found: Dict[str, Dict[str, EpisodeOutcome]] = {}
         jobs, missing = [], []
         for role, policy in self.policies.items():
             degradation = self.degradations.get(stratum, NO_PERTURBATION) if role == "candidate" else NO_PERTURBATION
@@ -409,22 +407,11 @@ class RolloutOutcomes:
             )
             self.timing["rollout_s"] += time.perf_counter() - started
             for (role, todo), out in zip(missing, ran):
-                self.timing["env_steps"] += int(out["steps"].sum())
-                new = {
-                    keys[role][i]: (bool(out["success"][j]), bool(out["unsafe"][j]), int(out["steps"][j]))
-                    for j, i in enumerate(todo)
-                }
+                self.timing["env_steps"] += int(out.steps.sum())
+                new = {keys[role][i]: out[j] for j, i in enumerate(todo)}
                 cache.put_many((key, self.policies[role].sha256, outcome) for key, outcome in new.items())
                 found[role].update(new)
-        result = {}
-        for role in self.policies:
-            rows = [found[role][key] for key in keys[role]]
-            result[role] = {
-                "success": np.array([r[0] for r in rows], dtype=bool),
-                "unsafe": np.array([r[1] for r in rows], dtype=bool),
-                "steps": np.array([r[2] for r in rows], dtype=np.int64),
-            }
-        return result
+        return {role: EpisodeOutcomes.of([found[role][key] for key in keys[role]]) for role in self.policies}
 
     # ------------------------------------------------------------------ after the gauntlet
     def close(self) -> None:
@@ -433,23 +420,8 @@ class RolloutOutcomes:
 
     def failures(self) -> List[Dict[str, Any]]:
         """Registry entries: the produced episodes the candidate failed and the baseline passed."""
-        candidate, baseline = self.policies["candidate"], self.policies["baseline"]
-        return [
-            {
-                "stratum": row["stratum"],
-                "scenario_id": row["scenario_id"],
-                "episode": row["episode"],
-                "candidate": {
-                    "version": candidate.version,
-                    "sha256": candidate.sha256,
-                    "unsafe": row["candidate_unsafe"],
-                },
-                "baseline": {"version": baseline.version, "sha256": baseline.sha256},
-                "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            }
-            for row in self.rows
-            if row["baseline"] and not row["candidate"]
-        ]
+        who = {role: PolicyIdentity(p.version, p.sha256) for role, p in self.policies.items()}
+        return [pair.failure(who["baseline"], who["candidate"]) for pair in self.rows if pair.discordant]
 
     def film(self, folder: Path, count: int, failures: Optional[Sequence[Mapping[str, Any]]] = None) -> List[Path]:
         """Side-by-side videos (baseline | candidate) of up to `count` of the episodes the candidate
@@ -488,7 +460,7 @@ class RolloutOutcomes:
 
     def paired_outcomes_table(self) -> List[Dict[str, Any]]:
         """Every episode produced, as rows of the outcome-file format (plus unsafe and steps columns)."""
-        return [{k: v for k, v in row.items() if k != "episode"} for row in self.rows]
+        return [pair.row() for pair in self.rows]
 
     def stats(self) -> Dict[str, Any]:
         rollouts = self.timing["episodes_run"]

@@ -62,7 +62,15 @@ from vlaeval.seqtest import (
     DECISION_INSUFFICIENT,
     DECISION_PASS,
     DECISION_REGRESSION,
+    MODE_ASYMPTOTIC,
     MODE_EXACT,
+    AsymptoticSettings,
+    EValues,
+    ExactSettings,
+    GroupSequentialSettings,
+    OrderFreeSettings,
+    TestSettings,
+    TestState,
     catastrophic_message,
     cluster_means,
     cluster_offsets,
@@ -72,8 +80,9 @@ from vlaeval.seqtest import (
     plan_batches,
     planned_looks_of,
 )
-from vlaeval.seqtest.order_free import OrderFreeTest
-from vlaeval.seqtest.units import success_rate_interval
+from vlaeval.seqtest.sequential import SequentialTest
+from vlaeval.seqtest.state import ModeSettings
+from vlaeval.seqtest.units import Drift, SuccessRateInterval, success_rate_interval
 
 __all__ = ["BatchProgress", "priority_order", "run_gauntlet", "validate_gauntlet"]
 
@@ -87,7 +96,7 @@ class BatchProgress:
     units_evaluated_total: int
     decision: str
     clusters: int = 0  # clusters of the stratum evaluated so far
-    e_values: Optional[Dict[str, Optional[float]]] = None  # the test's current wealth (exact mode)
+    e_values: EValues = EValues()  # the test's current wealth (None where the mode has none)
     final: bool = False  # the stratum's last batch
 
 
@@ -162,14 +171,28 @@ def validate_gauntlet(
         )
 
 
+@dataclass(frozen=True)
+class StratumRun:
+    """What testing a stratum's clusters left: the test's state after its last look, the units and
+    clusters evaluated in how many looks, each policy's success rate over them, and (a stream) the
+    paired difference early vs late in the evaluation order."""
+
+    state: TestState
+    units_evaluated: int
+    clusters_evaluated: int
+    batches: int
+    success_rates: Mapping[str, SuccessRateInterval]
+    drift: Optional[Drift] = None
+
+
 def _evaluate_stratum(
-    test: Any,
+    test: SequentialTest,
     fetch: Callable[[int, int], StratumOutcomes],
     sizes: np.ndarray,
     batches: Sequence[tuple],
     await_certified_halt: bool,
     report: Callable[..., None],
-) -> Dict[str, Any]:
+) -> StratumRun:
     """Ask the source for each planned whole-cluster batch only when the test needs it, until the
     test decides (with `await_certified_halt`, a halting stratum's REGRESSION also waits until the
     catastrophic question is decided) or the plan ends. `sizes`: the plan's cluster sizes in
@@ -178,48 +201,46 @@ def _evaluate_stratum(
     used_clusters, batch_count = 0, 0
     wins: Dict[str, List[np.ndarray]] = {"baseline": [], "candidate": []}
     evaluated_means: List[np.ndarray] = []
+    state = test.state
     for first, end in batches:
         batch = fetch(first, end)
         end_unit = int(offsets[end])
         differences = batch.candidate.astype(np.int8) - batch.baseline.astype(np.int8)
         evaluated_means.append(cluster_means(differences, sizes[first:end]))
-        test.update_clusters(evaluated_means[-1], sizes[first:end])
+        state = test.update(evaluated_means[-1], sizes[first:end])
         baseline_wins, candidate_wins = batch.cluster_successes()
         wins["baseline"].append(baseline_wins)
         wins["candidate"].append(candidate_wins)
         used_clusters, batch_count = end, batch_count + 1
-        decision = test.evaluate()
-        catastrophic = test.catastrophic_status()
+        catastrophic = state.catastrophic.status if state.catastrophic is not None else CATASTROPHIC_UNDECIDED
         stop = (await_certified_halt and catastrophic == CATASTROPHIC) or (
-            decision != DECISION_INSUFFICIENT
-            and (not await_certified_halt or decision == DECISION_PASS or catastrophic != CATASTROPHIC_UNDECIDED)
+            state.decision != DECISION_INSUFFICIENT
+            and (not await_certified_halt or state.decision == DECISION_PASS or catastrophic != CATASTROPHIC_UNDECIDED)
         )
-        report(batch_count, end_unit, decision, end, test.e_values(), stop or end == batches[-1][1])
+        report(batch_count, end_unit, state.decision, end, state.e_values, stop or end == batches[-1][1])
         if stop:
             break
     seen = sizes[:used_clusters]
     means = np.concatenate(evaluated_means) if evaluated_means else np.zeros(0)
     baseline_wins, candidate_wins = (np.concatenate(p) if p else np.zeros(0, np.int64) for p in wins.values())
-    return {
-        "units_evaluated": int(offsets[used_clusters]),
-        "clusters_evaluated": used_clusters,
-        "batches": batch_count,
-        **success_rates(baseline_wins, candidate_wins, seen),
+    return StratumRun(
+        state=state,
+        units_evaluated=int(offsets[used_clusters]),
+        clusters_evaluated=used_clusters,
+        batches=batch_count,
+        success_rates=success_rates(baseline_wins, candidate_wins, seen),
         # Stationarity check: the paired difference early vs late in the evaluation order.
-        "drift": drift_diagnostic(means, seen, test.estimand).as_dict(),
-    }
+        drift=drift_diagnostic(means, seen, state.estimand),
+    )
 
 
-def success_rates(baseline_wins: np.ndarray, candidate_wins: np.ndarray, sizes: np.ndarray) -> Dict[str, Any]:
+def success_rates(
+    baseline_wins: np.ndarray, candidate_wins: np.ndarray, sizes: np.ndarray
+) -> Dict[str, SuccessRateInterval]:
     """Each policy's success rate over the evaluated clusters, with its cluster-robust interval."""
-    rates = {
+    return {
         "baseline": success_rate_interval(baseline_wins, sizes),
         "candidate": success_rate_interval(candidate_wins, sizes),
-    }
-    return {
-        "baseline_success_rate": rates["baseline"].rate,
-        "candidate_success_rate": rates["candidate"].rate,
-        "success_rates": {who: interval.as_dict() for who, interval in rates.items()},
     }
 
 
@@ -241,13 +262,23 @@ def evidence_blocks(
     return [b for b in earlier if b.size] + ([new] if new.size else [])
 
 
-def halt_decision(settings: GauntletConfig, snapshot: Mapping[str, Any]) -> Dict[str, Any]:
+class Halt(NamedTuple):
+    """Whether a stratum's result halts the candidate (exact mode) or only signals it (an
+    approximate mode), whether the halt is certified catastrophic, and the words for it."""
+
+    halt: bool
+    signal: bool
+    certified_catastrophic: bool = False
+    detail: str = ""
+
+
+def halt_decision(settings: GauntletConfig, state: TestState) -> Halt:
     """Whether a halting stratum's result halts the candidate under `gauntlet.halt_rule`, and the
     words for it: what is certified (at which level) and what is only an estimate. An approximate
     test mode never halts; its would-be halt is a signal to confirm with test_mode=exact."""
-    estimate = snapshot["delta_estimate"]
-    certified_catastrophic = snapshot.get("catastrophic") == CATASTROPHIC
-    regression = snapshot["decision"] == DECISION_REGRESSION
+    estimate = state.delta_estimate
+    certified_catastrophic = state.catastrophic is not None and state.catastrophic.status == CATASTROPHIC
+    regression = state.decision == DECISION_REGRESSION
     beyond = estimate is not None and estimate < -settings.catastrophic_delta
     if settings.halt_rule == HaltRule.certified_catastrophic:
         fires = certified_catastrophic
@@ -258,26 +289,21 @@ def halt_decision(settings: GauntletConfig, snapshot: Mapping[str, Any]) -> Dict
         # the end of the deciding batch instead, which carries its level at any stopping time.
         fires = regression and certified_catastrophic
     if not fires:
-        return {"halt": False, "signal": False}
+        return Halt(False, False)
     parts = []
     if regression:
         parts.append(
-            f"REGRESSION (Delta < -{snapshot['margin_delta']:g}) certified at level {snapshot['alarm_alpha']:.3g} "
-            f"after {snapshot['decided_at_cluster']} clusters ({snapshot['decided_at_unit']} units)"
+            f"REGRESSION (Delta < -{state.margin_delta:g}) certified at level {state.alarm_alpha:.3g} "
+            f"after {state.decided_at_cluster} clusters ({state.decided_at_unit} units)"
         )
     if beyond:
         parts.append(f"estimate {estimate:+.4f} beyond the catastrophic margin -{settings.catastrophic_delta:g}")
-    if certified_catastrophic:
-        parts.append("certified catastrophic: " + catastrophic_message(snapshot))
-    exact = snapshot["test_mode"] == MODE_EXACT
+    if certified_catastrophic and state.catastrophic is not None:
+        parts.append("certified catastrophic: " + catastrophic_message(state.catastrophic))
+    exact = state.test_mode == MODE_EXACT
     if not exact:
-        parts = [f"approximate ({snapshot['test_mode']}) " + parts[0], *parts[1:]]
-    return {
-        "halt": exact,
-        "signal": not exact,
-        "certified_catastrophic": certified_catastrophic,
-        "detail": "; ".join(parts),
-    }
+        parts = [f"approximate ({state.test_mode}) " + parts[0], *parts[1:]]
+    return Halt(exact, not exact, certified_catastrophic, "; ".join(parts))
 
 
 @dataclass
@@ -294,45 +320,45 @@ def react(
     settings: GauntletConfig,
     name: str,
     spec: StratumConfig,
-    snapshot: Mapping[str, Any],
+    state: TestState,
     queue: List[str],
     nominal_allowance: int,
 ) -> Reaction:
     """The events a finished stratum triggers: a halt (or, in an approximate mode, only its signal),
     related strata promoted after a REGRESSION, the nominal allowance expanded after the critical
     stratum's PASS."""
-    s, estimate = settings, snapshot["delta_estimate"]
-    exact = snapshot["test_mode"] == MODE_EXACT
+    s, estimate = settings, state.delta_estimate
+    exact = state.test_mode == MODE_EXACT
     events: List[GauntletEvent] = []
-    halt = halt_decision(s, snapshot) if spec.catastrophic_halt else {"halt": False, "signal": False}
-    if halt["halt"] or halt["signal"]:
+    halt = halt_decision(s, state) if spec.catastrophic_halt else Halt(False, False)
+    if (halt.halt or halt.signal) and state.catastrophic is not None:
         events.append(
             GauntletEvent(
-                "CATASTROPHIC_HALT" if halt["halt"] else "APPROXIMATE_HALT_SIGNAL",
-                f"{name}: {halt['detail']}; "
+                "CATASTROPHIC_HALT" if halt.halt else "APPROXIMATE_HALT_SIGNAL",
+                f"{name}: {halt.detail}; "
                 + (
                     "candidate halted, remaining strata not evaluated"
-                    if halt["halt"]
+                    if halt.halt
                     else "not a halt: confirm with gauntlet.test_mode=exact"
                 ),
                 name,
                 {
                     "delta_estimate": estimate,
                     "halt_rule": str(s.halt_rule),
-                    "certified_catastrophic": halt["certified_catastrophic"],
-                    "catastrophic_upper_bound": snapshot["catastrophic_bound"]["upper"],
-                    "catastrophic_alpha": snapshot["catastrophic_alpha"],
+                    "certified_catastrophic": halt.certified_catastrophic,
+                    "catastrophic_upper_bound": state.catastrophic.bound.upper,
+                    "catastrophic_alpha": state.catastrophic.alpha,
                 },
             )
         )
-        if halt["halt"]:
+        if halt.halt:
             return Reaction(events, True, nominal_allowance)
-    if snapshot["decision"] == DECISION_REGRESSION:
+    if state.decision == DECISION_REGRESSION:
         promoted = [r for r in spec.related if r in queue]
         for r in reversed(promoted):
             queue.remove(r)
             queue.insert(0, r)
-        kind = "certified" if exact else f"approximate ({snapshot['test_mode']}, not certified)"
+        kind = "certified" if exact else f"approximate ({state.test_mode}, not certified)"
         events.append(
             GauntletEvent(
                 "REGRESSION_PRIORITIZE_RELATED",
@@ -341,7 +367,7 @@ def react(
                 {"delta_estimate": estimate, "promoted": promoted},
             )
         )
-    elif snapshot["decision"] == DECISION_PASS and name == s.critical_stratum:
+    elif state.decision == DECISION_PASS and name == s.critical_stratum:
         nominal_allowance = int(nominal_allowance * s.nominal_expand_factor)
         events.append(
             GauntletEvent(
@@ -362,34 +388,39 @@ def stratum_test(
     batches: Sequence[Tuple[int, int]],
     *,
     order_free: bool = False,
-) -> Any:
+) -> SequentialTest:
     """The stratum's sequential test, every constant fixed before its first cluster; `order_free`:
     the exact test on clusters that all exist (a file), averaged over gauntlet.orders fixed orders."""
     s = settings
-    planned_clusters = batches[-1][1] if batches else 0
-    common: Dict[str, Any] = dict(
+    common = TestSettings(
+        delta=stratum_margin(s, spec),
+        alpha=s.alpha,
         catastrophic_delta=s.catastrophic_delta if spec.catastrophic_halt else None,
         alarm_alpha=alarm,
-        estimand=s.estimand,
+        estimand=str(s.estimand),
         # Never read off the outcomes (constants.py): the unit estimand's normaliser and the bet
         # cap's smallest size (None: a running minimum).
         max_cluster_size=bounds.largest,
         min_cluster_size=bounds.smallest,
-        bet_rule=s.bet_rule,
-        bet_cap=s.bet_cap,
         cs_grid_step=s.cs_grid_step,
     )
+    return make_sequential_test(common, mode_settings(s, batches, order_free=order_free))
+
+
+def mode_settings(
+    settings: GauntletConfig, batches: Sequence[Tuple[int, int]], *, order_free: bool = False
+) -> ModeSettings:
+    """The settings of gauntlet.test_mode's test (order-free: the exact test on a file)."""
+    s = settings
     if order_free:
-        return OrderFreeTest(stratum_margin(s, spec), s.alpha, orders=s.orders, **common)
-    return make_sequential_test(
-        s.test_mode,
-        stratum_margin(s, spec),
-        s.alpha,
-        **common,
-        burn_in_clusters=s.burn_in_clusters,
-        tuning_clusters=max(planned_clusters, 1),
-        planned_looks=planned_looks_of(batches) or [1],  # no batch fits: the test sees nothing
-    )
+        return OrderFreeSettings(bet_rule=str(s.bet_rule), bet_cap=s.bet_cap, orders=s.orders)
+    if s.test_mode == MODE_EXACT:
+        return ExactSettings(bet_rule=str(s.bet_rule), bet_cap=s.bet_cap)
+    if s.test_mode == MODE_ASYMPTOTIC:
+        planned_clusters = batches[-1][1] if batches else 0
+        return AsymptoticSettings(burn_in_clusters=s.burn_in_clusters, tuning_clusters=max(planned_clusters, 1))
+    # No batch fits: the test sees nothing.
+    return GroupSequentialSettings(tuple(planned_looks_of(batches) or [1]), burn_in_clusters=s.burn_in_clusters)
 
 
 def stratum_margin(settings: GauntletConfig, spec: StratumConfig) -> float:
@@ -500,9 +531,7 @@ class StratumEvaluator:
         return min(limit, nominal_allowance) if name == self.s.nominal_stratum else limit
 
     def reporter(self, name: str, unit_limit: int, units_before: int) -> Callable[..., None]:
-        def report(
-            batch: int, used: int, decision: str, clusters: int, e_values: Dict[str, Optional[float]], final: bool
-        ) -> None:
+        def report(batch: int, used: int, decision: str, clusters: int, e_values: EValues, final: bool) -> None:
             if self.on_batch is not None:
                 self.on_batch(
                     BatchProgress(
@@ -514,8 +543,8 @@ class StratumEvaluator:
 
     def evaluate(
         self, name: str, budget_left: int, nominal_allowance: int, units_before: int
-    ) -> Tuple[StratumResult, Dict[str, Any]]:
-        """The stratum's record and its test's snapshot (what the scheduler reacts to)."""
+    ) -> Tuple[StratumResult, TestState]:
+        """The stratum's record and its test's state (what the scheduler reacts to)."""
         if self.order_free:
             return self.evaluate_order_free(name, budget_left, nominal_allowance, units_before)
         s, spec = self.s, self.strata[name]
@@ -556,11 +585,11 @@ class StratumEvaluator:
         )
         return self.record(
             name, test, run, units_available, int(sizes.size), unit_limit, cache_statuses, bounds, cluster_order
-        )
+        ), run.state  # fmt: skip
 
     def evaluate_order_free(
         self, name: str, budget_left: int, nominal_allowance: int, units_before: int
-    ) -> Tuple[StratumResult, Dict[str, Any]]:
+    ) -> Tuple[StratumResult, TestState]:
         """A stratum whose outcomes all exist: every cluster within the unit limit, tested order-free,
         the ledger's earlier blocks first (a continued test) and the new clusters as one more look."""
         s, spec = self.s, self.strata[name]
@@ -581,21 +610,22 @@ class StratumEvaluator:
         test = stratum_test(s, spec, self.alarm, bounds, [], order_free=True)
         report = self.reporter(name, unit_limit, units_before)
         evaluated = np.concatenate(blocks) if blocks else np.zeros(0, np.int64)
-        units = 0
+        units, state = 0, test.state
         for look, block in enumerate(blocks, start=1):
             outcomes = whole.reordered(block)
             differences = outcomes.candidate.astype(np.int8) - outcomes.baseline.astype(np.int8)
-            test.update_clusters(cluster_means(differences, outcomes.cluster_sizes), outcomes.cluster_sizes)
+            state = test.update(cluster_means(differences, outcomes.cluster_sizes), outcomes.cluster_sizes)
             units += outcomes.units
-            report(look, units, test.evaluate(), test.clusters_seen, test.e_values(), look == len(blocks))
+            report(look, units, state.decision, state.clusters, state.e_values, look == len(blocks))
         seen = whole.reordered(evaluated)
         baseline_wins, candidate_wins = seen.cluster_successes()
-        run = {
-            "units_evaluated": int(seen.units),
-            "clusters_evaluated": int(evaluated.size),
-            "batches": len(blocks),
-            **success_rates(baseline_wins, candidate_wins, seen.cluster_sizes),
-        }
+        run = StratumRun(
+            state=state,
+            units_evaluated=int(seen.units),
+            clusters_evaluated=int(evaluated.size),
+            batches=len(blocks),
+            success_rates=success_rates(baseline_wins, candidate_wins, seen.cluster_sizes),
+        )
         evidence = Evidence(fingerprint, tuple(Counter(keys[i] for i in block) for block in blocks), continuation)
         cluster_order = {
             "mode": "order_free",
@@ -605,13 +635,13 @@ class StratumEvaluator:
         return self.record(
             name, test, run, int(plan.sum()), int(plan.size), unit_limit, [status], bounds, cluster_order,
             evidence=evidence.to_json(),
-        )  # fmt: skip
+        ), state  # fmt: skip
 
     def record(
         self,
         name: str,
-        test: Any,
-        run: Dict[str, Any],
+        test: SequentialTest,
+        run: StratumRun,
         units_available: int,
         clusters_available: int,
         unit_limit: int,
@@ -619,34 +649,41 @@ class StratumEvaluator:
         bounds: ClusterSizeBounds,
         cluster_order: Dict[str, Any],
         **extra: Any,
-    ) -> Tuple[StratumResult, Dict[str, Any]]:
-        spec = self.strata[name]
-        used = run["units_evaluated"]
-        snapshot = test.snapshot()
-        record = {
-            "stratum": name,
-            "priority": self.order.index(name) + 1,
-            # A source may say what its units are (rollouts: SIMULATED) whatever the stratum's label.
-            "data_label": stratum_data_label(self.source, name, spec),
-            "kind": spec.kind,
-            "planted_effect": self.effects.get(name, 0.0),  # a success-rate difference or a rollout degradation
-            "units_available": units_available,
+    ) -> StratumResult:
+        """The stratum's record, built from its test's state and what testing it took."""
+        spec, state, used = self.strata[name], run.state, run.units_evaluated
+        # What the source made: on demand, only the units the test asked for.
+        produced = used if self.source.traits.produces_on_demand else (units_available if cache_statuses else 0)
+        details = {
             "clusters_available": clusters_available,
-            "unit_limit": unit_limit,
-            **run,
+            "batches": run.batches,
+            "baseline_success_rate": run.success_rates["baseline"].rate,
+            "candidate_success_rate": run.success_rates["candidate"].rate,
             "units_saved_by_early_stop": unit_limit - used,
-            # What the source made: on demand, only the units the test asked for.
-            "units_produced": (
-                used if self.source.traits.produces_on_demand else (units_available if cache_statuses else 0)
-            ),
             "cluster_order": cluster_order,
             "cluster_size_bounds": bounds.as_dict(),
             "cache": cache_statuses[0] if cache_statuses else "not requested",
-            **snapshot,
-            "trajectory": test.trajectory(),
+            **state.to_json(),
             **extra,
         }
-        return StratumResult.from_json(record), snapshot
+        return StratumResult.of_test(
+            state,
+            stratum=name,
+            priority=self.order.index(name) + 1,
+            # A source may say what its units are (rollouts: SIMULATED) whatever the stratum's label.
+            data_label=stratum_data_label(self.source, name, spec),
+            kind=spec.kind,
+            planted_effect=self.effects.get(name, 0.0),  # a success-rate difference or a rollout degradation
+            units_available=units_available,
+            unit_limit=unit_limit,
+            units_evaluated=used,
+            clusters_evaluated=run.clusters_evaluated,
+            units_produced=produced,
+            success_rates=run.success_rates,
+            drift=run.drift,
+            trajectory=test.trajectory(),
+            details=details,
+        )
 
 
 def cache_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> Dict[str, Any]:
@@ -687,11 +724,11 @@ def evaluate_in_priority_order(
     while queue and budget_left > 0 and not halted:
         name = queue.pop(0)
         processed.append(name)
-        result, snapshot = evaluator.evaluate(name, budget_left, nominal_allowance, units_evaluated)
+        result, state = evaluator.evaluate(name, budget_left, nominal_allowance, units_evaluated)
         results.append(result)
         budget_left -= result.units_evaluated
         units_evaluated += result.units_evaluated
-        reaction = react(s, name, strata[name], snapshot, queue, nominal_allowance)
+        reaction = react(s, name, strata[name], state, queue, nominal_allowance)
         events.extend(reaction.events)
         halted, nominal_allowance = reaction.halted, reaction.nominal_allowance
     if queue and not halted:

@@ -618,7 +618,7 @@ def closed_loop_success(cfg: DictConfig, data: Any, handle: Any, models: List[An
             )
     finally:
         executor.close()
-    rows = [{"success_rate": float(np.mean(o["success"])), "successes": [bool(x) for x in o["success"]]} for o in outs]
+    rows = [{"success_rate": float(np.mean(o.success)), "successes": [bool(x) for x in o.success]} for o in outs]
     return {"base": rows[0], "runs": rows[1:], "episodes": len(episodes)}
 
 

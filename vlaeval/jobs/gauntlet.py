@@ -153,10 +153,10 @@ def evaluate_strata(
         with console.strata_progress() as update:
 
             def on_batch(p: BatchProgress) -> None:
-                e = p.e_values or {}
+                e = p.e_values
                 wealth = (
-                    f", e(reg) {e['e_value_regression']:.3g}, e(pass) {e['e_value_pass']:.3g}"
-                    if e.get("e_value_regression") is not None and e.get("e_value_pass") is not None
+                    f", e(reg) {e.regression:.3g}, e(pass) {e.pass_:.3g}"
+                    if e.regression is not None and e.pass_ is not None
                     else ""
                 )
                 update(

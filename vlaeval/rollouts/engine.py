@@ -36,6 +36,7 @@ from vlaeval.policy.flow import sample_actions
 from vlaeval.policy.threads import intra_op_threads
 from vlaeval.rollouts.evaluation import evaluation_conditions
 from vlaeval.rollouts.language import episode_instruction
+from vlaeval.rollouts.outcomes import EpisodeOutcomes
 
 DEFAULT_LOCKSTEP_GROUP = RolloutConfig.lockstep_group  # one default: the rollout section's
 MIN_POLICY_BATCH = 8  # rows of every batched policy call (padded): see the module docstring
@@ -95,10 +96,10 @@ def rollout_jobs(
     max_steps: int,
     group_size: int = DEFAULT_LOCKSTEP_GROUP,
     progress: Optional[Callable[[int, int], None]] = None,
-) -> List[Dict[str, np.ndarray]]:
+) -> List[EpisodeOutcomes]:
     """Every job's episodes in lockstep groups of `group_size`, all groups of all jobs handed to the
-    executor at once (so one policy's stragglers overlap another's work); per job `success`,
-    `steps`, `unsafe` in its episodes' order. An episode's outcome depends on the episode alone, so
+    executor at once (so one policy's stragglers overlap another's work); per job its episodes'
+    outcomes in their order. An episode's outcome depends on the episode alone, so
     neither the groups nor the executor change the numbers."""
     size = max(int(group_size), 1)
     calls, owner = [], []
@@ -106,22 +107,14 @@ def rollout_jobs(
         for i in range(0, len(job.episodes), size):
             calls.append((job.policy, list(job.episodes[i : i + size]), execute_actions, max_steps))
             owner.append(k)
-    parts: List[List[Dict[str, np.ndarray]]] = [[] for _ in jobs]
+    parts: List[List[EpisodeOutcomes]] = [[] for _ in jobs]
     total, done = sum(len(job.episodes) for job in jobs), 0
     for k, part in zip(owner, executor.map_groups(rollout_group, calls)):
         parts[k].append(part)
-        done += int(part["success"].size)
+        done += len(part)
         if progress is not None:
             progress(done, total)
-    empty = {
-        "success": np.zeros(0, dtype=bool),
-        "steps": np.zeros(0, dtype=np.int64),
-        "unsafe": np.zeros(0, dtype=bool),
-    }
-    return [
-        {key: np.concatenate([p[key] for p in job_parts]) for key in empty} if job_parts else dict(empty)
-        for job_parts in parts
-    ]
+    return [EpisodeOutcomes.concatenate(job_parts) for job_parts in parts]
 
 
 def rollout_episodes(
@@ -134,7 +127,7 @@ def rollout_episodes(
     workers: int = 1,
     executor: Any = None,
     progress: Optional[Callable[[int, int], None]] = None,
-) -> Dict[str, np.ndarray]:
+) -> EpisodeOutcomes:
     """One policy's episodes (rollout_jobs with one job), run by `executor` (None: a local pool of
     `workers` processes, closed on return)."""
     from vlaeval.rollouts.executors import LocalExecutor
@@ -157,7 +150,7 @@ def rollout_episodes(
 
 def rollout_group(
     policy: BoundPolicy, group: Sequence[Episode], execute_actions: int, max_steps: int
-) -> Dict[str, np.ndarray]:
+) -> EpisodeOutcomes:
     with single_threaded_torch():
         return rollout_lockstep(policy, group, execute_actions=execute_actions, max_steps=max_steps)
 
@@ -170,11 +163,10 @@ def rollout_lockstep(
     max_steps: int,
     progress: Optional[Callable[[int, int], None]] = None,
     watch: Optional[Callable[[int, Any], None]] = None,
-) -> Dict[str, np.ndarray]:
+) -> EpisodeOutcomes:
     """Run every episode to success, an unsafe event, termination or `max_steps`, all in lockstep:
     at each control step the episodes whose action queue is empty get new chunks from one batched
-    policy call. Returns per episode `success` (bool: reached the goal with no unsafe event),
-    `steps` (int) and `unsafe` (bool). `watch(k, env)` is called with episode k's environment when
+    policy call. Returns each episode's outcome (success: reached the goal with no unsafe event). `watch(k, env)` is called with episode k's environment when
     it opens and after each of its steps (vlaeval/rollouts/videos.py films episodes with it); it
     must not change the environment."""
     policy.model.eval()
@@ -240,7 +232,7 @@ def rollout_lockstep(
             active = still
     finally:
         envs.close()
-    return {"success": success, "steps": steps, "unsafe": unsafe}
+    return EpisodeOutcomes(success=success, unsafe=unsafe, steps=steps)
 
 
 class FrameHistory:
@@ -328,7 +320,7 @@ def evaluate_closed_loop(
         )
     finally:
         executor.close()
-    successes = outcomes[0]["success"]
+    successes = outcomes[0].success
     expert = expert_successes(episodes, int(evaluate.max_steps))
     rows = {}
     for task in tasks:
@@ -350,9 +342,9 @@ def evaluate_closed_loop(
         "expert_success_rate": float(np.mean(expert)),
         "conditions": {
             c.name: {
-                "policy_success_rate": float(np.mean(out["success"])),
-                "drop": float(np.mean(successes) - np.mean(out["success"])),
-                "per_task": {t: float(np.mean(out["success"][[e.task == t for e in episodes]])) for t in tasks},
+                "policy_success_rate": float(np.mean(out.success)),
+                "drop": float(np.mean(successes) - np.mean(out.success)),
+                "per_task": {t: float(np.mean(out.success[[e.task == t for e in episodes]])) for t in tasks},
                 "changed": c.describe(),
             }
             for c, out in zip(conditions, outcomes[1:])

@@ -18,8 +18,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from vlaeval.artifacts import sha256_json
 from vlaeval.envs.metaworld import Episode
 from vlaeval.rollouts.engine import ROLLOUT_ENGINE_VERSION
-
-Outcome = Tuple[bool, bool, int]  # success, unsafe, steps
+from vlaeval.rollouts.outcomes import EpisodeOutcome
 
 
 def episode_key(checkpoint_sha256: str, episode: Episode, controls: Mapping[str, Any]) -> str:
@@ -58,11 +57,11 @@ class EpisodeCache:
         )
         return connection
 
-    def get_many(self, keys: Sequence[str]) -> Dict[str, Outcome]:
+    def get_many(self, keys: Sequence[str]) -> Dict[str, EpisodeOutcome]:
         if not self.enabled:
             self.misses += len(set(keys))
             return {}
-        found: Dict[str, Outcome] = {}
+        found: Dict[str, EpisodeOutcome] = {}
         with self._connect() as connection:
             for start in range(0, len(keys), 500):  # SQLite's bound-parameter limit
                 chunk = list(keys[start : start + 500])
@@ -70,18 +69,18 @@ class EpisodeCache:
                 for key, success, unsafe, steps in connection.execute(
                     f"SELECT key, success, unsafe, steps FROM episodes WHERE key IN ({marks})", chunk
                 ):
-                    found[key] = (bool(success), bool(unsafe), int(steps))
+                    found[key] = EpisodeOutcome(bool(success), bool(unsafe), int(steps))
         connection.close()
         self.hits += len(found)
         self.misses += len(set(keys)) - len(found)
         return found
 
-    def put_many(self, rows: Iterable[Tuple[str, str, Outcome]]) -> None:
+    def put_many(self, rows: Iterable[Tuple[str, str, EpisodeOutcome]]) -> None:
         """rows: (key, checkpoint sha256, outcome), stored in one transaction."""
         if not self.enabled:
             return
         values: List[Tuple[str, str, int, int, int]] = [
-            (key, checkpoint, int(o[0]), int(o[1]), int(o[2])) for key, checkpoint, o in rows
+            (key, checkpoint, int(o.success), int(o.unsafe), int(o.steps)) for key, checkpoint, o in rows
         ]
         if not values:
             return

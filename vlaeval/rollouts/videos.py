@@ -57,7 +57,8 @@ def film(policy: BoundPolicy, episode: Episode, *, execute_actions: int, max_ste
     finally:
         for renderer in renderers.values():
             renderer.close()
-    return FilmedEpisode(np.stack(frames), bool(out["success"][0]), bool(out["unsafe"][0]), int(out["steps"][0]))
+    [outcome] = out
+    return FilmedEpisode(np.stack(frames), outcome.success, outcome.unsafe, outcome.steps)
 
 
 def outcome_word(episode: FilmedEpisode) -> str:

@@ -10,8 +10,6 @@ from vlaeval.seqtest.sequential import (
     DECISION_INSUFFICIENT,
     DECISION_PASS,
     DECISION_REGRESSION,
-    DEFAULT_BET_CAP,
-    DEFAULT_BET_RULE,
     ESTIMANDS,
     MODE_ASYMPTOTIC,
     MODE_EXACT,
@@ -24,10 +22,34 @@ from vlaeval.seqtest.sequential import (
     on_grid,
     planned_looks_of,
 )
+from vlaeval.seqtest.state import (
+    DEFAULT_BET_CAP,
+    DEFAULT_BET_RULE,
+    AsymptoticSettings,
+    CatastrophicBound,
+    CatastrophicState,
+    ConfidenceSequence,
+    EValues,
+    ExactSettings,
+    GroupSequentialSettings,
+    OrderFreeSettings,
+    TestSettings,
+    TestState,
+)
 from vlaeval.seqtest.units import cluster_means, cluster_offsets, drift_diagnostic, plan_batches
 
 __all__ = [
     "AsymptoticSequentialTest",
+    "AsymptoticSettings",
+    "CatastrophicBound",
+    "CatastrophicState",
+    "ConfidenceSequence",
+    "EValues",
+    "ExactSettings",
+    "GroupSequentialSettings",
+    "OrderFreeSettings",
+    "TestSettings",
+    "TestState",
     "BET_RULES",
     "DEFAULT_BET_CAP",
     "DEFAULT_BET_RULE",

@@ -32,6 +32,7 @@ from scipy.stats import norm
 
 from vlaeval.seqtest.eprocess import MomentState
 from vlaeval.seqtest.sequential import MODE_GROUP_SEQUENTIAL, SequentialTest, asymptotic_running, running_extreme
+from vlaeval.seqtest.state import GroupSequentialSettings, TestSettings
 
 GRID_STEP = 0.002  # spacing of the score grid (the score's sd is at most 1)
 GRID_SPAN = 9.0  # the grid covers [-9, 9] sd of the score: mass outside is < 1e-18
@@ -120,12 +121,11 @@ class GroupSequentialTest(SequentialTest):
         "planned looks, normal approximation); not exact"
     )
 
-    def __init__(
-        self, delta: float, alpha: float, *, planned_looks: Sequence[int], burn_in_clusters: int = 30, **common: Any
-    ) -> None:
-        """planned_looks: the cluster counts after each planned batch (strictly increasing); looks
-        with fewer than burn_in_clusters clusters decide nothing."""
-        super().__init__(delta, alpha, **common)
+    def __init__(self, settings: TestSettings, mode: GroupSequentialSettings) -> None:
+        """mode.planned_looks: the cluster counts after each planned batch (strictly increasing);
+        looks with fewer than mode.burn_in_clusters clusters decide nothing."""
+        super().__init__(settings)
+        planned_looks, burn_in_clusters = mode.planned_looks, mode.burn_in_clusters
         if burn_in_clusters < 2:
             raise ValueError(f"burn_in_clusters must be >= 2, got {burn_in_clusters}")
         self.burn_in_clusters = int(burn_in_clusters)

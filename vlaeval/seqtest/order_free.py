@@ -17,7 +17,7 @@ One stream reaching B/level rejects on its own; otherwise its final wealth count
 choose: the same clusters give the same decision, however the file is written.
 
 Looks are blocks: a later version of a file whose new clusters are *appended* (vlaeval.gauntlet.ledger
-finds the earlier version's clusters in it) is one more `update_clusters` call, and every stream
+finds the earlier version's clusters in it) is one more `update` call, and every stream
 continues with the new block in its own order after the old one. Given the blocks so far, each stream
 is a supermartingale across blocks, so their average is too, and by Ville's inequality re-testing after
 every new version keeps P(any false decision) <= level -- a restart on each version does not (0.097
@@ -37,18 +37,23 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from vlaeval.artifacts import stable_seed
-from vlaeval.choices import DEFAULT_ORDERS  # every order costs one pass over the margins still alive
 from vlaeval.seqtest.eprocess import LOWER, UPPER, MomentState, WealthFamily, predictable_moments, size_adaptive_cap
 from vlaeval.seqtest.sequential import (
     CS_FIRST_CHUNK,
     CS_SMALL_GRID,
-    DEFAULT_BET_CAP,
-    DEFAULT_BET_RULE,
     MODE_EXACT,
     NEVER,
     PairedSequentialTest,
     hull_bounds,
     wealth,
+)
+from vlaeval.seqtest.state import (
+    DEFAULT_ORDERS,
+    ORDER_FREE_DEFAULTS,
+    EValues,
+    OrderFreeSettings,
+    TestSettings,
+    TestState,
 )
 
 
@@ -72,23 +77,15 @@ class _Stream:
 
 class OrderFreeTest(PairedSequentialTest):
     """Exact test on clusters that all exist: the average over `orders` fixed orders of each order's
-    stopped e-value (see the module docstring). Each `update_clusters` call is one look (a block)."""
+    stopped e-value (see the module docstring). Each `update` call is one look (a block)."""
 
     mode = MODE_EXACT
     cs_kind = "order-free betting CS: the average over fixed orders of each order's e-value, running intersection"
     records_looks_only = True
 
-    def __init__(
-        self,
-        delta: float,
-        alpha: float,
-        *,
-        orders: int = DEFAULT_ORDERS,
-        bet_rule: str = DEFAULT_BET_RULE,
-        bet_cap: Optional[float] = DEFAULT_BET_CAP,
-        **common: Any,
-    ) -> None:
-        super().__init__(delta, alpha, bet_rule=bet_rule, bet_cap=bet_cap, **common)
+    def __init__(self, settings: TestSettings, mode: OrderFreeSettings = ORDER_FREE_DEFAULTS) -> None:
+        super().__init__(settings, mode)
+        orders = mode.orders
         if int(orders) < 1:
             raise ValueError(f"orders must be >= 1, got {orders}")
         self.orders = int(orders)
@@ -121,11 +118,12 @@ class OrderFreeTest(PairedSequentialTest):
             "blocks": list(self._blocks),
         }
 
-    def update_clusters(self, cluster_means: np.ndarray, cluster_sizes: Optional[np.ndarray] = None) -> None:
-        """One look: the next block of clusters (their order here does not matter)."""
+    def update(self, cluster_means: np.ndarray, cluster_sizes: Optional[np.ndarray] = None) -> TestState:
+        """One look: the next block of clusters (their order here does not matter). Returns the
+        test's state after it."""
         x, sizes, weights = self._checked(cluster_means, cluster_sizes)
         if x.size == 0:
-            return
+            return self.state
         digest = block_digest(x, sizes, self._chain)
         canonical = np.lexsort((np.round(x, 12), sizes))  # the block in an order no file can choose
         x, sizes = x[canonical], sizes[canonical]
@@ -136,6 +134,7 @@ class OrderFreeTest(PairedSequentialTest):
         self._chain = digest
         self._blocks.append({"clusters": int(x.size), "units": int(sizes.sum()), "digest": digest[:16]})
         self._record(x, sizes, *self._look(x.size))
+        return self.state
 
     def _advance_stream(self, stream: _Stream, x: np.ndarray, w: Optional[np.ndarray], sizes: np.ndarray) -> None:
         """Run one stream over the block in growing chunks, settling grid margins as they pass the stop."""
@@ -232,18 +231,20 @@ class OrderFreeTest(PairedSequentialTest):
         series = {k: np.full(block_size, v[-1]) for k, v in series.items()}  # `_record` keeps the look's end
         return firsts, series
 
-    def catastrophic_upper_bound(self) -> Optional[float]:
-        if self.catastrophic_delta is None or not self._series:
-            return None if self.catastrophic_delta is None else 1.0
-        return float(self._series["catastrophic_upper"][-1][-1])
-
-    def e_values(self) -> Dict[str, Optional[float]]:
-        """The order-free e-values (averages over the orders) after the last look."""
-        out: Dict[str, Optional[float]] = {"e_value_regression": 1.0, "e_value_pass": 1.0}
-        if self.catastrophic_delta is not None:
-            out.update(e_value_catastrophic=1.0, e_value_not_catastrophic=1.0)
-        out.update(self._e)
-        return out
+    def _e_values(self) -> EValues:
+        """The order-free e-values (averages over the orders) after the last look (1 before the first)."""
+        halting = self.catastrophic_delta is not None
+        e: Dict[str, Optional[float]] = {"e_value_regression": 1.0, "e_value_pass": 1.0}
+        if halting:
+            e.update(e_value_catastrophic=1.0, e_value_not_catastrophic=1.0)
+        e.update(self._e)
+        return EValues(
+            regression=e["e_value_regression"],
+            pass_=e["e_value_pass"],
+            catastrophic=e.get("e_value_catastrophic"),
+            not_catastrophic=e.get("e_value_not_catastrophic"),
+            halting=halting,
+        )
 
 
 __all__ = ["DEFAULT_ORDERS", "OrderFreeTest", "block_digest"]

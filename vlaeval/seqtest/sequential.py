@@ -50,11 +50,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from vlaeval.choices import DEFAULT_BET_RULE as DEFAULT_BET_RULE_CHOICE
 from vlaeval.choices import Estimand, TestMode
 from vlaeval.seqtest.eprocess import (
     BET_RULES,
@@ -64,6 +63,18 @@ from vlaeval.seqtest.eprocess import (
     WealthFamily,
     predictable_moments,
     size_adaptive_cap,
+)
+from vlaeval.seqtest.state import (
+    ASYMPTOTIC_DEFAULTS,
+    EXACT_DEFAULTS,
+    AsymptoticSettings,
+    CatastrophicBound,
+    CatastrophicState,
+    ConfidenceSequence,
+    EValues,
+    ExactSettings,
+    TestSettings,
+    TestState,
 )
 
 DECISION_REGRESSION = "REGRESSION"
@@ -79,9 +90,6 @@ MODE_ASYMPTOTIC = TestMode.asymptotic.value
 MODE_GROUP_SEQUENTIAL = TestMode.group_sequential.value
 MODES = TestMode.values()
 ESTIMANDS = Estimand.values()
-
-DEFAULT_BET_RULE = DEFAULT_BET_RULE_CHOICE.value  # chosen by benchmarks/seqtest_efficiency.py (vlaeval.choices)
-DEFAULT_BET_CAP: Optional[float] = None  # the size-adaptive cap 1 - 0.2 / (smallest planned cluster size)
 
 CS_FIRST_CHUNK = 8  # clusters in the first confidence-sequence sub-chunk of a batch (then doubling)
 CS_SMALL_GRID = 256  # margins still alive below which a batch is processed in one chunk
@@ -105,27 +113,15 @@ class SequentialTest:
     cs_kind = ""
     records_looks_only = False  # the trajectory holds every cluster (False) or each look's end (True)
 
-    def __init__(
-        self,
-        delta: float,
-        alpha: float,
-        *,
-        catastrophic_delta: Optional[float] = None,
-        alarm_alpha: Optional[float] = None,
-        estimand: str = "cluster",
-        max_cluster_size: Optional[int] = None,
-        min_cluster_size: Optional[int] = None,
-        cs_grid_step: float = 0.001,
-    ) -> None:
-        """delta: the margin is -delta (a negative delta makes PASS a superiority certificate,
-        Delta > |delta|); alpha: level of PASS and of the CS; alarm_alpha (<= alpha): level of the
-        REGRESSION alarm; catastrophic_delta (>= delta): the halting question's margin, decided at
-        catastrophic_alpha = min(alpha / 2, alarm_alpha); max_cluster_size / min_cluster_size: the
-        largest / smallest cluster the stratum's scenario distribution can produce, fixed before
-        the first cluster and never read off the outcomes being tested (the unit estimand's
-        weights' normaliser; the bet cap). A larger / smaller cluster is refused. min_cluster_size
-        None: the cap follows a predictable running minimum (the smallest cluster seen *before*
-        each bet, 1 before the first)."""
+    def __init__(self, settings: TestSettings) -> None:
+        """`settings` (state.TestSettings): the margin, the levels, the estimand and the cluster-size
+        bounds, fixed before the first cluster. A cluster larger than max_cluster_size or smaller
+        than min_cluster_size is refused; min_cluster_size None: the bet cap follows a predictable
+        running minimum (the smallest cluster seen *before* each bet, 1 before the first)."""
+        delta, alpha, catastrophic_delta = settings.delta, settings.alpha, settings.catastrophic_delta
+        estimand, cs_grid_step = str(settings.estimand), settings.cs_grid_step
+        max_cluster_size, min_cluster_size = settings.max_cluster_size, settings.min_cluster_size
+        alarm_alpha = settings.alarm_alpha
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         alarm_alpha = alpha if alarm_alpha is None else float(alarm_alpha)
@@ -168,12 +164,13 @@ class SequentialTest:
         self._looks: List[int] = []
 
     # ------------------------------------------------------------------ updates
-    def update_clusters(self, cluster_means: np.ndarray, cluster_sizes: Optional[np.ndarray] = None) -> None:
-        """Feed the next clusters' mean paired differences (each in [-1, 1]), in order: one look."""
+    def update(self, cluster_means: np.ndarray, cluster_sizes: Optional[np.ndarray] = None) -> TestState:
+        """Feed the next clusters' mean paired differences (each in [-1, 1]), in order: one look.
+        Returns the test's state after it."""
         x, sizes, weights = self._checked(cluster_means, cluster_sizes)
-        if x.size == 0:
-            return
-        self._record(x, sizes, *self._advance(x, weights, sizes))
+        if x.size:
+            self._record(x, sizes, *self._advance(x, weights, sizes))
+        return self.state
 
     def _checked(
         self, cluster_means: np.ndarray, cluster_sizes: Optional[np.ndarray]
@@ -257,44 +254,30 @@ class SequentialTest:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ reading
-    def evaluate(self) -> str:
-        return self._decision
-
-    def catastrophic_status(self) -> str:
-        return self._catastrophic
-
-    @property
-    def clusters_seen(self) -> int:
-        return self._clusters
-
-    @property
-    def units_seen(self) -> int:
-        return self._units
-
-    def delta_estimate(self) -> Optional[float]:
+    def _delta_estimate(self) -> Optional[float]:
         """The point estimate of the estimand the tests are about."""
         if self._clusters == 0:
             return None
-        return self.unit_weighted_estimate() if self.estimand == "unit" else self._cluster_mean_sum / self._clusters
+        return self._unit_weighted_estimate() if self.estimand == "unit" else self._cluster_mean_sum / self._clusters
 
-    def unit_weighted_estimate(self) -> Optional[float]:
+    def _unit_weighted_estimate(self) -> Optional[float]:
         return None if self._units == 0 else self._unit_weighted_sum / self._units
 
-    def confidence_sequence(self) -> Tuple[float, float]:
+    def _confidence_sequence(self) -> Tuple[float, float]:
         """The current (1 - alpha) two-sided confidence sequence for Delta."""
         if not self._series:
             return -1.0, 1.0
         return float(self._series["cs_lower"][-1][-1]), float(self._series["cs_upper"][-1][-1])
 
-    def catastrophic_upper_bound(self) -> Optional[float]:
+    def _catastrophic_upper_bound(self) -> Optional[float]:
         """The one-sided (1 - catastrophic_alpha) upper confidence bound the halt is decided on."""
         if self.catastrophic_delta is None:
             return None
         return 1.0 if not self._series else float(self._series["catastrophic_upper"][-1][-1])
 
-    def e_values(self) -> Dict[str, Optional[float]]:
+    def _e_values(self) -> EValues:
         """The current wealth of the decision e-processes (None where the mode has none)."""
-        return {"e_value_regression": None, "e_value_pass": None}
+        return EValues()
 
     def trajectory(self) -> Dict[str, Any]:
         """Per-cluster records, as columns: clusters and units seen, the estimate, the CS (and the
@@ -310,44 +293,44 @@ class SequentialTest:
         out["looks"] = list(self._looks)
         return out
 
-    def snapshot(self) -> Dict[str, Any]:
-        lower, upper = self.confidence_sequence()
-        snap = {
-            "decision": self._decision,
-            "decided_at_cluster": self._decided_at_cluster,
-            "decided_at_unit": self._decided_at_unit,
-            "decision_wealth": self._decision_wealth,
-            "test_mode": self.mode,
-            "alpha": self.alpha,
-            "alarm_alpha": self.alarm_alpha,
-            "margin_delta": self.delta,
-            "estimand": self.estimand,
-            "min_cluster_size": self.min_cluster_size,
-            **self._settings(),
-            "clusters": self.clusters_seen,
-            "units": self.units_seen,
-            "looks": len(self._looks),
-            "delta_estimate": self.delta_estimate(),
-            "unit_weighted_delta_estimate": self.unit_weighted_estimate(),
-            "confidence_sequence": {"lower": lower, "upper": upper, "level": 1.0 - self.alpha, "kind": self.cs_kind},
-            **self.e_values(),
-        }
+    @property
+    def state(self) -> TestState:
+        """The test after its last look, as a frozen record (what `update` returns)."""
+        lower, upper = self._confidence_sequence()
+        catastrophic = None
         if self.catastrophic_delta is not None:
-            snap.update(
-                {
-                    "catastrophic_delta": self.catastrophic_delta,
-                    "catastrophic_alpha": self.catastrophic_alpha,
-                    "catastrophic": self._catastrophic,
-                    "catastrophic_at_cluster": self._catastrophic_at_cluster,
-                    "catastrophic_bound": {
-                        "upper": self.catastrophic_upper_bound(),
-                        "level": 1.0 - self.catastrophic_alpha,
-                        "kind": "one-sided upper confidence sequence the halt is decided on",
-                        **self._catastrophic_detail,
-                    },
-                }
+            catastrophic = CatastrophicState(
+                delta=self.catastrophic_delta,
+                alpha=self.catastrophic_alpha,
+                status=self._catastrophic,
+                at_cluster=self._catastrophic_at_cluster,
+                bound=CatastrophicBound(
+                    upper=self._catastrophic_upper_bound(),
+                    level=1.0 - self.catastrophic_alpha,
+                    **self._catastrophic_detail,
+                ),
             )
-        return snap
+        return TestState(
+            decision=self._decision,
+            decided_at_cluster=self._decided_at_cluster,
+            decided_at_unit=self._decided_at_unit,
+            decision_wealth=self._decision_wealth,
+            test_mode=self.mode,
+            alpha=self.alpha,
+            alarm_alpha=self.alarm_alpha,
+            margin_delta=self.delta,
+            estimand=self.estimand,
+            min_cluster_size=self.min_cluster_size,
+            clusters=self._clusters,
+            units=self._units,
+            looks=len(self._looks),
+            delta_estimate=self._delta_estimate(),
+            unit_weighted_delta_estimate=self._unit_weighted_estimate(),
+            confidence_sequence=ConfidenceSequence(lower, upper, 1.0 - self.alpha, self.cs_kind),
+            e_values=self._e_values(),
+            catastrophic=catastrophic,
+            settings=self._settings(),
+        )
 
     def _settings(self) -> Dict[str, Any]:
         return {}
@@ -381,19 +364,12 @@ class PairedSequentialTest(SequentialTest):
     mode = MODE_EXACT
     cs_kind = "betting CS, running intersection (anytime-valid, exact)"
 
-    def __init__(
-        self,
-        delta: float,
-        alpha: float,
-        *,
-        bet_rule: str = DEFAULT_BET_RULE,
-        bet_cap: Optional[float] = DEFAULT_BET_CAP,
-        **common: Any,
-    ) -> None:
-        """bet_cap: the cap fraction c in (0, 1], or None for the size-adaptive cap
+    def __init__(self, settings: TestSettings, mode: ExactSettings = EXACT_DEFAULTS) -> None:
+        """mode.bet_cap: the cap fraction c in (0, 1], or None for the size-adaptive cap
         1 - 0.2 / n_min (eprocess.size_adaptive_cap) with n_min the declared min_cluster_size
         (one cap for the whole stratum) or, undeclared, the running minimum before each bet."""
-        super().__init__(delta, alpha, **common)
+        super().__init__(settings)
+        bet_rule, bet_cap = str(mode.bet_rule), mode.bet_cap
         if bet_rule not in BET_RULES:
             raise ValueError(f"unknown bet rule {bet_rule!r}; use one of {BET_RULES}")
         if bet_cap is not None and not 0.0 < bet_cap <= 1.0:
@@ -567,17 +543,17 @@ class PairedSequentialTest(SequentialTest):
             newly = alive & (first >= 0)
             self._cat_rejected_after[newly] = offset + first[newly] + 1
 
-    def e_values(self) -> Dict[str, Optional[float]]:
-        out: Dict[str, Optional[float]] = {
-            "e_value_regression": wealth(self._lower.log_wealth[0]),
-            "e_value_pass": wealth(self._upper.log_wealth[0]),
-            "peak_wealth_regression": wealth(self._lower.log_peak_wealth[0]),
-            "peak_wealth_pass": wealth(self._upper.log_peak_wealth[0]),
-        }
-        if self.catastrophic_delta is not None:
-            out["e_value_catastrophic"] = wealth(self._cat_family.log_wealth[self._cat_index])
-            out["e_value_not_catastrophic"] = wealth(self._upper.log_wealth[1])
-        return out
+    def _e_values(self) -> EValues:
+        halting = self.catastrophic_delta is not None
+        return EValues(
+            regression=wealth(self._lower.log_wealth[0]),
+            pass_=wealth(self._upper.log_wealth[0]),
+            peak_regression=wealth(self._lower.log_peak_wealth[0]),
+            peak_pass=wealth(self._upper.log_peak_wealth[0]),
+            catastrophic=wealth(self._cat_family.log_wealth[self._cat_index]) if halting else None,
+            not_catastrophic=wealth(self._upper.log_wealth[1]) if halting else None,
+            halting=halting,
+        )
 
 
 def asymptotic_half_width(t: np.ndarray, sd: np.ndarray, alpha: float, tuning_clusters: float) -> np.ndarray:
@@ -623,10 +599,9 @@ class AsymptoticSequentialTest(SequentialTest):
     mode = MODE_ASYMPTOTIC
     cs_kind = "ASYMPTOTIC CS (Waudby-Smith et al. 2024), running intersection; not exact"
 
-    def __init__(
-        self, delta: float, alpha: float, *, burn_in_clusters: int = 30, tuning_clusters: int = 500, **common: Any
-    ) -> None:
-        super().__init__(delta, alpha, **common)
+    def __init__(self, settings: TestSettings, mode: AsymptoticSettings = ASYMPTOTIC_DEFAULTS) -> None:
+        super().__init__(settings)
+        burn_in_clusters, tuning_clusters = mode.burn_in_clusters, mode.tuning_clusters
         if burn_in_clusters < 2:
             raise ValueError(f"burn_in_clusters must be >= 2, got {burn_in_clusters}")
         if tuning_clusters < 1:
@@ -679,19 +654,17 @@ class AsymptoticSequentialTest(SequentialTest):
         return firsts, series
 
 
-def catastrophic_message(snapshot: Mapping[str, Any]) -> str:
+def catastrophic_message(catastrophic: CatastrophicState) -> str:
     """What the halt certified, with the figures at the level that decided it."""
-    bound = snapshot["catastrophic_bound"]
-    level = snapshot["catastrophic_alpha"]
+    c, bound = catastrophic, catastrophic.bound
     text = (
-        f"Delta < -{snapshot['catastrophic_delta']:g} certified at level {level:.3g} after "
-        f"{snapshot['catastrophic_at_cluster']} clusters: the one-sided {1 - level:.2%} upper confidence "
-        f"bound is {bound['upper_bound_at_decision']:+.3f}"
+        f"Delta < -{c.delta:g} certified at level {c.alpha:.3g} after {c.at_cluster} clusters: the one-sided "
+        f"{1 - c.alpha:.2%} upper confidence bound is {bound.upper_bound_at_decision:+.3f}"
     )
-    if bound.get("wealth_at_decision") is not None:
+    if bound.wealth_at_decision is not None:
         text += (
-            f"; the e-process for H0: Delta >= -{snapshot['catastrophic_delta']:g} stood at "
-            f"{bound['wealth_at_decision']:.3g} (threshold 1/{level:.3g} = {1 / level:.3g})"
+            f"; the e-process for H0: Delta >= -{c.delta:g} stood at "
+            f"{bound.wealth_at_decision:.3g} (threshold 1/{c.alpha:.3g} = {1 / c.alpha:.3g})"
         )
     return text
 

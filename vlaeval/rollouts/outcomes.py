@@ -1,0 +1,113 @@
+"""An episode's outcome, typed once from the simulator to the per-episode cache, the paired rows of
+a rollout gauntlet, its CSV and the failure registry.
+
+`EpisodeOutcome` is one episode (success, an unsafe event, steps); `EpisodeOutcomes` the columns of
+many, in their episodes' order (what the rollout engine returns); `PairedEpisode` one scenario run
+by both policies, with the episode's spec (what replays it) -- its `row()` is a line of the outcome
+file format and its `failure()` a failure-registry entry.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Mapping, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """One episode: `success` (reached the goal with no unsafe event), `unsafe` (an unsafe contact
+    ended it), and the control steps it ran."""
+
+    success: bool
+    unsafe: bool
+    steps: int
+
+
+@dataclass(frozen=True)
+class EpisodeOutcomes:
+    """Many episodes' outcomes as columns (bool, bool, int64), in their episodes' order."""
+
+    success: np.ndarray
+    unsafe: np.ndarray
+    steps: np.ndarray
+
+    def __post_init__(self) -> None:
+        if not self.success.shape == self.unsafe.shape == self.steps.shape or self.success.ndim != 1:
+            raise ValueError("success, unsafe and steps must be 1-D columns of the same length")
+
+    def __len__(self) -> int:
+        return int(self.success.size)
+
+    def __getitem__(self, k: int) -> EpisodeOutcome:
+        return EpisodeOutcome(bool(self.success[k]), bool(self.unsafe[k]), int(self.steps[k]))
+
+    def __iter__(self) -> Iterator[EpisodeOutcome]:
+        return (self[k] for k in range(len(self)))
+
+    @classmethod
+    def of(cls, outcomes: Sequence[EpisodeOutcome]) -> "EpisodeOutcomes":
+        return cls(
+            np.array([o.success for o in outcomes], dtype=bool),
+            np.array([o.unsafe for o in outcomes], dtype=bool),
+            np.array([o.steps for o in outcomes], dtype=np.int64),
+        )
+
+    @classmethod
+    def concatenate(cls, parts: Sequence["EpisodeOutcomes"]) -> "EpisodeOutcomes":
+        if not parts:
+            return cls.of([])
+        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("success", "unsafe", "steps")))
+
+
+@dataclass(frozen=True)
+class PolicyIdentity:
+    """Which policy ran an episode: its version label and its checkpoint's sha256."""
+
+    version: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PairedEpisode:
+    """One scenario run by both policies: where it belongs (stratum, scenario, cluster), the
+    episode's spec (scene, seed, perturbation: what replays it exactly), and each policy's outcome."""
+
+    stratum: str
+    scenario_id: str
+    cluster_id: str
+    episode: Mapping[str, Any]
+    baseline: EpisodeOutcome
+    candidate: EpisodeOutcome
+
+    @property
+    def discordant(self) -> bool:
+        """The candidate failed where the baseline succeeded (what the failure registry records)."""
+        return self.baseline.success and not self.candidate.success
+
+    def row(self) -> Dict[str, Any]:
+        """A line of the outcome file format, with each policy's unsafe flag and steps."""
+        return {
+            "stratum": self.stratum,
+            "scenario_id": self.scenario_id,
+            "cluster_id": self.cluster_id,
+            "baseline": self.baseline.success,
+            "candidate": self.candidate.success,
+            "baseline_unsafe": self.baseline.unsafe,
+            "candidate_unsafe": self.candidate.unsafe,
+            "baseline_steps": self.baseline.steps,
+            "candidate_steps": self.candidate.steps,
+        }
+
+    def failure(self, baseline: PolicyIdentity, candidate: PolicyIdentity) -> Dict[str, Any]:
+        """The failure-registry entry of a discordant pair (vlaeval/gauntlet/registry.py)."""
+        return {
+            "stratum": self.stratum,
+            "scenario_id": self.scenario_id,
+            "episode": dict(self.episode),
+            "candidate": {"version": candidate.version, "sha256": candidate.sha256, "unsafe": self.candidate.unsafe},
+            "baseline": {"version": baseline.version, "sha256": baseline.sha256},
+            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
