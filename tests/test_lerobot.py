@@ -192,6 +192,12 @@ def test_a_foreign_dataset_with_its_own_dimensions_trains_the_builtin_policy_and
     assert result["gradient_artifact"]["dataset_sha256"] == dataset_sha256(
         str(root), camera_features=["observation.images.top"]
     )
+    # The same dataset without its camera, in the same cache: a state policy trains to the same
+    # weights, but the data (and so the artifact's anchors' dataset) differ -- a new artifact, no refusal.
+    again = _audit_foreign(work, env, root, f"hydra.run.dir={tmp_path / 'again'}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    second = json.loads((tmp_path / "again" / "result.json").read_text())
+    assert second["gradient_artifact"]["dataset_sha256"] == dataset_sha256(str(root))
 
 
 def test_a_dataset_whose_camera_is_av1_video_is_audited_with_a_vision_policy_reading_it(work, tmp_path):

@@ -58,3 +58,37 @@ def test_an_entry_missing_one_of_its_files_is_built_without_a_warning(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="vlaeval.store"):
         _, built = get_or_build(tmp_path, "things", "c" * 64, ["value.json", "other.json"], _reader, _builder(calls))
     assert built and "rejected" not in caplog.text
+
+
+def test_each_cached_kinds_key_holds_the_digests_its_reader_compares():
+    """A key that leaves out what the entry's reader checks hands a later run an entry it must refuse
+    (the gradient artifact of a checkpoint trained to the same weights on other data: "indexes
+    dataset ..., but the data here is ..."). Each kind's key changes with each such digest."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from helpers.configs import compose_config
+    from vlaeval.envs.metaworld import Episode
+    from vlaeval.policy.builtin import PolicySpec, checkpoint_key
+    from vlaeval.residual.artifact import gradient_artifact_key
+    from vlaeval.rollouts.episode_cache import episode_key
+
+    # gradients: recover_anchors compares the dataset, check_checkpoint the checkpoint.
+    g, flow = OmegaConf.create({"num_anchors": 8}), OmegaConf.create({"kind": "pi0"})
+    base = gradient_artifact_key("c" * 64, "d" * 64, g, flow)
+    assert base != gradient_artifact_key("c" * 64, "e" * 64, g, flow)
+    assert base != gradient_artifact_key("f" * 64, "d" * 64, g, flow)
+    # checkpoints: a checkpoint is trained on the data its manifest names.
+    spec = PolicySpec.of(compose_config([]))
+
+    def data(manifest: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            demonstrations=SimpleNamespace(manifest_sha256=manifest), anchors=SimpleNamespace(horizon=4)
+        )
+
+    assert checkpoint_key(spec, data("d" * 64)) != checkpoint_key(spec, data("e" * 64))
+    # rollout episodes: an outcome is the checkpoint's on that episode under those controls.
+    episode = Episode("reach-v3", 0, 25, 7)
+    controls = OmegaConf.create({"max_steps": 10})
+    assert episode_key("c" * 64, episode, controls) != episode_key("f" * 64, episode, controls)

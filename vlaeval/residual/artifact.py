@@ -174,20 +174,29 @@ def content_digest(artifact: Dict[str, Any]) -> str:
     return sha256_json({k: v for k, v in artifact.items() if k != "content_sha256"})
 
 
-def cached_gradient_artifact(
-    gradients: DictConfig, flow: DictConfig, device: str, cache_dir: str, data: Any, handle: Any
-) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
-    """(metadata, anchors) of the artifact for this checkpoint and gradients config, as
-    load_gradient_artifact reads them; built and cached on first use."""
-    key = sha256_json(
+def gradient_artifact_key(checkpoint_sha256: str, dataset_sha256: str, gradients: Any, flow: Any) -> str:
+    """The content-store key of a built artifact: every digest its reader compares (the checkpoint's,
+    check_checkpoint; the dataset's, recover_anchors) and the settings that decide its numbers. Two
+    datasets can train a policy to the same weights (a state policy ignores a camera): the dataset's
+    digest keeps their artifacts apart."""
+    return sha256_json(
         {
-            "checkpoint": handle.sha256,
+            "checkpoint": checkpoint_sha256,
+            "dataset": dataset_sha256,
             "gradients": to_plain(gradients),
             "flow": to_plain(flow),
             "schema": ARTIFACT_SCHEMA_VERSION,
             "per_seed_flow_time": True,  # artifacts cached before it lack per_seed.flow_time: built anew
         }
     )
+
+
+def cached_gradient_artifact(
+    gradients: DictConfig, flow: DictConfig, device: str, cache_dir: str, data: Any, handle: Any
+) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """(metadata, anchors) of the artifact for this checkpoint, data and gradients config, as
+    load_gradient_artifact reads them; built and cached on first use."""
+    key = gradient_artifact_key(handle.sha256, data.demonstrations.manifest_sha256, gradients, flow)
 
     def build(folder: Path) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
         atomic_write_json(folder / ARTIFACT_FILE, build_gradient_artifact(gradients, flow, device, data, handle))
