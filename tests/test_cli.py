@@ -20,6 +20,19 @@ def _outcome_file(workdir, mutate):
     return ["job=gauntlet", "strata=small", "outcomes=file", f"outcomes.path={path}"]
 
 
+def _flipped_checkpoint(workdir):
+    """A weights file torch.load reads without complaint, one bit of one tensor flipped (no sidecar)."""
+    import torch
+
+    path = workdir / "flipped.pt"
+    torch.save({"weight": torch.arange(4096, dtype=torch.float32)}, path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10  # inside the tensor's record
+    path.write_bytes(bytes(data))
+    assert torch.load(path, weights_only=True)["weight"].shape == (4096,)  # loads: the defect this catches
+    return path
+
+
 BAD_INPUTS = {
     "EMA decay out of range": (
         lambda w: ["job=train", "data=tiny", "train.ema_decay=1.5"],
@@ -171,12 +184,57 @@ BAD_INPUTS = {
         lambda w: ["job=train", "data.scenes=test"],
         "data.scenes='test' must be one of train, held_out",
     ),
+    "a directory given as a checkpoint": (
+        lambda w: ["job=gradients", "checkpoint=path", f"checkpoint.path={w}"],
+        "is a directory; give the file itself: e.g. checkpoint.path=policy.pt",
+    ),
+    "a directory given as an outcome file": (
+        lambda w: ["job=gauntlet", "outcomes=file", f"outcomes.path={w}"],
+        "is a directory; give the file itself: pass a CSV or Parquet file of paired outcomes",
+    ),
+    "a bit-flipped checkpoint without a sidecar": (
+        lambda w: ["job=gradients", "checkpoint=path", f"checkpoint.path={_flipped_checkpoint(w)}"],
+        "fails its CRC check at record",
+    ),
+    "a GPU this machine does not have": (lambda w: ["job=gradients", "device=cuda:64"], "device=cuda:64: "),
+    "not a device": (lambda w: ["job=score", "device=gpu"], "device='gpu' is not a device vlaeval runs on"),
     "unknown job": (lambda w: ["job.name=launch_rocket"], "unknown job 'launch_rocket'"),
     "reproduce without run id": (lambda w: ["job=reproduce"], "job=reproduce needs reproduce.run_id"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+# Through the real CLI (a process each, ~4 s): the exit code, stderr's one line and Hydra's own run
+# folder removed. The rest are checked in-process: the same check, the same message, before any work.
+THROUGH_THE_CLI = (
+    "unknown job",
+    "checkpoint file missing",
+    "missing column",
+    "file source without path",
+    "a GPU this machine does not have",
+    "rollout checkpoint missing",
+)
+
+
+@pytest.mark.parametrize("case", sorted(set(BAD_INPUTS) - set(THROUGH_THE_CLI)))
+def test_bad_input_is_one_line_before_any_work_in_process(workdir, case):
+    from vlaeval.errors import UserInputError
+    from vlaeval.jobs import dispatch
+
+    make_args, needle = BAD_INPUTS[case]
+    args = make_args(workdir)
+    before = {p for p in workdir.rglob("*")}
+    cfg = compose_config(args, output_dir=workdir / "run", cache_dir=workdir / "cache")
+    with pytest.raises(UserInputError) as caught:
+        dispatch(cfg)
+    message = str(caught.value)
+    assert "\n" not in message and needle in message, message
+    after = {p for p in workdir.rglob("*")}
+    assert after == before, f"files written: {sorted(map(str, after - before))}"
+    area = "outcome files" if "outcomes" in " ".join(args) else "configs"
+    record_outcome(area, case, f"one line before any work, nothing written: `{message}`", kind="bad input")
+
+
+@pytest.mark.parametrize("case", THROUGH_THE_CLI)
 def test_bad_input_is_one_line_and_writes_nothing(workdir, case):
     make_args, needle = BAD_INPUTS[case]
     args = make_args(workdir)
@@ -237,3 +295,63 @@ def test_tracking_failure_keeps_the_result_and_says_where(workdir):
     record_outcome(
         "tracking", "tracking URI with nothing listening", "exit 3; result.json saved and named in the error"
     )
+
+
+def test_a_checkpoint_that_does_not_fit_names_the_keys(workdir):
+    """A state-dict mismatch says which keys are missing, unexpected or of another shape."""
+    import torch
+
+    from vlaeval.errors import UserInputError
+    from vlaeval.jobs import dispatch
+
+    path = workdir / "other.pt"
+    torch.save({"weight": torch.zeros(3)}, path)
+    cfg = compose_config(
+        ["job=gradients", "data=tiny", "model=tiny_vla_small", "checkpoint=path", f"checkpoint.path={path}"],
+        output_dir=workdir / "run",
+        cache_dir=workdir / "cache",
+    )
+    with pytest.raises(UserInputError) as caught:
+        dispatch(cfg)
+    message = str(caught.value)
+    assert "\n" not in message and "unexpected weight" in message and "missing " in message and "(+" in message
+
+
+def test_ctrl_c_is_one_line_and_leaves_nothing_half_written(workdir):
+    """A first run says what it trains before it does; an interrupted job (SIGINT while it trains) says so in one line, exits 130, and leaves no
+    temporary or partial file: its run folder (Hydra's files only) is removed, finished cache entries stay."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers.configs import MAIN
+    from vlaeval.artifacts import TEMP_SUFFIX
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "VLAEVAL_"))}
+    env.update({"VLAEVAL_CACHE_DIR": str(workdir / "cache"), "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"})
+    args = ["job=residual_audit", "data=tiny", "model=tiny_vla_small", "train.steps=1000000", "tracking=disabled"]
+    proc = subprocess.Popen(
+        [sys.executable, str(MAIN), *args],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list((workdir / "cache").glob("demonstrations/*/arrays.npz")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # interrupt once the data is recorded: the job is training
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == ["error: interrupted; nothing half-written (a finished cache entry is kept for the next run)"], err
+    assert "Traceback" not in out + err
+    # The first run said, before it trained, what it trains, that it is once, and how to shorten it.
+    assert "note: training the built-in TinyVLA for 1,000,000 steps on first use (once:" in out, out
+    assert "train.steps=500" in out
+    assert not [p for p in workdir.rglob("*") if p.name.endswith(TEMP_SUFFIX)]
+    assert not list(workdir.glob("outputs/*")) and not list((workdir / "cache").glob("checkpoints/*/*.pt"))

@@ -135,6 +135,34 @@ def test_a_layer_that_mixes_the_samples_of_a_batch_is_caught_by_the_loop_check()
         verify_against_loop(norms, batch, t, noise, sq, pairs=4)
 
 
+class NaNPolicy(TokenPolicy):
+    """A policy whose velocity is NaN on the anchors whose first observation is negative."""
+
+    def velocity(self, conditioning, noisy, t):
+        v = super().velocity(conditioning, noisy, t)
+        return torch.where(conditioning[:, :1, None] < 0, torch.full_like(v, float("nan")), v)
+
+
+def test_a_policy_whose_velocity_is_nan_is_named_not_the_gradient_method():
+    import numpy as np
+
+    from vlaeval.residual.gradients import require_finite
+
+    torch.manual_seed(5)
+    model = NaNPolicy().double()
+    norms = PerSampleGradNorms(model, list(model.trainable_parameters("all")), FLOW, "auto")
+    batch, t, noise = batch_of(6)
+    sq, loss = norms(batch, t, noise)
+    assert not bool(torch.isfinite(loss).all())  # the policy, not the method: the loss itself is NaN
+    with pytest.raises(
+        UserInputError, match=r"the policy's flow-matching loss is nan on anchor 1\d\d at flow time .*fix the policy"
+    ):
+        require_finite(loss, sq, t, np.arange(100, 106))
+    finite = TokenPolicy().double()  # the control: a finite policy passes the same check
+    sq, loss = PerSampleGradNorms(finite, list(finite.trainable_parameters("all")), FLOW, "auto")(batch, t, noise)
+    require_finite(loss, sq, t, np.arange(100, 106))
+
+
 @pytest.mark.parametrize("policy", ["tiny_vla", "tiny_dit"])
 @pytest.mark.parametrize("which", ["action_head", "all"])
 @pytest.mark.parametrize("method", ["auto", "functional"])

@@ -311,6 +311,10 @@ def test_the_schema_in_docs_is_the_schema_the_audit_checks():
     assert json.loads((REPO / "docs" / "gradient_artifact.schema.json").read_text()) == ARTIFACT_JSON_SCHEMA
 
 
+def _with_codec(feature, codec):
+    return {**feature, "info": {**feature["info"], "video.codec": codec}}
+
+
 BAD_DATASETS = {
     "no meta/info.json": (lambda root: (root / "meta" / "info.json").unlink(), {}, "is not a LeRobotDataset"),
     "unknown state feature": (
@@ -339,6 +343,16 @@ BAD_DATASETS = {
         ],
         {"camera_features": [WRIST]},
         "cannot decode; re-encode it as AV1 or H.264",
+    ),
+    "video re-encoded without updating info.json": (
+        lambda root: (root / "meta" / "info.json").write_text(
+            json.dumps(
+                (info := json.loads((root / "meta" / "info.json").read_text()))
+                | {"features": {**info["features"], WRIST: _with_codec(info["features"][WRIST], "h264")}}
+            )
+        ),
+        {"camera_features": [WRIST]},
+        "is av1 video, but meta/info.json says video.codec=h264",
     ),
     "timestamp outside the video": (
         lambda root: (

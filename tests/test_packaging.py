@@ -63,7 +63,9 @@ def test_a_wheel_holds_the_configs_and_runs_a_job_from_another_directory(tmp_pat
     shown = subprocess.run(
         [sys.executable, str(script), "--help"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120
     )
-    assert shown.returncode == 0 and "gauntlet_history" in shown.stdout and "rollout_vision" in shown.stdout, shown.stderr[-2000:]
+    assert shown.returncode == 0 and "gauntlet_history" in shown.stdout and "rollout_vision" in shown.stdout, (
+        shown.stderr[-2000:]
+    )
     ran = subprocess.run(
         [sys.executable, str(script), "job=gauntlet", "tracking=disabled"],
         cwd=elsewhere,

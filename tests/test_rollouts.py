@@ -3,7 +3,6 @@ needs a chunk, groups of episodes over worker processes; the numbers depend on t
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from vlaeval.config import FlowConfig

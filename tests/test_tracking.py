@@ -81,6 +81,7 @@ def test_single_run_logs_everything(workdir, store):
     assert params["gauntlet.margin_delta"] == "0.02"
     assert params["strata.safety_critical.related"] == '["historical_regressions", "rare_events"]'
     assert params["effects.safety_critical"] == "-0.035"
+    assert not [k for k in params if k.startswith("paths.")]  # machine paths are no compare axis (a tag instead)
     assert metrics["stratum.safety_critical.decision_regression"] == 1.0
     assert metrics["gate.no_stratum_regression"] == 0.0 and metrics["gate.no_catastrophic_halt"] == 1.0
     assert tags["gate.pass"] == "false" and tags["recommendation"] == "DO_NOT_LAUNCH"

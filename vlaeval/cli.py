@@ -19,6 +19,7 @@ from vlaeval.errors import UserInputError
 # exit early: their codes are in their results.
 EXIT_BAD_INPUT = 2
 EXIT_TRACKING = 3
+EXIT_INTERRUPTED = 130  # the shell's code for a SIGINT (128 + 2)
 
 
 def _remove_if_only_hydra_files(output_dir: str | None) -> None:
@@ -66,6 +67,12 @@ def run_job(cfg: DictConfig) -> float | None:
     except TrackingError as error:
         console.print_error(str(error))
         raise SystemExit(EXIT_TRACKING) from None
+    except KeyboardInterrupt:
+        # Every output is written to a temporary name and renamed: an interrupted job leaves no
+        # half-written file (a stale temporary is removed by the next job), so one line says it all.
+        console.print_error("interrupted; nothing half-written (a finished cache entry is kept for the next run)")
+        _remove_if_only_hydra_files(_hydra_output_dir())
+        raise SystemExit(EXIT_INTERRUPTED) from None
     code = result.get("exit_code") if isinstance(result, dict) else None
     if code and not _in_multirun():
         raise SystemExit(int(code))

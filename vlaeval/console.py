@@ -191,6 +191,12 @@ def print_error(message: str) -> None:
     log.info("error: %s", message)  # to the run's log file only (the console handler shows warnings and up)
 
 
+def print_notice(message: str) -> None:
+    """What the run is about to spend time on, and how to spend less (stdout and the run's log)."""
+    console.print(f"[bold]note:[/bold] {escape(message)}", markup=True, soft_wrap=True)
+    log.info("note: %s", message)
+
+
 def print_warning(message: str) -> None:
     """A warning: the run goes on (print_error is for what stopped it)."""
     error_console.print(f"[bold yellow]warning:[/bold yellow] {escape(message)}", markup=True, soft_wrap=True)

@@ -17,6 +17,21 @@ def require(condition: bool, message: str) -> None:
         raise UserInputError(message)
 
 
+def require_file(path: object, what: str, fix: str) -> None:
+    """`what` (e.g. "checkpoint x.pt") names an existing file: a directory in its place is said to
+    be one, with the first files it holds (the one meant is likely among them)."""
+    from pathlib import Path
+
+    p = Path(str(path))
+    if p.is_file():
+        return
+    if p.is_dir():
+        inside = sorted(c.name for c in p.iterdir() if c.is_file() and not c.name.startswith("."))[:3]
+        hint = f" (it holds {', '.join(inside)}{', ...' if len(inside) == 3 else ''})" if inside else ""
+        raise UserInputError(f"{what} is a directory{hint}; give the file itself: {fix}")
+    raise UserInputError(f"{what} does not exist; {fix}")
+
+
 def require_at_least(name: str, value: float, low: float) -> None:
     """`name`=value must be >= low: the one-line range error every count and size setting shares."""
     require(value >= low, f"{name}={value} must be >= {low}")

@@ -87,6 +87,7 @@ def load_policy(cfg: DictConfig, data: Any) -> Any:
             str(cfg.paths.cache_dir),
             data,
             lambda step, loss: update(completed=step, description=f"loss {loss:.4f}"),
+            console.print_notice,
         )
     return handle
 

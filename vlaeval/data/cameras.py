@@ -134,10 +134,20 @@ class VideoFile:
     """What probing a video file found: its codec, frame size, and the time its last frame ends."""
 
     path: Path
-    codec: str
+    codec: str  # the decoder FFmpeg picked (libdav1d, h264, ...)
     height: int
     width: int
     end_s: float
+
+    @property
+    def codec_family(self) -> str:
+        """The codec the stream is in, as LeRobot's info.json names it (av1, h264, hevc, ...)."""
+        import av
+
+        try:
+            return str(av.codec.Codec(self.codec, "r").canonical_name)
+        except Exception:
+            return self.codec
 
 
 def probe_video(path: Path, key: str) -> VideoFile:

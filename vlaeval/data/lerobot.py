@@ -356,7 +356,14 @@ def _video_frames(
     )
     frames.check_timestamps(layout.ids[episode_of_step])
     shape = list(info["features"][key].get("shape") or [])
+    feature = info["features"][key]
+    recorded = (feature.get("info") or feature.get("video_info") or {}).get("video.codec")  # v3.0 / v2.1
     for video in videos:
+        require(
+            recorded is None or str(recorded) == video.codec_family,
+            f"camera feature {key}: {video.path} is {video.codec_family} video, but meta/info.json says "
+            f"video.codec={recorded}; the file was re-encoded without updating info.json: fix the one that is wrong",
+        )
         require(
             not shape or sorted(shape) == sorted([video.height, video.width, 3]),
             f"camera feature {key}: {video.path} is {video.height}x{video.width}, but meta/info.json says shape "

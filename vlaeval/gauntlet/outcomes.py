@@ -40,7 +40,7 @@ import numpy as np
 from vlaeval.artifacts import sha256_file, sha256_json, stable_seed
 from vlaeval.choices import DataLabel, StrataFrom
 from vlaeval.config import StratumConfig
-from vlaeval.errors import UserInputError, require
+from vlaeval.errors import UserInputError, require, require_file
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.ledger import cluster_keys
 from vlaeval.gauntlet.sources import CheckedSource
@@ -305,7 +305,7 @@ class FileOutcomes(WholeStratumSource):
         import pandas as pd
 
         suffix = self.path.suffix.lower()
-        require(self.path.is_file(), f"outcomes.path={self.path} does not exist; pass an existing CSV or Parquet file")
+        require_file(self.path, f"outcomes.path={self.path}", "pass a CSV or Parquet file of paired outcomes")
         require(suffix in (".csv", ".parquet", ".pq"), f"outcomes.path={self.path} must end in .csv or .parquet")
         try:
             if suffix == ".csv":

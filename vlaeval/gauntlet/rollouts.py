@@ -31,7 +31,7 @@ from vlaeval.artifacts import sha256_json, stable_seed
 from vlaeval.config import StratumConfig
 from vlaeval.data.rendering import RENDERER_VERSION
 from vlaeval.envs.metaworld import NO_PERTURBATION, Episode, Perturbation
-from vlaeval.errors import UserInputError, require, require_at_least
+from vlaeval.errors import UserInputError, require, require_at_least, require_file
 from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes
 from vlaeval.gauntlet.registry import FailureRegistry, registry_path
 from vlaeval.rollouts.outcomes import EpisodeOutcome, EpisodeOutcomes, PairedEpisode, PolicyIdentity
@@ -128,10 +128,10 @@ class RolloutOutcomes:
                 )
                 self._check_recipe(name)
             else:
-                require(
-                    Path(reference).is_file(),
-                    f"outcomes.{role}={reference} does not exist; give a checkpoint file or builtin:<name> "
-                    f"({', '.join(BUILTIN_PREFIX + k for k in self.recipes)})",
+                require_file(
+                    reference,
+                    f"outcomes.{role}={reference}",
+                    f"give a checkpoint file or builtin:<name> ({', '.join(BUILTIN_PREFIX + k for k in self.recipes)})",
                 )
         self._check_obstacles()  # last: it builds each safety task's scene (~2 s a task)
 

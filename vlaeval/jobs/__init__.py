@@ -59,6 +59,10 @@ def prepared_config(cfg: DictConfig) -> DictConfig:
     module = job_module(str(cfg.job.name))
     check_known_keys(cfg)
     job_cfg = job_config(cfg)
+    if "device" in job_cfg:  # before any work: a GPU this machine lacks is one line, not a traceback
+        from vlaeval.devices import check_device
+
+        check_device(str(job_cfg.device))
     complete_components(job_cfg, module.COMPONENTS)
     OmegaConf.set_readonly(job_cfg, True)
     return job_cfg

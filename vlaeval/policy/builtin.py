@@ -18,9 +18,9 @@ from vlaeval.choices import CheckpointKind
 from vlaeval.config import to_plain
 from vlaeval.data.anchors import AnchorSet, build_anchors
 from vlaeval.data.metaworld import Demonstrations
-from vlaeval.errors import UserInputError, first_line, require
+from vlaeval.errors import UserInputError, require
 from vlaeval.policy.bound import BoundPolicy, anchor_frames, bind_policy
-from vlaeval.policy.checkpoint import load_state_dict, save_checkpoint
+from vlaeval.policy.checkpoint import load_state_dict, save_checkpoint, state_dict_mismatch
 from vlaeval.policy.protocol import check_policy
 from vlaeval.policy.tiny_vla import vocabulary
 from vlaeval.policy.training import TrainingExtras, train_policy
@@ -228,12 +228,12 @@ def load_policy(spec: PolicySpec, data: PolicyData, path: Path) -> PolicyHandle:
     model = build_model(spec, data)
     try:
         model.load_state_dict(state, strict=True)
-    except RuntimeError as error:
+    except RuntimeError:
         recorded = (sidecar or {}).get("config", {}).get("model")
         was = f"it was trained as model={recorded}" if recorded else "it records no model config"
         raise UserInputError(
-            f"checkpoint {path} does not fit model={to_plain(spec.model)} on this data ({was}; "
-            f"{first_line(error, 120)}); use the model and data config it was trained with"
+            f"checkpoint {path} does not fit model={to_plain(spec.model)} on this data "
+            f"({state_dict_mismatch(model.state_dict(), state)}; {was}); use the model and data config it was trained with"
         ) from None
     model.eval()
     return PolicyHandle(model, path, digest, sidecar or {}, False)
@@ -245,18 +245,38 @@ def obtain_policy(
     cache_dir: str,
     data: PolicyData,
     progress: Optional[Callable[[int, float], None]] = None,
+    announce: Optional[Callable[[str], None]] = None,
 ) -> PolicyHandle:
     """The policy the checkpoint section names: a given file (checkpoint=path), or the built-in one
-    for this spec, trained on first use and cached by its key (checkpoint=builtin)."""
+    for this spec, trained on first use and cached by its key (checkpoint=builtin); `announce` is
+    told, before a first-use training starts, what it costs and how to shorten it."""
     if checkpoint.kind == CheckpointKind.path:
         require(checkpoint.path not in (None, "", "???"), "checkpoint=path needs checkpoint.path=<file.pt>")
         return load_policy(spec, data, Path(str(checkpoint.path)))
+
+    def build(folder: Path) -> PolicyHandle:
+        if announce is not None:
+            announce(first_use_notice(spec, Path(cache_dir)))
+        return train_and_save(spec, data, folder / CHECKPOINT_FILE, progress)
+
     handle, _ = get_or_build(
         cache_dir,
         "checkpoints",
         checkpoint_key(spec, data),
         [CHECKPOINT_FILE],
         read=lambda folder: load_policy(spec, data, folder / CHECKPOINT_FILE),
-        build=lambda folder: train_and_save(spec, data, folder / CHECKPOINT_FILE, progress),
+        build=build,
     )
     return handle
+
+
+def first_use_notice(spec: PolicySpec, cache_root: Path) -> str:
+    """The line a first run prints before it trains: what, how long (steps), where it is kept, and
+    how to make it shorter."""
+    model = str(spec.model.get("_target_", "the model")).rsplit(".", 1)[-1]
+    return (
+        f"training the built-in {model} for {int(spec.train.steps):,} steps on first use (once: the checkpoint "
+        f"is cached under {cache_root}/checkpoints/ and reused by every later run with this data, model, flow and "
+        "train config); for a quick try, shorten it with train.steps=500, or use a small preset such as "
+        "model=tiny_vla_small"
+    )

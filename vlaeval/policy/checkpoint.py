@@ -10,12 +10,12 @@ from __future__ import annotations
 import io
 import pickle
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, Mapping, Optional
+from typing import Any, BinaryIO, Dict, List, Mapping, Optional
 
 import torch
 
 from vlaeval.artifacts import atomic_write_bytes, atomic_write_json, read_json, sha256_bytes, sha256_file
-from vlaeval.errors import UserInputError, first_line, require
+from vlaeval.errors import UserInputError, first_line, require, require_file
 
 CHECKPOINT_SCHEMA_VERSION = 1
 
@@ -25,10 +25,53 @@ def validate_checkpoint_config(checkpoint: Any) -> None:
     if str(checkpoint.kind) != "path":
         return
     require(checkpoint.path not in (None, "", "???"), "checkpoint=path needs checkpoint.path=<file.pt>")
-    require(
-        Path(str(checkpoint.path)).is_file(),
-        f"checkpoint {checkpoint.path} does not exist; train one with job=train or use checkpoint=builtin",
-    )
+    path = Path(str(checkpoint.path))
+    require_file(path, f"checkpoint {path}", CHECKPOINT_FIX)
+    if not sidecar_path(path).is_file():
+        check_archive(path)
+
+
+CHECKPOINT_FIX = "e.g. checkpoint.path=policy.pt (train one with job=train, or use checkpoint=builtin)"
+
+
+def check_archive(path: Path) -> None:
+    """A checkpoint saved by torch.save is a zip archive with a CRC-32 per record: a flipped bit or a
+    partial copy fails it (checked here, since torch.load does not). A legacy (non-zip) file has none."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        raise UserInputError(
+            f"checkpoint {path} is a damaged archive ({first_line(error, 80)}); restore the file"
+        ) from None
+    if bad is not None:
+        raise UserInputError(
+            f"checkpoint {path} fails its CRC check at record {bad} (a flipped bit or a partial copy); restore the file"
+        )
+
+
+def state_dict_mismatch(expected: Dict[str, torch.Tensor], state: Dict[str, torch.Tensor]) -> str:
+    """What keeps `state` from loading into a model whose state_dict is `expected`, naming the keys:
+    the missing, the unexpected and those of another shape (the first of each, and how many)."""
+
+    def some(keys: List[str]) -> str:
+        return ", ".join(keys[:2]) + (f" (+{len(keys) - 2} more)" if len(keys) > 2 else "")
+
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} (the model's {tuple(v.shape)})"
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
+    parts = [f"missing {some(missing)}"] if missing else []
+    parts += [f"unexpected {some(unexpected)}"] if unexpected else []
+    parts += [f"shape of {some(shapes)}"] if shapes else []
+    return "; ".join(parts) or "no key differs"
 
 
 def sidecar_path(path: Path) -> Path:
@@ -60,7 +103,7 @@ def not_a_checkpoint(path: Path, error: BaseException) -> UserInputError:
 
 def load_state_dict(path: Path) -> tuple[Dict[str, torch.Tensor], Optional[Dict[str, Any]], str]:
     """(state_dict, sidecar or None, sha256). Refuses missing, corrupt and non-weights files."""
-    require(path.is_file(), f"checkpoint {path} does not exist; train one with job=train or use checkpoint=builtin")
+    require_file(path, f"checkpoint {path}", CHECKPOINT_FIX)
     digest = sha256_file(path)
     sidecar = read_json(sidecar_path(path)) if sidecar_path(path).is_file() else None
     if sidecar is not None and sidecar.get("sha256") not in (None, digest):
@@ -68,6 +111,8 @@ def load_state_dict(path: Path) -> tuple[Dict[str, torch.Tensor], Optional[Dict[
             f"checkpoint {path} does not match the sha256 in {sidecar_path(path).name} "
             "(truncated or modified); retrain it or restore the file"
         )
+    if sidecar is None:  # no digest to check against: the zip archive's own CRCs (torch.load reads past them)
+        check_archive(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from vlaeval.artifacts import atomic_write_json, sha256_file, sha256_json
 from vlaeval.config import to_plain
 from vlaeval.data.anchors import draw
-from vlaeval.errors import UserInputError, first_line, require
+from vlaeval.errors import UserInputError, first_line, require, require_file
 from vlaeval.residual.gradients import gradient_measurements, split_half_reliability
 from vlaeval.store import get_or_build
 
@@ -215,10 +215,7 @@ def cached_gradient_artifact(
 
 def load_gradient_artifact(path: Path) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """(metadata, anchors) of a gradient artifact, each check a one-line error."""
-    require(
-        path.is_file(),
-        f"gradient artifact {path} does not exist; run job=gradients or leave audit.gradient_artifact=null",
-    )
+    require_file(path, f"gradient artifact {path}", "run job=gradients or leave audit.gradient_artifact=null")
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -411,6 +411,21 @@ class GradientMeasurements:
 VERIFY_TOLERANCE = 1e-3  # float32 relative difference allowed between a method and the loop
 
 
+def require_finite(losses: torch.Tensor, sq_norms: torch.Tensor, t: torch.Tensor, anchors: np.ndarray) -> None:
+    """A non-finite loss or gradient is the policy's (its velocity, or its loss level, gave NaN or
+    inf on that input), not the gradient method's: said so, naming the first such pair, before any
+    method is compared with the loop."""
+    bad = ~(torch.isfinite(losses) & torch.isfinite(sq_norms))
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0])
+        what = "loss" if not bool(torch.isfinite(losses[i])) else "gradient norm"
+        raise UserInputError(
+            f"the policy's flow-matching {what} is {float(losses[i] if what == 'loss' else sq_norms[i])} on anchor "
+            f"{int(anchors[i])} at flow time t={float(t[i]):.3f} ({int(bad.sum())} of {bad.numel()} pairs in the batch): "
+            "its velocity (or loss) is not finite there; fix the policy (or its checkpoint) -- no gradient method can"
+        )
+
+
 def verify_against_loop(
     norms: PerSampleGradNorms, batch: Batch, t: torch.Tensor, noise: torch.Tensor, computed: torch.Tensor, pairs: int
 ) -> Dict[str, Any]:
@@ -457,6 +472,7 @@ def gradient_measurements(
             stop = min(start + int(batch_size), pair_anchor.size)
             batch = policy.anchor_batch(anchors, pair_anchor[start:stop])
             sq, loss = norms(batch, t_all[start:stop], noise_all[start:stop])
+            require_finite(loss, sq, t_all[start:stop], pair_anchor[start:stop])
             if start == 0:
                 verification = verify_against_loop(
                     norms, batch, t_all[start:stop], noise_all[start:stop], sq, verify_pairs

@@ -90,6 +90,16 @@ def compact_list(values: Sequence[Any]) -> str:
     return text[: MAX_PARAM_CHARS - len(suffix)] + suffix
 
 
+# Where a run writes is a machine path, not a setting: kept out of the params (the MLflow UI offers
+# every param as a compare axis); the run's folder is its hydra.output_dir tag.
+NOT_PARAMS = ("paths",)
+
+
+def run_params(plain_cfg: Mapping[str, Any]) -> Dict[str, Any]:
+    """A run's params: its config flattened (a.b.c), secrets masked, machine paths left out."""
+    return mask_secrets(flatten({k: v for k, v in plain_cfg.items() if k not in NOT_PARAMS}))
+
+
 def flatten(value: Any, prefix: str = "") -> Dict[str, Any]:
     """{'a': {'b': [1, {'c': 2}]}} -> {'a.b.0': 1, 'a.b.1.c': 2}; MLflow rejects 'a[0]'-style keys.
     A list of scalars is one param (see compact_list), whatever its length, so a swept list is one
@@ -275,7 +285,7 @@ def build_record(
         "record_id": uuid.uuid4().hex,
         "experiment": experiment_name(tracking_cfg, job_name),
         "start_time_ms": int(start_time_ms),
-        "params": mask_secrets(flatten(plain_cfg)),
+        "params": run_params(plain_cfg),
         "metrics": dict(metrics),
         "history": {k: [[int(s), v] for s, v in points] for k, points in dict(history).items()},
         "checks": {k: bool(v) for k, v in checks.items()},
@@ -289,7 +299,7 @@ def build_record(
             {
                 "record_id": uuid.uuid4().hex,
                 "start_time_ms": int(start_time_ms),
-                "params": mask_secrets({**flatten(plain_cfg), **flatten(dict(child.get("params", {})))}),
+                "params": {**run_params(plain_cfg), **mask_secrets(flatten(dict(child.get("params", {}))))},
                 "metrics": dict(child.get("metrics", {})),
                 "history": {
                     k: [[int(s), v] for s, v in points] for k, points in dict(child.get("history", {})).items()

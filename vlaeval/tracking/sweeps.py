@@ -15,13 +15,12 @@ from vlaeval.tracking import (
     configure_http,
     ensure_store,
     experiment_name,
-    flatten,
     get_or_create_experiment,
-    mask_secrets,
     override_key,
     read_parent_run,
     redact_uri,
     resolve_uri,
+    run_params,
 )
 
 Column = Tuple[str, str, str]  # (header, "tag" or "metric", key)
@@ -111,7 +110,7 @@ def record_failed_job(
             {"mlflow.parentRunId": parent["run_id"], "hydra.sweep_dir": str(sweep_dir), "hydra.job_num": str(job_num)}
         )
     run = client.create_run(experiment_id, tags=tags)
-    RunLogger(client, run.info.run_id).log_params(mask_secrets(flatten(dict(plain_cfg))))
+    RunLogger(client, run.info.run_id).log_params(run_params(dict(plain_cfg)))
     client.set_terminated(run.info.run_id, status="FAILED")
     return run.info.run_id
 
