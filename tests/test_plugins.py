@@ -278,3 +278,52 @@ def test_a_source_that_half_implements_a_capability_is_refused_before_work(user,
     record_outcome(
         "configs", f"user outcome source: {config}", f"exit 2 before any work: `{lines[0]}`", kind="bad input"
     )
+
+
+def _kv_adapter():
+    """The documented KV-cache / loss-level adapter (docs/extending.md), exactly as written there."""
+    text = (REPO / "docs" / "extending.md").read_text()
+    section = text[text.index("<!-- adapter (KV cache") :]
+    return re.search(r"```python\n# my_code/my_team/prefix_vla.py\n(.*?)```", section, re.S).group(1)
+
+
+def test_a_vla_conditioned_on_keys_and_values_and_its_loss_level_twin_agree_through_audit_and_gauntlet(tmp_path):
+    """A conditioning that is a dict of per-layer keys and values (not a tensor), and the same network
+    as LeRobot packages it (loss and predict_action_chunk only): each trained, audited (scores and
+    exact gradient norms) and run through the rollout gauntlet -- and the two agree draw for draw."""
+    (tmp_path / "my_code" / "my_team").mkdir(parents=True)
+    (tmp_path / "my_code" / "my_team" / "__init__.py").write_text("")
+    (tmp_path / "my_code" / "my_team" / "prefix_vla.py").write_text(_kv_adapter())
+    (tmp_path / "my_conf" / "model").mkdir(parents=True)
+    for name, cls in (("prefix_vla", "PrefixVLA"), ("lerobot_style", "LeRobotStyleVLA")):
+        (tmp_path / "my_conf" / "model" / f"{name}.yaml").write_text(f"_target_: my_team.prefix_vla.{cls}\nwidth: 32\n")
+    env = {"PYTHONPATH": str(tmp_path / "my_code"), "VLAEVAL_CACHE_DIR": str(tmp_path / "cache")}
+    common = [f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "tracking=disabled"]
+    audited, paired = {}, {}
+    for model in ("prefix_vla", "lerobot_style"):
+        audit = tmp_path / f"audit_{model}"
+        proc = run_main(
+            ["job=residual_audit", f"model={model}", *common, *[o for o in AUDIT_SMALL if not o.startswith("model=")],
+             f"hydra.run.dir={audit}"],
+            tmp_path,
+            env=env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        audited[model] = json.loads((audit / "result.json").read_text())
+        gauntlet = tmp_path / f"gauntlet_{model}"
+        proc = run_main(
+            ["job=gauntlet", "outcomes=rollout_small", f"model={model}", *common,
+             f"outcomes.registry={tmp_path / model}.jsonl", f"hydra.run.dir={gauntlet}"],
+            tmp_path,
+            env=env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads((gauntlet / "result.json").read_text())["scale"]["units_evaluated"] > 0
+        paired[model] = sorted((gauntlet / "paired_outcomes.csv").read_text().splitlines())
+    kv, loss_level = audited["prefix_vla"], audited["lerobot_style"]
+    assert kv["sample_count"] == 16
+    methods = kv["gradient_artifact"]["layer_methods"]
+    assert methods["query.0"] == methods["expert_out"] == "linear_gram"  # exact, over the chunk's tokens
+    for field in ("mean_residual", "gradient_rms"):
+        assert [a[field] for a in kv["anchors"]] == [a[field] for a in loss_level["anchors"]], field
+    assert paired["prefix_vla"] == paired["lerobot_style"] and len(paired["prefix_vla"]) > 40

@@ -25,6 +25,7 @@ import torch
 
 from vlaeval.choices import NoiseEnd, TimeDistribution, VelocityTarget
 from vlaeval.errors import require
+from vlaeval.policy.protocol import map_tensors, uses_loss_level
 
 FLOAT_FIELDS = ("beta_a", "beta_b", "logit_mean", "logit_std", "time_scale", "time_offset")
 
@@ -149,8 +150,17 @@ def flow_matching_losses(
 ) -> torch.Tensor:
     """Per-sample flow-matching loss under the policy's convention (`flow`): shape (B * draws,), with
     `draws` consecutive (t, noise) draws per anchor of the batch. The anchor is encoded once and its
-    conditioning repeated: an image policy's encoder, most of its step, runs on B anchors, not B * draws."""
+    conditioning repeated: an image policy's encoder, most of its step, runs on B anchors, not B * draws.
+    A loss-level policy (protocol.py) computes it itself, on the batch's rows repeated per draw."""
+    if uses_loss_level(model):
+        return model.loss(repeat_rows(batch, draws), noise, t)
     return _losses_given(model, model.encode(batch), batch, t, noise, flow, draws)
+
+
+def repeat_rows(batch: Any, draws: int) -> Any:
+    """Each row of a batch (or a conditioning: any nest of tensors leading with the batch) repeated
+    `draws` times in place (row b's draws are rows b * draws ... b * draws + draws - 1)."""
+    return batch if draws == 1 else map_tensors(lambda x: x.repeat_interleave(draws, dim=0), batch)
 
 
 def training_losses(
@@ -161,6 +171,8 @@ def training_losses(
     defines one (`encode_for_training`, e.g. tiny_vla_vision's `locate`: the image features
     predict where things are), from the same encoder pass; None where it does not. Only training
     calls this: scoring, gradients and rollouts see the flow-matching loss alone."""
+    if uses_loss_level(model):
+        return model.loss(repeat_rows(batch, draws), noise, t), None
     own = getattr(model, "encode_for_training", None)
     conditioning, auxiliary = own(batch) if callable(own) else (model.encode(batch), None)
     return _losses_given(model, conditioning, batch, t, noise, flow, draws), auxiliary
@@ -168,7 +180,7 @@ def training_losses(
 
 def _losses_given(
     model: Any,
-    conditioning: torch.Tensor,
+    conditioning: Any,
     batch: Dict[str, torch.Tensor],
     t: torch.Tensor,
     noise: torch.Tensor,
@@ -177,8 +189,7 @@ def _losses_given(
 ) -> torch.Tensor:
     convention = FlowConvention.of(flow)
     actions, mask = batch["target_actions"], batch["target_mask"]
-    if draws > 1:
-        conditioning, actions, mask = (x.repeat_interleave(draws, dim=0) for x in (conditioning, actions, mask))
+    conditioning, actions, mask = (repeat_rows(x, draws) for x in (conditioning, actions, mask))
     x_t = convention.noisy(actions, noise, t)
     velocity = model.velocity(conditioning, x_t, t)
     return convention.per_sample_loss(velocity, actions, noise, mask)
@@ -201,17 +212,18 @@ def per_sample_loss(
 @torch.no_grad()
 def sample_actions(
     policy: Any,
-    conditioning: torch.Tensor,
+    conditioning: Any,
     steps: int,
     generator: torch.Generator,
     flow: Any,
     initial_noise: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Euler integration of the learned velocity from the noise end of t to the action end, from
-    `initial_noise` (B, H, action_dim) or from noise drawn with `generator`."""
+    `initial_noise` (B, H, action_dim) or from noise drawn with `generator`. The conditioning (the
+    prefix's keys and values, for a VLM) is computed once by the caller and reused at every step."""
     convention = FlowConvention.of(flow)
-    batch = conditioning.shape[0]
-    dtype = conditioning.dtype
+    leaf = first_tensor(conditioning)
+    batch, dtype = leaf.shape[0], leaf.dtype
     if initial_noise is not None:
         x = initial_noise.to(dtype)
     else:
@@ -224,6 +236,20 @@ def sample_actions(
         t = torch.full((batch,), start + direction * k * dt, dtype=dtype)
         x = x + direction * dt * sign * policy.velocity(conditioning, x, t)
     return x
+
+
+def first_tensor(nest: Any) -> torch.Tensor:
+    """The first tensor of a conditioning nest (its batch size and dtype)."""
+    found: list = []
+
+    def keep(x: torch.Tensor) -> torch.Tensor:
+        found.append(x)
+        return x
+
+    map_tensors(keep, nest)
+    if not found:
+        raise TypeError("a conditioning holds no tensor: encode(batch) must return tensors that lead with the batch")
+    return found[0]
 
 
 def sinusoidal_embedding(t: torch.Tensor, dim: int, max_period: float = 1000.0) -> torch.Tensor:

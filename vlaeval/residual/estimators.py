@@ -31,6 +31,7 @@ from vlaeval.artifacts import stable_seed
 from vlaeval.data.anchors import AnchorSet
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import FlowConvention
+from vlaeval.policy.protocol import map_tensors, uses_loss_level
 
 UNBIASED = {"iid": True, "midpoint_antithetic": False, "stratified": True, "sobol": True}
 DESCRIPTIONS = {
@@ -102,10 +103,15 @@ class ResidualScores:
     head_evaluations: int
 
 
-def _per_draw(x: torch.Tensor, seeds: int, samples: int) -> torch.Tensor:
-    """Rows of x (one per anchor) repeated for every (seed, sample) draw, seed-major: (s*b*m, ...)."""
-    b = x.shape[0]
-    return x[None, :, None].expand(seeds, b, samples, *x.shape[1:]).reshape(seeds * b * samples, *x.shape[1:])
+def _per_draw(x: Any, seeds: int, samples: int) -> Any:
+    """Rows of x (one per anchor; a tensor, or a nest of them: a batch, a conditioning) repeated for
+    every (seed, sample) draw, seed-major: (s*b*m, ...)."""
+
+    def rows(v: torch.Tensor) -> torch.Tensor:
+        b = v.shape[0]
+        return v[None, :, None].expand(seeds, b, samples, *v.shape[1:]).reshape(seeds * b * samples, *v.shape[1:])
+
+    return map_tensors(rows, x)
 
 
 @torch.no_grad()
@@ -162,12 +168,15 @@ def score_anchors(
             stop = min(start + int(anchor_batch_size), k)
             b = stop - start
             batch = policy.anchor_batch(anchors, anchor_index[start:stop])
-            conditioning = model.encode(batch)  # once per anchor, shared by all seeds and samples
-            actions, mask = _per_draw(batch["target_actions"], s, m), _per_draw(batch["target_mask"], s, m)
             t = t_all[:, start:stop].reshape(-1).to(device)
             noise = noise_all[:, start:stop].reshape(-1, *chunk).to(device)
-            velocity = model.velocity(_per_draw(conditioning, s, m), convention.noisy(actions, noise, t), t)
-            loss = convention.per_sample_loss(velocity, actions, noise, mask)
+            if uses_loss_level(model):  # the policy's own loss, on every draw's row
+                loss = model.loss(_per_draw(batch, s, m), noise, t)
+            else:
+                conditioning = model.encode(batch)  # once per anchor, shared by all seeds and samples
+                actions, mask = _per_draw(batch["target_actions"], s, m), _per_draw(batch["target_mask"], s, m)
+                velocity = model.velocity(_per_draw(conditioning, s, m), convention.noisy(actions, noise, t), t)
+                loss = convention.per_sample_loss(velocity, actions, noise, mask)
             losses[:, start:stop] = loss.reshape(s, b, m).double().cpu().numpy()
             if progress is not None:
                 progress(stop, k)

@@ -33,6 +33,7 @@ from vlaeval.envs.metaworld import (
 )
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import sample_actions
+from vlaeval.policy.protocol import uses_loss_level
 from vlaeval.policy.threads import intra_op_threads
 from vlaeval.rollouts.evaluation import evaluation_conditions
 from vlaeval.rollouts.language import episode_instruction
@@ -67,11 +68,14 @@ def policy_chunks(
         noise = torch.cat([noise, noise[:1].expand(pad, -1, -1)])
         pixels = {key: torch.cat([value, value[:1].expand(pad, -1, -1, -1)]) for key, value in pixels.items()}
     with torch.no_grad():
-        conditioning = model.encode(policy.observation_batch(obs, tokens, pixels))
-        chunks = sample_actions(
-            model, conditioning, policy.sampling_steps, generators[0], policy.flow, initial_noise=noise
-        )
-    return chunks[:n].numpy()
+        batch = policy.observation_batch(obs, tokens, pixels)
+        if uses_loss_level(model):  # the policy integrates its own flow, from each episode's noise
+            chunks = model.predict_action_chunk(batch, noise)
+        else:  # the prefix encoded once, reused at every integration step
+            chunks = sample_actions(
+                model, model.encode(batch), policy.sampling_steps, generators[0], policy.flow, initial_noise=noise
+            )
+    return chunks[:n].float().numpy()
 
 
 def single_threaded_torch() -> ContextManager[None]:
