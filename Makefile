@@ -39,10 +39,11 @@ test-fast: $(STAMP)  ## the tests not marked slow
 reliability: $(STAMP) system-packages  ## every test, then write docs/reliability.md from what they observed
 	VLAEVAL_WRITE_RELIABILITY=1 $(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
-lint: $(STAMP)  ## ruff format --check, ruff check, mypy (what CI and pre-commit run)
+lint: $(STAMP)  ## ruff format --check, ruff check, mypy, the code-health ceilings (what CI and pre-commit run)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(PY) scripts/code_health.py --check
 
 format: $(STAMP)  ## ruff format and the safe ruff fixes, in place
 	$(VENV)/bin/ruff format .

@@ -219,3 +219,25 @@ def test_the_negative_control_private_names_are_caught(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("from vlaeval.components import _hidden\nfrom vlaeval import console as c\nc._style\n")
     assert sorted(name for name, _ in private_uses(sample)) == ["vlaeval.components._hidden", "vlaeval.console._style"]
+
+
+def test_the_code_health_ceilings_hold_and_a_rise_is_caught(tmp_path):
+    """`make lint` runs scripts/code_health.py --check: this tree is within its ceilings, and a tree
+    with one more dict-returning function, or a function longer than the ceiling, is refused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("code_health", REPO / "scripts" / "code_health.py")
+    health = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(health)  # type: ignore[union-attr]
+    assert health.check(REPO) == 0
+    figures = health.ceiling_figures(REPO)
+    (tmp_path / "vlaeval").mkdir()
+    extra = "from typing import Any, Dict\n\n" + "".join(
+        f"def f{i}() -> Dict[str, Any]:\n    return {{}}\n\n"
+        for i in range(health.CEILINGS["functions returning Dict[str, Any] besides serialisers"] + 1)
+    )
+    (tmp_path / "vlaeval" / "grown.py").write_text(extra)
+    assert health.check(tmp_path) == 1
+    (tmp_path / "vlaeval" / "grown.py").write_text("def long():\n" + "    x = 1\n" * 95)
+    assert health.ceiling_figures(tmp_path)["lines in the longest function"] == 96 and health.check(tmp_path) == 1
+    assert figures["lines in the longest function"] <= 89
