@@ -250,3 +250,14 @@ def test_asymptotic_mode_is_labelled_in_mlflow(workdir, store):
     assert "stratum.safety_critical.e_value_pass" not in run.data.metrics  # no e-values to misread
     assert len(client.get_metric_history(run.info.run_id, "stratum.safety_critical.cs_upper")) >= 1
     assert run.data.metrics["preflight.ok"] == 1.0
+
+
+def test_a_sweep_childs_name_starts_with_what_differs():
+    """The MLflow runs table cuts a long run name at its end: what tells children apart comes first."""
+    from vlaeval.runs import sweep_child_label
+
+    a = sweep_child_label("audit sobol 3e84c0ffee", 2, ["estimator.seeds=[1,2,3]"])
+    b = sweep_child_label("audit sobol 3e84c0ffee", 3, ["estimator.seeds=[4,5,6]"])
+    assert a.startswith("estimator.seeds=[1,2,3] #2") and b.startswith("estimator.seeds=[4,5,6] #3")
+    assert a[:24] != b[:24] and a.endswith("· audit sobol 3e84c0ffee")
+    assert sweep_child_label("gauntlet", 0, []) == "#0 · gauntlet"

@@ -93,9 +93,8 @@ def load_policy(cfg: DictConfig, data: Any) -> Any:
 
 
 def sweep_run_name(run_name: str) -> str:
-    """A sweep job's run is named after what it swept (`audit sobol 3e84 #2 estimator.seeds=[...]`:
-    the values of the keys the parent recorded as swept), so children are told apart in the MLflow
-    runs table; a single run keeps its name."""
+    """A sweep job's run is named after what it swept (the values of the keys the parent recorded as
+    swept), so children are told apart in the MLflow runs table; a single run keeps its name."""
     runtime = tracking.hydra_runtime()
     if runtime.get("job_num") is None:
         return tracking.clip_run_name(run_name)
@@ -103,7 +102,14 @@ def sweep_run_name(run_name: str) -> str:
     swept = (tracking.read_parent_run(runtime.get("sweep_dir")) or {}).get("swept_keys")
     if swept:
         overrides = [o for o in overrides if tracking.override_key(o) in swept]
-    return tracking.clip_run_name(f"{run_name} #{runtime['job_num']} {' '.join(overrides)}")
+    return sweep_child_label(run_name, int(runtime["job_num"]), overrides)
+
+
+def sweep_child_label(run_name: str, job_num: int, overrides: Sequence[str]) -> str:
+    """`estimator.seeds=[1] #2 · audit sobol 3e84`: what differs between a sweep's children first (the
+    runs table cuts a long name at its end), the job number, then the run's own name."""
+    swept = " ".join(overrides)
+    return tracking.clip_run_name(f"{swept} #{job_num} · {run_name}" if swept else f"#{job_num} · {run_name}")
 
 
 def _slug(name: str) -> str:

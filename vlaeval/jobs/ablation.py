@@ -35,11 +35,11 @@ from vlaeval.audit.proposals import (
     uniform_proposal,
     variance_ratio_interval,
 )
-from vlaeval.audit.result import AblationResult, ProposalSummary
+from vlaeval.audit.result import AblationResult, AuditResult, ProposalSummary
 from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
 from vlaeval.choices import AblationProposal, Optimizer
 from vlaeval.config import POLICY_SECTIONS, to_plain
-from vlaeval.errors import UserInputError, require, require_at_least
+from vlaeval.errors import UserInputError, first_line, require, require_at_least
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.time_sampling import AdaptiveTimeSampler, adaptive_time_sampler, validate_sampler_settings
@@ -113,28 +113,28 @@ def validate_ablation(cfg: DictConfig) -> None:
         check_audit_result(read_audit_result(str(a.audit_result)), cfg)
 
 
-def check_audit_result(result: Dict[str, Any], cfg: DictConfig) -> None:
+def check_audit_result(result: AuditResult, cfg: DictConfig) -> None:
     """Refuse, before any work, an audit whose gate failed (unless ablation.allow_failed_gate) or whose
     prediction was made under other settings than this run's: the proposal's alpha, epsilon and gamma,
     the estimator that made the scores, and the gradient subset the second moment is over. The
     checkpoint and the dataset are checked once they are loaded (audit_prediction)."""
     source = f"ablation.audit_result={cfg.ablation.audit_result}"
-    gate = result["gate"]
-    if not gate["pass"] and not cfg.ablation.allow_failed_gate:
-        failed = sorted(name for name, ok in gate["checks"].items() if not ok)
+    gate = result.gate
+    if not gate.passed and not cfg.ablation.allow_failed_gate:
+        failed = sorted(name for name, ok in gate.checks.items() if not ok)
         raise UserInputError(
-            f"{source}: the audit's gate failed ({', '.join(failed) or gate['status']}), so its proposal is not "
+            f"{source}: the audit's gate failed ({', '.join(failed) or gate.status}), so its proposal is not "
             "licensed for training; fix what failed, or set ablation.allow_failed_gate=true to measure it anyway"
         )
-    proposal, score = result["alignment"]["proposal"], result["score_definition"]
+    proposal, score = result.alignment.proposal, result.score_definition
     audited = {
-        "audit.alpha": (proposal["alpha"], cfg.audit.alpha),
-        "audit.percentile_epsilon": (proposal["percentile_epsilon"], cfg.audit.percentile_epsilon),
-        "audit.proposal_power": (proposal["proposal_power"], cfg.audit.proposal_power),
-        "estimator.kind": (score["estimator"], str(cfg.estimator.kind)),
-        "estimator.seeds": (list(score["estimator_seeds"]), [int(x) for x in cfg.estimator.seeds]),
-        "estimator.samples_per_estimator": (score["samples_per_estimator"], cfg.estimator.samples_per_estimator),
-        "gradients.trainable": (result["gradient_artifact"]["trainable"], str(cfg.gradients.trainable)),
+        "audit.alpha": (proposal.alpha, cfg.audit.alpha),
+        "audit.percentile_epsilon": (proposal.percentile_epsilon, cfg.audit.percentile_epsilon),
+        "audit.proposal_power": (proposal.proposal_power, cfg.audit.proposal_power),
+        "estimator.kind": (score.estimator, str(cfg.estimator.kind)),
+        "estimator.seeds": (list(score.estimator_seeds), [int(x) for x in cfg.estimator.seeds]),
+        "estimator.samples_per_estimator": (score.samples_per_estimator, cfg.estimator.samples_per_estimator),
+        "gradients.trainable": (result.gradient_artifact["trainable"], str(cfg.gradients.trainable)),
     }
     differ = [
         (key, then, now)
@@ -153,7 +153,7 @@ def check_audited_data(cfg: DictConfig, data: Any) -> None:
     """The audit's dataset is this run's (checked once the data is loaded, before the policy)."""
     if cfg.ablation.audit_result is None:
         return
-    audited = str(read_audit_result(str(cfg.ablation.audit_result))["gradient_artifact"]["dataset_sha256"])
+    audited = str(read_audit_result(str(cfg.ablation.audit_result)).gradient_artifact["dataset_sha256"])
     require(
         audited == data.demonstrations.manifest_sha256,
         f"ablation.audit_result audited dataset {audited[:12]}..., not this run's "
@@ -165,7 +165,7 @@ def check_audited_checkpoint(cfg: DictConfig, handle: Any) -> None:
     """The audit's checkpoint is this run's (checked once it is loaded, before any scoring)."""
     if cfg.ablation.audit_result is None:
         return
-    audited = str(read_audit_result(str(cfg.ablation.audit_result)).get("checkpoint_sha256"))
+    audited = read_audit_result(str(cfg.ablation.audit_result)).checkpoint_sha256
     require(
         audited == handle.sha256,
         f"ablation.audit_result audited checkpoint {audited[:12]}..., not this one ({handle.sha256[:12]}...); "
@@ -173,7 +173,8 @@ def check_audited_checkpoint(cfg: DictConfig, handle: Any) -> None:
     )
 
 
-def read_audit_result(path: str) -> Dict[str, Any]:
+def read_audit_result(path: str) -> AuditResult:
+    """The audit's result.json, read and typed (the checks above read it as an AuditResult)."""
     file = Path(path)
     require(file.is_file(), f"ablation.audit_result={path} is not a file; give a job=residual_audit result.json")
     try:
@@ -184,7 +185,13 @@ def read_audit_result(path: str) -> Dict[str, Any]:
         isinstance(result, dict) and result.get("job") == "residual_audit",
         f"ablation.audit_result={path} is not a job=residual_audit result; give the audit's result.json",
     )
-    return result
+    try:
+        return AuditResult.from_json(result)
+    except (KeyError, TypeError, ValueError) as error:
+        raise UserInputError(
+            f"ablation.audit_result={path} lacks {first_line(error, 60)} of a job=residual_audit result; "
+            "give the result.json of a current audit"
+        ) from None
 
 
 def measure_steps(a: DictConfig) -> List[int]:
@@ -259,15 +266,16 @@ def audit_prediction(cfg: DictConfig, data: Any, handle: Any, residual: np.ndarr
     seeds, the same transform of the residual) on the cached artifact for this checkpoint."""
     if cfg.ablation.audit_result is not None:
         result = read_audit_result(str(cfg.ablation.audit_result))
-        proposal = result["alignment"]["proposal"]
+        proposal = result.alignment.proposal
+        interval = proposal.ratio_interval  # None in results before it existed (and its SD too)
         return {
             "source": str(cfg.ablation.audit_result),
-            "predicted_ratio": float(proposal["information_to_baseline_ratio"]),
-            "predicted_ratio_sd": proposal.get("ratio_bootstrap_sd"),  # None in results before it existed
-            "predicted_ratio_interval": proposal.get("ratio_interval"),
-            "anchors": int(result["sample_count"]),
-            "gate_status": result["gate"]["status"],
-            "eligible_for_500_step_ablation": bool(result["gate"]["eligible_for_500_step_ablation"]),
+            "predicted_ratio": float(proposal.information_to_baseline_ratio),
+            "predicted_ratio_sd": proposal.ratio_bootstrap_sd,
+            "predicted_ratio_interval": None if interval is None else list(interval),
+            "anchors": result.sample_count,
+            "gate_status": result.gate.status,
+            "eligible_for_500_step_ablation": result.gate.eligible_for_500_step_ablation,
         }
     from vlaeval.residual.artifact import cached_gradient_artifact, recover_anchors
 
