@@ -287,3 +287,57 @@ def test_a_job_is_given_one_prepared_config_typed_cut_and_read_only(job):
         OmegaConf.update(prepared, f"{first}.anything", 1, force_add=True)
     if "model" in prepared:  # a component's signature defaults are in what is logged
         assert "encoder_hidden" in prepared.model
+
+
+def _help_examples():
+    """(args, what its comment says) of every example `vlaeval --help` prints."""
+    import shlex
+
+    from vlaeval.help import help_text
+
+    text = help_text()
+    lines = text[text.index("Examples:") :].splitlines()[1:]
+    out = []
+    for line in lines:
+        if not line.strip().startswith("vlaeval"):
+            break
+        command, _, comment = line.partition("#")
+        out.append((shlex.split(command)[1:], comment.strip()))
+    return out
+
+
+@pytest.mark.parametrize("args,says", _help_examples(), ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+def test_every_help_example_composes_and_every_override_is_read(tmp_path, args, says):
+    """Each example composes and its job reads every section it overrides (else the override would
+    vanish: `vlaeval effects=catastrophic_safety` once ran the residual audit); the gauntlet's do what
+    their comment says."""
+    from vlaeval.jobs import prepared_config
+
+    overrides = [a for a in args if a != "-m"]
+    overrides = [re.sub(r"=range\((\d+),\d+\)$", r"=\1", o).replace("<id>", "0" * 32) for o in overrides]
+    overrides = [o.replace("<dir>", str(tmp_path)) for o in overrides]
+    cfg = compose_config(overrides, output_dir=tmp_path / "run", cache_dir=tmp_path / "cache")
+    job_cfg = prepared_config(cfg, overrides)
+    if str(job_cfg.job.name) == "gauntlet" and "+sweep" not in " ".join(overrides):  # cheap: run it
+        from vlaeval.jobs import gauntlet
+
+        ran = compose_config([*overrides, "tracking=disabled"], output_dir=tmp_path / "run", cache_dir=tmp_path / "c")
+        result = gauntlet.run(prepared_config(ran, overrides))
+        halted = any(e["event"] == "CATASTROPHIC_HALT" for e in result["events"])
+        assert halted == ("halts" in says), (args, says, [e["event"] for e in result["events"]])
+
+
+def test_an_override_of_a_section_the_job_does_not_read_is_refused():
+    from vlaeval.errors import UserInputError
+    from vlaeval.jobs import prepared_config
+
+    for overrides, needle in (
+        (["effects=catastrophic_safety"], "job=residual_audit does not read the effects section"),
+        (["job=gauntlet", "model=tiny_dit"], "job=gauntlet does not read the model section"),
+        (["job=gauntlet", "+estimator.seeds=[1]"], "does not read the estimator section"),
+    ):
+        with pytest.raises(UserInputError, match=re.escape(needle)):
+            prepared_config(compose_config(overrides), overrides)
+    # The control: the same overrides where the job reads them pass.
+    prepared_config(compose_config(["job=gauntlet", "effects=catastrophic_safety"]), ["effects=catastrophic_safety"])
+    prepared_config(compose_config(["job=gauntlet", "outcomes=rollout_small", "model=tiny_dit"]), ["model=tiny_dit"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from types import ModuleType
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from omegaconf import DictConfig
 
@@ -46,7 +46,38 @@ def job_config(cfg: DictConfig) -> DictConfig:
     return cut(cfg, job_sections(job_module(str(cfg.job.name)), cfg))
 
 
-def prepared_config(cfg: DictConfig) -> DictConfig:
+def check_overrides_are_read(cfg: DictConfig, sections: Sequence[str], overrides: Sequence[str]) -> None:
+    """Refuse, in one line, a command-line override of a config section the job does not read (it
+    would be cut from the job's config and vanish: `vlaeval effects=catastrophic_safety` ran the
+    residual audit), naming the jobs that read it. Groups that are no section (+sweep, +arm) pass."""
+    from vlaeval.config import SHARED_SECTIONS
+
+    job = str(cfg.job.name)
+    for override in overrides:
+        key = override.lstrip("+~").partition("=")[0]
+        section = key.split(".", 1)[0].split("@", 1)[0]
+        if section in SHARED_SECTIONS or section in sections or section not in cfg or section == "hydra":
+            continue
+        readers = [name for name in available_jobs() if section in job_module(name).READS]
+        also = "" if "outcomes" not in sections else " (or, for a policy section, an outcome source that runs policies)"
+        raise UserInputError(
+            f"{override}: job={job} does not read the {section} section, so the override would do nothing; "
+            + (f"it is read by job={', job='.join(readers)}{also}" if readers else "no job reads it")
+            + f"; add job=<one of them>, or drop {key}"
+        )
+
+
+def command_line_overrides() -> List[str]:
+    """The run's overrides as typed on the command line (none outside a Hydra run: tests, reproduce)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return [str(o) for o in HydraConfig.get().overrides.task]
+    except ValueError:  # no Hydra run: the config was composed in-process
+        return []
+
+
+def prepared_config(cfg: DictConfig, overrides: Sequence[str] | None = None) -> DictConfig:
     """The config a job is given, made once: checked (no unknown key, every component against its
     signature, its left-out arguments filled in from the signature), cut to the sections the job
     reads (all it logs and digests), typed by the schema, in struct mode and read-only, so what a
@@ -58,6 +89,8 @@ def prepared_config(cfg: DictConfig) -> DictConfig:
 
     module = job_module(str(cfg.job.name))
     check_known_keys(cfg)
+    typed = command_line_overrides() if overrides is None else overrides  # (given: a test's, or a help example's)
+    check_overrides_are_read(cfg, job_sections(module, cfg), typed)
     job_cfg = job_config(cfg)
     if "device" in job_cfg:  # before any work: a GPU this machine lacks is one line, not a traceback
         from vlaeval.devices import check_device
