@@ -37,6 +37,7 @@ SMALL = [
     "gradients.num_anchors=8",
     "gradients.seeds=${range:100,108}",
 ]
+TRAINING = [a for a in SMALL if not a.startswith("gradients.")]  # job=train reads no gradients section
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_training_twice_in_new_processes_gives_the_same_checkpoint(workdir):
     shas = []
     for name in ("one", "two"):
         proc = run_main(
-            ["job=train", "tracking=disabled", *SMALL, f"hydra.run.dir={workdir / name}"],
+            ["job=train", "tracking=disabled", *TRAINING, f"hydra.run.dir={workdir / name}"],
             workdir,
             env={"VLAEVAL_CACHE_DIR": str(workdir / f"cache-{name}")},
         )
@@ -270,7 +271,7 @@ def test_train_job_logs_loss_curve_checkpoint_and_success_to_mlflow(workdir, sto
 
     args = [
         "job=train",
-        *[a for a in SMALL if a != "train.evaluate_after=false"],
+        *[a for a in TRAINING if a != "train.evaluate_after=false"],
         "evaluate.episodes_per_task=1",
         "evaluate.max_steps=20",
     ]
@@ -294,7 +295,7 @@ def test_train_job_logs_loss_curve_checkpoint_and_success_to_mlflow(workdir, sto
 def test_reproduce_of_a_training_run_gives_the_same_checkpoint(workdir):
     run_dir = workdir / "train"
     env = {"VLAEVAL_CACHE_DIR": str(workdir / "cache")}
-    proc = run_main(["job=train", "tracking=disabled", *SMALL, f"hydra.run.dir={run_dir}"], workdir, env=env)
+    proc = run_main(["job=train", "tracking=disabled", *TRAINING, f"hydra.run.dir={run_dir}"], workdir, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rep = run_main(
         ["job=reproduce", "tracking=disabled", f"reproduce.run_id={run_dir}", f"hydra.run.dir={workdir / 'rep'}"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from vlaeval.data.anchors import AnchorSet, build_anchors
-from vlaeval.data.metaworld import Demonstrations
+from vlaeval.data.demonstrations import Demonstrations
 
 
 def fake_anchors(seed: int = 0, horizon: int = 4) -> AnchorSet:

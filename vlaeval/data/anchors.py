@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from vlaeval.artifacts import stable_seed
-from vlaeval.data.metaworld import Demonstrations
+from vlaeval.data.demonstrations import Demonstrations
 
 TRACE_FIELDS = (
     "manifest_sha256",

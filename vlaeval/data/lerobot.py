@@ -52,7 +52,7 @@ from vlaeval.data.cameras import (
     video_feature_info,
     write_video,
 )
-from vlaeval.data.metaworld import Demonstrations, content_sha256
+from vlaeval.data.demonstrations import Demonstrations, content_sha256
 from vlaeval.errors import UserInputError, first_line, require
 
 CODEBASE_VERSION = "v3.0"

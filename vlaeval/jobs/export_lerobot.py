@@ -18,8 +18,8 @@ from omegaconf import DictConfig
 from vlaeval import console
 from vlaeval.config import POLICY_SECTIONS
 from vlaeval.data.cameras import VIDEO_ENCODERS, VideoEncoding, pixel_error
+from vlaeval.data.demonstrations import content_sha256
 from vlaeval.data.lerobot import read_lerobot, write_lerobot
-from vlaeval.data.metaworld import content_sha256
 from vlaeval.errors import require, require_at_least
 from vlaeval.runs import RunReport, load_data, now_ms, output_dir, publish
 

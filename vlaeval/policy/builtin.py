@@ -17,7 +17,7 @@ from vlaeval.artifacts import sha256_json
 from vlaeval.choices import CheckpointKind
 from vlaeval.config import to_plain
 from vlaeval.data.anchors import AnchorSet, build_anchors
-from vlaeval.data.metaworld import Demonstrations
+from vlaeval.data.demonstrations import Demonstrations
 from vlaeval.errors import UserInputError, require
 from vlaeval.policy.bound import BoundPolicy, anchor_frames, bind_policy
 from vlaeval.policy.checkpoint import load_state_dict, save_checkpoint, state_dict_mismatch
