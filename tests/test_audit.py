@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.stats import kendalltau, spearmanr
 
-from helpers.configs import AUDIT_SMALL, builtin_policy, compose_config
+from helpers.configs import AUDIT_SMALL, builtin_policy, compose_config, for_job
 from helpers.processes import run_main
 from helpers.reliability import record_outcome
 from helpers.runs import check_sweep, summary_of
@@ -314,7 +314,9 @@ def audit_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("audit")
     env = {"VLAEVAL_CACHE_DIR": str(work / "cache")}
     grad = run_main(
-        ["job=gradients", "tracking=disabled", *AUDIT_SMALL, f"hydra.run.dir={work / 'grad'}"], work, env=env
+        ["job=gradients", "tracking=disabled", *for_job("gradients", AUDIT_SMALL), f"hydra.run.dir={work / 'grad'}"],
+        work,
+        env=env,
     )
     assert grad.returncode == 0, grad.stderr[-3000:]
     audit = run_main(

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
+from helpers.configs import for_job
 from helpers.processes import run_main
 from vlaeval.artifacts import sha256_file
 from vlaeval.config import FlowConfig
@@ -141,7 +142,7 @@ def test_an_empty_registry_is_reported_then_filled_and_replayed(three_runs):
             "job=regressions",
             "outcomes=rollout_small",
             "regressions.videos=1",
-            *QUIET,
+            *for_job("regressions", QUIET),
             f"hydra.run.dir={tmp / 'film'}",
         ],
         tmp,
@@ -217,7 +218,7 @@ def test_the_paired_outcomes_are_reanalysed_by_outcomes_file(three_runs):
             "job=gauntlet",
             "outcomes=file",
             f"outcomes.path={first['rollouts']['paired_outcomes']}",
-            *QUIET,
+            *for_job("gauntlet", QUIET),
             f"hydra.run.dir={tmp / 'f'}",
         ],
         tmp,

@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from helpers.configs import AUDIT_SMALL, builtin_policy, compose_config
+from helpers.configs import AUDIT_SMALL, builtin_policy, compose_config, for_job
 from helpers.processes import run_main
 from helpers.reliability import record_outcome
 from vlaeval.errors import UserInputError
 from vlaeval.residual.estimators import score_anchors
 from vlaeval.residual.scores import find_shards, merge_shards, read_scores, shard_range, write_shard
 
-SCORE_SMALL = [*AUDIT_SMALL, "job=score", "estimator.samples_per_estimator=8", "tracking=disabled"]
+SCORE_SMALL = [*for_job("score", AUDIT_SMALL), "job=score", "estimator.samples_per_estimator=8", "tracking=disabled"]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from helpers.configs import AUDIT_SMALL, compose_config
+from helpers.configs import AUDIT_SMALL, compose_config, for_job
 from helpers.processes import run_main
 from vlaeval.choices import TimeSignal
 from vlaeval.errors import UserInputError
@@ -156,7 +156,7 @@ def test_job_train_with_the_adaptive_sampler_logs_its_bins(tmp_path):
     proc = run_main(
         [
             "job=train",
-            *AUDIT_SMALL,
+            *for_job("train", AUDIT_SMALL),
             *ADAPTIVE,
             "train.evaluate_after=false",
             "tracking=disabled",
@@ -170,7 +170,13 @@ def test_job_train_with_the_adaptive_sampler_logs_its_bins(tmp_path):
     sampling = result["train"]["time_sampling"]
     assert sampling["sampling"] == "adaptive" and sampling["signal"] == "loss" and len(sampling["probabilities"]) == 8
     bad = run_main(
-        ["job=train", *AUDIT_SMALL, "train.time_sampling=adaptive", "train.time_floor=0", "tracking=disabled"],
+        [
+            "job=train",
+            *for_job("train", AUDIT_SMALL),
+            "train.time_sampling=adaptive",
+            "train.time_floor=0",
+            "tracking=disabled",
+        ],
         tmp_path,
         env={"VLAEVAL_CACHE_DIR": str(tmp_path / "cache")},
     )
@@ -214,7 +220,7 @@ def test_job_train_compares_from_a_checkpoint_with_the_residual_proposal_and_hel
     adaptive flow time: its held-out loss starts where the checkpoint is (below a fresh start's), the
     clock starts at the scoring time, and a missing init_from is a one-line error."""
     env = {"VLAEVAL_CACHE_DIR": str(tmp_path / "cache")}
-    base = [*AUDIT_SMALL, "job=train", "train.evaluate_after=false", "tracking=disabled"]
+    base = [*for_job("train", AUDIT_SMALL), "job=train", "train.evaluate_after=false", "tracking=disabled"]
     first = run_main([*base, f"hydra.run.dir={tmp_path / 'first'}"], tmp_path, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     comparison = [

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -45,6 +45,18 @@ ABLATION_SMALL = [
     "evaluate.episodes_per_task=1",
     "estimator.samples_per_estimator=8",
 ]
+
+
+def for_job(job: str, overrides: Sequence[str]) -> List[str]:
+    """A shared test preset (AUDIT_SMALL, a rollout gauntlet's QUIET) cut to what `job` reads: a job
+    refuses an override of a section it does not read (vlaeval.jobs.check_overrides_are_read)."""
+    from vlaeval.config import POLICY_SECTIONS, SHARED_SECTIONS
+    from vlaeval.jobs import job_module
+
+    reads = set(job_module(job).READS) | set(SHARED_SECTIONS) | {"hydra"}
+    if any(o.startswith("outcomes=rollout") for o in overrides):
+        reads |= set(POLICY_SECTIONS)  # a source that runs policies reads their sections
+    return [o for o in overrides if o.lstrip("+~").partition("=")[0].split(".")[0] in reads]
 
 
 def compose_config(

@@ -101,6 +101,7 @@ def prepared_config(cfg: DictConfig, overrides: Sequence[str] | None = None) -> 
     return job_cfg
 
 
-def dispatch(cfg: DictConfig) -> Dict[str, Any]:
-    """Run the job `cfg.job.name` on its prepared config."""
-    return job_module(str(cfg.job.name)).run(prepared_config(cfg))
+def dispatch(cfg: DictConfig, overrides: Sequence[str] | None = None) -> Dict[str, Any]:
+    """Run the job `cfg.job.name` on its prepared config; `overrides`: what the config was composed
+    with (None: this Hydra run's command line; a nested run, job=reproduce's, passes its own)."""
+    return job_module(str(cfg.job.name)).run(prepared_config(cfg, overrides))

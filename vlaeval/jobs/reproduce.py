@@ -67,7 +67,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         console.show(f"[yellow]warning:[/yellow] {w}")
     rerun_dir = Path(str(rerun_cfg.paths.output_dir))
     atomic_write_text(rerun_dir / ".hydra" / "config.yaml", OmegaConf.to_yaml(rerun_cfg))
-    rerun = dispatch(rerun_cfg)
+    rerun = dispatch(rerun_cfg, overrides=[])  # a saved config: its overrides were checked when it first ran
 
     comparisons = compare(original, rerun)
     all_identical = all(c["verdict"] == "identical" for c in comparisons)
