@@ -261,3 +261,24 @@ def test_a_sweep_childs_name_starts_with_what_differs():
     assert a.startswith("estimator.seeds=[1,2,3] #2") and b.startswith("estimator.seeds=[4,5,6] #3")
     assert a[:24] != b[:24] and a.endswith("· audit sobol 3e84c0ffee")
     assert sweep_child_label("gauntlet", 0, []) == "#0 · gauntlet"
+
+
+def test_user_values_in_history_filters_are_quoted_not_pasted(tmp_path):
+    """A candidate version with an apostrophe is found, one shaped like an injection matches only
+    itself, and one with both quote characters is one line (MLflow's filter parser has no escape)."""
+    from mlflow.tracking import MlflowClient
+
+    from vlaeval.errors import UserInputError
+    from vlaeval.tracking.queries import filter_literal
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'q.db'}")
+    experiment = client.create_experiment("q")
+    versions = ["bob's-v2", 'say "hi"', "plain", "a' or '1'='1"]
+    for version in versions:
+        client.log_param(client.create_run(experiment).info.run_id, "gauntlet.candidate_version", version)
+    for version in versions:
+        where = f"params.`gauntlet.candidate_version` = {filter_literal(version, 'history.candidate_version')}"
+        found = [r.data.params["gauntlet.candidate_version"] for r in client.search_runs([experiment], where)]
+        assert found == [version], (version, found)
+    with pytest.raises(UserInputError, match="holds both quote characters"):
+        filter_literal("""it's "x\"""", "history.candidate_version")

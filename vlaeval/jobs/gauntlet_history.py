@@ -108,13 +108,14 @@ def pick(rows: List[Dict[str, Any]], run_id: Optional[str]) -> Optional[Dict[str
 
 
 def mlflow_rows(cfg: DictConfig) -> tuple[List[Dict[str, Any]], str]:
-    from vlaeval.tracking.queries import run_json, search_job_runs
+    from vlaeval.tracking.queries import filter_literal, run_json, search_job_runs
 
-    filters = []
-    if cfg.history.candidate_version is not None:
-        filters.append(f"params.`gauntlet.candidate_version` = '{cfg.history.candidate_version}'")
-    if cfg.history.recommendation is not None:
-        filters.append(f"tags.recommendation = '{cfg.history.recommendation}'")
+    h, filters = cfg.history, []
+    if h.candidate_version is not None:
+        value = filter_literal(h.candidate_version, "history.candidate_version")
+        filters.append(f"params.`gauntlet.candidate_version` = {value}")
+    if h.recommendation is not None:
+        filters.append(f"tags.recommendation = {filter_literal(h.recommendation, 'history.recommendation')}")
     client, runs = search_job_runs(cfg.tracking, "gauntlet", int(cfg.history.limit), " and ".join(filters))
     rows = []
     for r in runs:

@@ -20,6 +20,21 @@ def client_for(tracking_cfg: Any) -> Tuple[Any, str]:
     return MlflowClient(tracking_uri=uri), uri
 
 
+def filter_literal(value: str, setting: str) -> str:
+    """`value` as a string literal of an MLflow filter: MLflow's parser has no escape, so a value with
+    an apostrophe is double-quoted, one with a double quote single-quoted (never pasted in raw: a
+    version `a' or '1'='1` would rewrite the query); one with both cannot be searched for."""
+    text = str(value)
+    if "'" not in text:
+        return f"'{text}'"
+    if '"' not in text:
+        return f'"{text}"'
+    raise UserInputError(
+        f"{setting}={text!r} holds both quote characters, which an MLflow filter cannot express; "
+        "search for the run by its id (history.run_id) instead"
+    )
+
+
 def search_job_runs(tracking_cfg: Any, job_name: str, limit: int, filter_string: str = "") -> Tuple[Any, List[Any]]:
     """(client, runs) of a job's experiment, newest first, sweep parents left out."""
     client, _ = client_for(tracking_cfg)
