@@ -100,6 +100,25 @@ ARMS: Dict[str, Any] = {
         [*NORMALISED, *RECIPE, *DRAWS, LOCATE, *SECOND_CAMERA],
         True,
     ),
+    # Measured against `locate_two_cameras` (the best arm at 3k steps):
+    "two_cameras_long": (
+        "+ locate_two_cameras, 8x the steps",
+        VISION,
+        [*NORMALISED, *RECIPE, *DRAWS, LOCATE, *SECOND_CAMERA, "+steps_factor=8"],
+        True,
+    ),
+    "two_cameras_film": (
+        "+ locate_two_cameras, FiLM on the instruction",
+        VISION,
+        [*NORMALISED, *RECIPE, *DRAWS, LOCATE, *SECOND_CAMERA, "model.film=true"],
+        False,
+    ),
+    "two_cameras_two_frames": (
+        "+ locate_two_cameras, the previous frame too (history 2)",
+        VISION,
+        [*NORMALISED, *RECIPE, *DRAWS, LOCATE, *SECOND_CAMERA, "model.history=2"],
+        False,
+    ),
     "state_before": ("state policy, recipe off", "tiny_vla", NO_RECIPE, False),
     "state_recipe": ("state policy, recipe on", "tiny_vla", RECIPE, False),
 }
@@ -182,21 +201,32 @@ def within_task_r2(x: np.ndarray, y: np.ndarray, task: np.ndarray, train: np.nda
     return float(np.mean(scores))
 
 
-def arm_config(name: str, args: Any, cache: str) -> Any:
-    _, model, overrides, blanked = ARMS[name]
+# The arm that paid (docs/figures/vision_ablations.md): what benchmarks/vision_policy.py trains.
+BEST_VISION_ARM = "two_cameras_long"
+
+
+def arm_overrides(name: str, steps: int) -> List[str]:
+    """An arm's config overrides at `steps` base steps (its "+steps_factor=K" multiplies them)."""
+    _, model, overrides, _ = ARMS[name]
     # "+steps_factor=K": the arm trains K times --steps (a benchmark setting, not the config's).
     factor = next((int(o.split("=")[1]) for o in overrides if o.startswith("+steps_factor=")), 1)
-    overrides = [o for o in overrides if not o.startswith("+steps_factor=")]
+    return [
+        f"model={model}",
+        f"train.steps={steps * factor}",
+        *[o for o in overrides if not o.startswith("+steps_factor=")],
+    ]
+
+
+def arm_config(name: str, args: Any, cache: str) -> Any:
+    _, model, overrides, blanked = ARMS[name]
     conditions = ["+evaluate.conditions={blanked:{perturbation:{blank_camera:true}}}"] if blanked else []
     return compose_default(
         [
             f"paths.cache_dir={cache}",
             "data=metaworld_vision",
-            f"model={model}",
-            f"train.steps={args.steps * factor}",
             f"evaluate.episodes_per_task={args.episodes}",
             *conditions,
-            *overrides,
+            *arm_overrides(name, args.steps),
         ]
     )
 

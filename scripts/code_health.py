@@ -136,7 +136,11 @@ try:
     cfg = job_config(cfg)
 except ImportError:
     pass  # a tree before per-job configs: every section is logged
-print(len(flatten(to_plain(cfg))))
+try:
+    from vlaeval.tracking import run_params  # what a run logs (machine paths left out)
+    print(len(run_params(to_plain(cfg))))
+except ImportError:
+    print(len(flatten(to_plain(cfg))))
 """
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=root)
     if out.returncode != 0:
