@@ -261,6 +261,7 @@ def test_a_sweep_childs_name_starts_with_what_differs():
     assert a.startswith("estimator.seeds=[1,2,3] #2") and b.startswith("estimator.seeds=[4,5,6] #3")
     assert a[:24] != b[:24] and a.endswith("· audit sobol 3e84c0ffee")
     assert sweep_child_label("gauntlet", 0, []) == "#0 · gauntlet"
+    assert sweep_child_label("audit", 1, ["estimator=iid"], gate=False) == "gate FAIL · estimator=iid #1 · audit"
 
 
 def test_user_values_in_history_filters_are_quoted_not_pasted(tmp_path):

@@ -92,9 +92,17 @@ def load_policy(cfg: DictConfig, data: Any) -> Any:
     return handle
 
 
-def sweep_run_name(run_name: str) -> str:
-    """A sweep job's run is named after what it swept (the values of the keys the parent recorded as
-    swept), so children are told apart in the MLflow runs table; a single run keeps its name."""
+def gate_outcome(checks: Mapping[str, bool], gate_pass: Optional[bool]) -> Optional[bool]:
+    """Whether the run's gate passed (None: the job has no gate)."""
+    if gate_pass is not None:
+        return bool(gate_pass)
+    return all(checks.values()) if checks else None
+
+
+def sweep_run_name(run_name: str, gate: Optional[bool] = None) -> str:
+    """A sweep job's run is named after its gate's outcome (when it has a gate) and what it swept (the
+    values of the keys the parent recorded as swept), so children are told apart -- and their
+    outcome seen -- in the MLflow runs table without ticking a column; a single run keeps its name."""
     runtime = tracking.hydra_runtime()
     if runtime.get("job_num") is None:
         return tracking.clip_run_name(run_name)
@@ -102,14 +110,18 @@ def sweep_run_name(run_name: str) -> str:
     swept = (tracking.read_parent_run(runtime.get("sweep_dir")) or {}).get("swept_keys")
     if swept:
         overrides = [o for o in overrides if tracking.override_key(o) in swept]
-    return sweep_child_label(run_name, int(runtime["job_num"]), overrides)
+    return sweep_child_label(run_name, int(runtime["job_num"]), overrides, gate)
 
 
-def sweep_child_label(run_name: str, job_num: int, overrides: Sequence[str]) -> str:
-    """`estimator.seeds=[1] #2 · audit sobol 3e84`: what differs between a sweep's children first (the
-    runs table cuts a long name at its end), the job number, then the run's own name."""
+def sweep_child_label(run_name: str, job_num: int, overrides: Sequence[str], gate: Optional[bool] = None) -> str:
+    """`gate PASS · estimator.seeds=[1] #2 · audit sobol 3e84`: the gate's outcome and what differs
+    between a sweep's children first (the runs table cuts a long name at its end), the job number,
+    then the run's own name."""
     swept = " ".join(overrides)
-    return tracking.clip_run_name(f"{swept} #{job_num} · {run_name}" if swept else f"#{job_num} · {run_name}")
+    outcome = "" if gate is None else f"gate {'PASS' if gate else 'FAIL'} · "
+    return tracking.clip_run_name(
+        f"{outcome}{swept} #{job_num} · {run_name}" if swept else f"{outcome}#{job_num} · {run_name}"
+    )
 
 
 def _slug(name: str) -> str:
@@ -196,7 +208,7 @@ def publish(cfg: DictConfig, report: RunReport) -> Dict[str, Any]:
         record = tracking.build_record(
             cfg.tracking,
             job_name,
-            run_name=sweep_run_name(run_name),
+            run_name=sweep_run_name(run_name, gate_outcome(checks, gate_pass)),
             start_time_ms=started_ms,
             plain_cfg=plain,
             metrics=metrics,

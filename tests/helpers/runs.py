@@ -69,12 +69,17 @@ def check_sweep(
     assert len(children) == expected_children
     assert [int(c.data.tags["hydra.job_num"]) for c in children] == list(range(expected_children))
     assert parent.data.metrics["sweep.jobs"] == expected_children
+    passed = int(parent.data.metrics["sweep.gate_passed_jobs"])
+    assert parent.info.run_name.endswith(f" · gate passed {passed} of {expected_children}"), parent.info.run_name
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"sweep_summary.json", "sweep_summary.md"}
     names = [c.data.tags["mlflow.runName"] for c in children]
     assert len(set(names)) == len(names), names  # told apart by what they swept
     for child in children:
         assert child.info.status == "FINISHED" and child.data.tags["vlaeval.run_kind"] == "job"
         assert {"gate.pass", "gate.failed", "vlaeval.run_id"} <= set(child.data.tags)
+        # Its gate's outcome leads its name: seen in the runs table without ticking a column.
+        outcome = "PASS" if child.data.tags["gate.pass"] == "true" else "FAIL"
+        assert child.data.tags["mlflow.runName"].startswith(f"gate {outcome} · "), child.data.tags["mlflow.runName"]
         # The job's own config sections, flattened: no section the job does not read.
         job_name = child.data.tags["vlaeval.job"]
         sections = {key.split(".")[0] for key in child.data.params}

@@ -145,6 +145,11 @@ def close_sweep_parent(
             Metric("sweep.gate_passed_jobs", float(sum(r.get("gate.pass") == "true" for r in rows)), now, 0),
         ],
     )
+    gated = [r for r in rows if r.get("gate.pass") in ("true", "false")]
+    if gated:  # the outcome in the parent's name: seen in the runs table without expanding it
+        passed = sum(r["gate.pass"] == "true" for r in gated)
+        name = client.get_run(parent["run_id"]).info.run_name
+        client.update_run(parent["run_id"], name=clip_run_name(f"{name} · gate passed {passed} of {len(gated)}"))
     client.set_terminated(parent["run_id"], status=status)
     return rows
 
