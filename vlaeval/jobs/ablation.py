@@ -23,19 +23,17 @@ import numpy as np
 from omegaconf import DictConfig
 
 from vlaeval import console
+from vlaeval.audit.ablation import summarise_proposals
 from vlaeval.audit.alignment import ratio_bootstrap
 from vlaeval.audit.proposals import (
     Proposal,
+    build_proposals,
     minibatch_moments,
     per_sample_second_moment,
-    prediction_agreement,
-    score_proposal,
-    seed_interval,
-    time_bin_probabilities,
     uniform_proposal,
     variance_ratio_interval,
 )
-from vlaeval.audit.result import AblationResult, AuditResult, ProposalSummary
+from vlaeval.audit.result import AblationResult, AuditResult
 from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
 from vlaeval.choices import AblationProposal, Optimizer
 from vlaeval.config import POLICY_SECTIONS, to_plain
@@ -44,6 +42,7 @@ from vlaeval.memory import PeakMemory
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.time_sampling import AdaptiveTimeSampler, adaptive_time_sampler, validate_sampler_settings
 from vlaeval.residual.ablation import (
+    AnchorGradients,
     FineTuneSettings,
     anchor_gradients,
     fine_tune,
@@ -202,46 +201,21 @@ def heldout_steps(a: DictConfig) -> List[int]:
     return sorted(set(range(0, int(a.steps) + 1, int(a.heldout_every))) | {int(a.steps)})
 
 
-def build_proposals(
-    names: List[str], residual: np.ndarray, build: Any, a: DictConfig, audit: DictConfig
+def proposals_of(
+    cfg: DictConfig, names: List[str], residual: np.ndarray, build: AnchorGradients
 ) -> Dict[str, Proposal]:
-    """Each named proposal; the score ones transformed exactly as the audit transforms its score."""
-    n = residual.size
-    transform = dict(
-        alpha=float(audit.alpha),
-        percentile_epsilon=float(audit.percentile_epsilon),
-        proposal_power=float(audit.proposal_power),
+    """The proposals compared, under the audit's transform of its score and the ablation's time bins."""
+    au, a = cfg.audit, cfg.ablation
+    return build_proposals(
+        names,
+        residual,
+        build,
+        alpha=float(au.alpha),
+        percentile_epsilon=float(au.percentile_epsilon),
+        proposal_power=float(au.proposal_power),
+        time_bins=int(a.time_bins),
+        time_alpha=float(a.time_alpha),
     )
-    residual_q = score_proposal("residual", residual, **transform)
-    made: Dict[str, Proposal] = {}
-    for name in names:
-        if name == AblationProposal.uniform:
-            made[name] = uniform_proposal(n)
-        elif name == AblationProposal.residual:
-            made[name] = residual_q
-        elif name == AblationProposal.training_loss:
-            made[name] = score_proposal(name, build.losses.mean(axis=0), **transform)
-        elif name == AblationProposal.gradient_oracle:
-            # The mean squared gradient norm is on the scale of a loss (squared), so the audit's
-            # transform gives q proportional to gradient RMS at gamma = 1/2. Untransformed (q
-            # proportional to the RMS of 16 draws) it measured 1.05 on independent draws: the
-            # anchors whose few draws came out small get weights their true norms punish.
-            made[name] = score_proposal(name, build.sq_norms.mean(axis=0), **transform)
-        elif name == AblationProposal.adaptive_flow_time:  # its flow time: the sampler (adaptive_sampler)
-            made[name] = uniform_proposal(n)
-        elif name == AblationProposal.residual_adaptive_flow_time:
-            made[name] = residual_q
-        else:
-            anchors = uniform_proposal(n) if name == AblationProposal.flow_time else residual_q
-            p = time_bin_probabilities(
-                build.sq_norms,
-                build.u,
-                anchors.anchor_probabilities,
-                bins=int(a.time_bins),
-                alpha=float(a.time_alpha),
-            )
-            made[name] = Proposal(name, anchors.anchor_probabilities, p)
-    return made
 
 
 ADAPTIVE = (AblationProposal.adaptive_flow_time, AblationProposal.residual_adaptive_flow_time)
@@ -534,7 +508,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     build = every_anchor_gradients(
         cfg, policy, data.anchors, handle.model, [("build", k) for k in range(int(a.build_draws))]
     )
-    proposals = build_proposals(names, residual, build, a, cfg.audit)
+    proposals = proposals_of(cfg, names, residual, build)
     held = (policy.for_instructions(heldout.demonstrations.instructions), heldout.anchors) if heldout else None
     judge = ProposalJudge(cfg, policy, data.anchors, proposals, held)
     prediction = audit_prediction(cfg, data, handle, residual)
@@ -574,7 +548,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             "measure_steps": measured,
             "judge_draws": int(a.judge_draws),
         },
-        summary=summarise(runs, names, prediction, measured, success),
+        summary=summarise_proposals(runs, names, prediction, measured, success),
         runs=tuple(runs),
         base_success=None if success is None else success["base"],
     )
@@ -628,68 +602,6 @@ def closed_loop_success(cfg: DictConfig, data: Any, handle: Any, models: List[An
         executor.close()
     rows = [{"success_rate": float(np.mean(o.success)), "successes": [bool(x) for x in o.success]} for o in outs]
     return {"base": rows[0], "runs": rows[1:], "episodes": len(episodes)}
-
-
-def summarise(
-    runs: List[Dict[str, Any]],
-    names: List[str],
-    prediction: Dict[str, Any],
-    measured: List[int],
-    success: Optional[Dict[str, Any]],
-) -> Dict[str, ProposalSummary]:
-    """Per proposal, across seeds: the realized ratio at each measured step, the final held-out
-    loss (and its difference from uniform's, paired by seed), success, minibatch check, time."""
-    by = {(r["proposal"], r["seed"]): r for r in runs}
-    seeds = sorted({r["seed"] for r in runs})
-    out: Dict[str, ProposalSummary] = {}
-    for name in names:
-        mine = [by[(name, s)] for s in seeds]
-        row: Dict[str, Any] = {
-            "realized_ratio": {
-                str(step): seed_interval(
-                    [m["ratio"] for r in mine for m in r["measurements"] if m["step"] == step]
-                ).as_dict()
-                for step in measured
-            },
-            "wall_seconds": float(np.mean([r["wall_seconds"] for r in mine])),
-            "train_seconds": float(np.mean([r["train_seconds"] for r in mine])),
-        }
-        final = row["realized_ratio"][str(measured[-1])]
-        row["gain_is_real"] = bool(final["high"] < 1.0)
-        if all("minibatch" in m for r in mine for m in r["measurements"]):
-            row["minibatch_variance_ratio"] = {
-                str(step): seed_interval(
-                    [
-                        m["minibatch"]["variance_ratio"]["ratio"]
-                        for r in mine
-                        for m in r["measurements"]
-                        if m["step"] == step
-                    ]
-                ).as_dict()
-                for step in measured
-            }
-        if all(r["heldout_loss"] for r in mine):
-            row["final_heldout_loss"] = seed_interval([r["heldout_loss"][-1][1] for r in mine]).as_dict()
-            if AblationProposal.uniform in names and name != AblationProposal.uniform:
-                base = [by[(AblationProposal.uniform.value, s)]["heldout_loss"][-1][1] for s in seeds]
-                row["heldout_loss_minus_uniform"] = seed_interval(
-                    [r["heldout_loss"][-1][1] - b for r, b in zip(mine, base)]
-                ).as_dict()
-        if success is not None:
-            row["success_rate"] = seed_interval([r["success"]["success_rate"] for r in mine]).as_dict()
-        if name == AblationProposal.residual:
-            # At step 0 the run's parameters are the audited ones: the like-for-like comparison; later
-            # steps say whether the prediction still holds as training moves the parameters.
-            predicted = prediction["predicted_ratio"]
-            row["predicted_ratio"] = predicted
-            row["prediction_vs_realized"] = {
-                str(step): prediction_agreement(
-                    row["realized_ratio"][str(step)]["values"], predicted, prediction.get("predicted_ratio_sd")
-                )
-                for step in (measured[0], measured[-1])
-            }
-        out[name] = ProposalSummary.from_json(row)
-    return out
 
 
 def child_run(record: Dict[str, Any]) -> Dict[str, Any]:
