@@ -28,21 +28,21 @@ import numpy as np
 
 from benchlib import REPO, default_policy, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json
-from vlaeval.data.metaworld import HELD_OUT_VARIANTS, episode_plan
-from vlaeval.envs.metaworld import Episode, SceneEnvironments, task_benchmark
+from vlaeval.envs import simulator
+from vlaeval.envs.episodes import Episode
 from vlaeval.rollouts.engine import rollout_episodes
 
 
 def simulate(episodes, steps, cameras=(), image_size=64) -> None:
     """Open each episode's scene and step it `steps` times with zero actions, rendering `cameras`
     at every step (as the engine does for a policy that reads them, one chunk action per call)."""
-    envs = SceneEnvironments(cameras, image_size)
+    envs = simulator().environments(cameras, image_size)
     try:
         zero = np.zeros(4)
         for k, (e, n) in enumerate(zip(episodes, steps)):
             envs.open(e)
             for _ in range(int(n)):
-                envs.envs[-1].step(zero)
+                envs.step(k, zero)
                 envs.images(k)
     finally:
         envs.close()
@@ -63,9 +63,10 @@ def measure(name, cfg, data, handle, episodes_per_task, max_steps, workers, ray_
     """Env steps/s of the lockstep engine on 1 process and on `workers`, one episode at a time, and
     on Ray, against the simulator (plus the renderer of the policy's cameras) alone."""
     tasks = data.demonstrations.tasks
+    sim = simulator()
     for task in tasks:  # built once per process before any timing (and inherited by forked workers)
-        task_benchmark(task)
-    plan = episode_plan(tasks, episodes_per_task, int(cfg.evaluate.seed), HELD_OUT_VARIANTS)
+        sim.prepare(task, 0)
+    plan = sim.episode_plan(tasks, episodes_per_task, int(cfg.evaluate.seed), sim.held_out_variants)
     episodes = [Episode(p["task"], p["task_index"], p["variant"], p["seed"]) for p in plan]
     common = dict(execute_actions=int(cfg.evaluate.execute_actions), max_steps=max_steps)
     group = -(-len(episodes) // (2 * workers))  # two groups per worker

@@ -13,7 +13,7 @@ from torch import nn
 
 from helpers.data import fake_anchors
 from vlaeval.config import FlowConfig
-from vlaeval.envs.metaworld import Episode
+from vlaeval.envs.episodes import Episode
 from vlaeval.errors import UserInputError
 from vlaeval.policy.bound import bind_policy
 from vlaeval.policy.tiny_vla import bag_of_words

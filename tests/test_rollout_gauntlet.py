@@ -17,7 +17,7 @@ from helpers.configs import for_job
 from helpers.processes import run_main
 from vlaeval.artifacts import sha256_file
 from vlaeval.config import FlowConfig
-from vlaeval.envs.metaworld import Episode, Perturbation
+from vlaeval.envs.episodes import Episode, Perturbation
 from vlaeval.policy.bound import bind_policy
 from vlaeval.policy.tiny_vla import TinyVLA
 from vlaeval.rollouts.engine import rollout_episodes, rollout_lockstep
@@ -282,7 +282,7 @@ def test_an_episode_does_not_depend_on_what_shares_its_lockstep_batch():
 
 
 def test_perturbations_are_seeded_per_episode_and_change_the_episode():
-    from vlaeval.envs.metaworld import EpisodeDisturbances
+    from vlaeval.envs.episodes import EpisodeDisturbances
 
     spec = Perturbation(observation_noise=0.1, action_noise=0.2, burst_rate=0.3, burst_steps=2, control_delay=2)
     runs = []

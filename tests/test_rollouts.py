@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from vlaeval.config import FlowConfig
-from vlaeval.envs.metaworld import Episode
+from vlaeval.envs.episodes import Episode
 from vlaeval.policy.bound import bind_policy
 from vlaeval.policy.tiny_vla import TinyVLA
 from vlaeval.rollouts.engine import rollout_episodes

@@ -69,7 +69,7 @@ def test_each_cached_kinds_key_holds_the_digests_its_reader_compares():
     from omegaconf import OmegaConf
 
     from helpers.configs import compose_config
-    from vlaeval.envs.metaworld import Episode
+    from vlaeval.envs.episodes import Episode
     from vlaeval.policy.builtin import PolicySpec, checkpoint_key
     from vlaeval.residual.artifact import gradient_artifact_key
     from vlaeval.rollouts.episode_cache import episode_key

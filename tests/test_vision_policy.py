@@ -14,7 +14,7 @@ import torch
 from helpers.servers import need, osmesa_installed
 from vlaeval.choices import InstructionMode
 from vlaeval.config import FlowConfig
-from vlaeval.envs.metaworld import Episode, EpisodeDisturbances, Perturbation, disturbed_image
+from vlaeval.envs.episodes import Episode, EpisodeDisturbances, Perturbation, disturbed_image
 from vlaeval.errors import UserInputError
 from vlaeval.policy.bound import bind_policy
 from vlaeval.policy.tiny_vla_vision import TinyVLAVision

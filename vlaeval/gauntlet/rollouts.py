@@ -21,6 +21,7 @@ ones in the failure registry (vlaeval.gauntlet.registry).
 
 from __future__ import annotations
 
+import difflib
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -30,7 +31,7 @@ import numpy as np
 from vlaeval.artifacts import sha256_json, stable_seed
 from vlaeval.config import StratumConfig
 from vlaeval.data.rendering import RENDERER_VERSION
-from vlaeval.envs.metaworld import NO_PERTURBATION, Episode, Perturbation
+from vlaeval.envs.episodes import NO_PERTURBATION, Episode, Perturbation
 from vlaeval.errors import UserInputError, require, require_at_least, require_file
 from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes
 from vlaeval.gauntlet.registry import FailureRegistry, registry_path
@@ -102,7 +103,7 @@ class RolloutOutcomes:
 
     # ------------------------------------------------------------------ checks before any work
     def validate(self, strata: Mapping[str, StratumConfig], effects: Mapping[str, Any]) -> None:
-        from vlaeval.data.metaworld import known_tasks
+        from vlaeval.envs import simulator
 
         for name, value in effects.items():
             require(
@@ -111,12 +112,14 @@ class RolloutOutcomes:
                 f"for rollouts plant a degradation of the candidate, e.g. effects.{name}={{action_noise: 0.5}}",
             )
             self.degradations[name] = Perturbation.parse(value, f"effects.{name}")
-        known = set(known_tasks())
+        known = set(simulator().tasks())
         for stratum, family in self.families.items():
             for task in family.tasks:
                 require(
                     task in known,
-                    f"outcomes.scenarios.{stratum}.tasks: unknown Meta-World task {task!r}; see metaworld.MT1 tasks",
+                    f"outcomes.scenarios.{stratum}.tasks: unknown {simulator().name} task {task!r}; did you mean "
+                    + ", ".join(difflib.get_close_matches(task, sorted(known), n=3, cutoff=0.0))
+                    + "?",
                 )
         for role, reference in self.references.items():
             if reference.startswith(BUILTIN_PREFIX):
@@ -306,32 +309,24 @@ class RolloutOutcomes:
         """Meta-World's benchmark of every (task, variant family) of the stratum, built here before
         its first rollout (~1 s each): local workers, forked again after new ones, inherit them
         instead of rebuilding them for every batch."""
-        from vlaeval.envs.metaworld import built_benchmark, task_benchmark
+        from vlaeval.envs import simulator
 
         if stratum in self._built:
             return
         self._built.add(stratum)
-        before = built_benchmark.cache_info().currsize
-        for scene in self.scenes(stratum):
-            task_benchmark(scene.task, scene.family)
-        if built_benchmark.cache_info().currsize > before:
+        built = [simulator().prepare(scene.task, scene.family) for scene in self.scenes(stratum)]
+        if any(built):
             self.executor.restart_workers()  # a local pool re-forks on its next use; Ray workers build their own
 
     def _check_obstacles(self) -> None:
-        from vlaeval.envs.metaworld import obstacle_bodies, task_benchmark
+        from vlaeval.envs import simulator
 
         for stratum, family in self.families.items():
             if family.unsafe_contact_force is None or family.replay:
                 continue
             for task in family.tasks:
-                benchmark = task_benchmark(task, family.variant_families[0])
-                env = benchmark.train_classes[task]()
-                try:
-                    found = obstacle_bodies(env, family.obstacle)
-                finally:
-                    env.close()
                 require(
-                    len(found) == len(family.obstacle),
+                    simulator().has_bodies(task, family.variant_families[0], family.obstacle),
                     f"outcomes.scenarios.{stratum}: task {task} has no body named "
                     f"{', '.join(family.obstacle)} to monitor; use tasks whose scene has that obstacle "
                     "(reach-wall-v3, push-wall-v3, pick-place-wall-v3 have `wall`) or set obstacle=[...]",
@@ -375,7 +370,7 @@ class RolloutOutcomes:
     def _outcomes(self, stratum: str, specs: Sequence[Mapping[str, Any]], cache: Any) -> Dict[str, EpisodeOutcomes]:
         """Per policy (baseline, candidate): the outcomes of the episodes `specs`, from the cache or
         rolled out now -- both policies' missing episodes in one executor call."""
-        from vlaeval.data.metaworld import instruction_for
+        from vlaeval.envs import simulator
         from vlaeval.rollouts.engine import RolloutJob, rollout_jobs
         from vlaeval.rollouts.episode_cache import episode_key
 
@@ -393,7 +388,7 @@ class RolloutOutcomes:
             found[role] = cache.get_many(keys[role])
             todo = [i for i, key in enumerate(keys[role]) if key not in found[role]]
             if todo:
-                bound = policy.bound.for_instructions([instruction_for(t) for t in tasks])
+                bound = policy.bound.for_instructions([simulator().instruction(t) for t in tasks])
                 jobs.append(RolloutJob(bound, [episodes[i] for i in todo]))
                 missing.append((role, todo))
         if jobs:
@@ -430,7 +425,7 @@ class RolloutOutcomes:
         (vlaeval/rollouts/videos.py), into `folder`. This run's are checked to re-run to their
         recorded outcomes; a registry entry's degradation (effects) was the gauntlet's, so its video
         shows what the policies do now."""
-        from vlaeval.data.metaworld import instruction_for
+        from vlaeval.envs import simulator
         from vlaeval.rollouts.videos import pick, regression_video, video_name
 
         written = []
@@ -442,7 +437,9 @@ class RolloutOutcomes:
                 "baseline": episode_from_spec(spec, 0, NO_PERTURBATION),
                 "candidate": episode_from_spec(spec, 0, degradation),
             }
-            bound = {role: p.bound.for_instructions([instruction_for(task)]) for role, p in self.policies.items()}
+            bound = {
+                role: p.bound.for_instructions([simulator().instruction(task)]) for role, p in self.policies.items()
+            }
             written.append(
                 regression_video(
                     bound["baseline"],
@@ -450,7 +447,7 @@ class RolloutOutcomes:
                     episodes,
                     folder / video_name(stratum, str(failure["scenario_id"])),
                     title=f"{stratum}: {task}, scene {spec.get('family', 0)}/{spec['variant']}, seed {spec['seed']}",
-                    instruction=str(spec.get("instruction") or instruction_for(task)),
+                    instruction=str(spec.get("instruction") or simulator().instruction(task)),
                     execute_actions=self.execute_actions,
                     max_steps=self.max_steps,
                     expected={"baseline": True, "candidate": False} if failures is None else None,

@@ -577,13 +577,14 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
 
 def closed_loop_success(cfg: DictConfig, data: Any, handle: Any, models: List[Any]) -> Dict[str, Any]:
     """Every fine-tuned policy and the checkpoint on the same held-out episodes (paired)."""
-    from vlaeval.data.metaworld import HELD_OUT_VARIANTS, episode_plan
-    from vlaeval.envs.metaworld import Episode
+    from vlaeval.envs import simulator
+    from vlaeval.envs.episodes import Episode
     from vlaeval.rollouts.engine import RolloutJob, rollout_jobs
     from vlaeval.rollouts.executors import make_executor
 
     e = cfg.evaluate
-    plan = episode_plan(data.demonstrations.tasks, int(e.episodes_per_task), int(e.seed), HELD_OUT_VARIANTS)
+    sim = simulator()
+    plan = sim.episode_plan(data.demonstrations.tasks, int(e.episodes_per_task), int(e.seed), sim.held_out_variants)
     episodes = [Episode(p["task"], p["task_index"], p["variant"], p["seed"]) for p in plan]
     jobs = [RolloutJob(data.bind(m, cfg.flow), episodes) for m in [handle.model.cpu(), *models]]
     r = cfg.rollout

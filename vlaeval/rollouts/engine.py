@@ -23,14 +23,9 @@ import torch
 from vlaeval.artifacts import stable_seed
 from vlaeval.config import RolloutConfig
 from vlaeval.data.cameras import channel_first
-from vlaeval.data.metaworld import HELD_OUT_VARIANTS, VARIANTS_PER_TASK, EpisodeRunner, episode_plan
-from vlaeval.envs.metaworld import (
-    Episode,
-    EpisodeDisturbances,
-    SceneEnvironments,
-    obstacle_bodies,
-    obstacle_contact_force,
-)
+from vlaeval.envs import simulator as registered_simulator
+from vlaeval.envs.episodes import Episode, EpisodeDisturbances
+from vlaeval.envs.protocol import Simulator
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import sample_actions
 from vlaeval.policy.protocol import uses_loss_level
@@ -167,15 +162,17 @@ def rollout_lockstep(
     max_steps: int,
     progress: Optional[Callable[[int, int], None]] = None,
     watch: Optional[Callable[[int, Any], None]] = None,
+    simulator: Optional[Simulator] = None,
 ) -> EpisodeOutcomes:
     """Run every episode to success, an unsafe event, termination or `max_steps`, all in lockstep:
     at each control step the episodes whose action queue is empty get new chunks from one batched
     policy call. Returns each episode's outcome (success: reached the goal with no unsafe event). `watch(k, env)` is called with episode k's environment when
     it opens and after each of its steps (vlaeval/rollouts/videos.py films episodes with it); it
-    must not change the environment."""
+    must not change the environment. `simulator`: where the episodes run (None: the registry's
+    default, vlaeval/envs/__init__.py); the engine talks to it and to the bound policy only."""
     policy.model.eval()
     n = len(episodes)
-    envs = SceneEnvironments(policy.cameras, policy.image_size)
+    envs = (simulator or registered_simulator()).environments(policy.cameras, policy.image_size)
     success = np.zeros(n, dtype=bool)
     unsafe = np.zeros(n, dtype=bool)
     steps = np.zeros(n, dtype=np.int64)
@@ -186,13 +183,9 @@ def rollout_lockstep(
         seen = FrameHistory(policy.frames, n)  # a policy reading several frames: what it saw at each step
         for k in range(n):
             if watch is not None:
-                watch(k, envs.envs[k])
+                watch(k, envs.scene(k))
             if seen.kept:
                 seen.start(k, disturbances[k].observe_images(envs.images(k)))
-        monitored = [
-            obstacle_bodies(envs.envs[k], e.obstacle) if e.unsafe_contact_force is not None else []
-            for k, e in enumerate(episodes)
-        ]
         generators = [torch.Generator().manual_seed(stable_seed("rollout", e.seed) % (2**63)) for e in episodes]
         tokens = policy.episode_tokens([e.task_index for e in episodes], [e.instruction for e in episodes])
         queues: List[List[np.ndarray]] = [[] for _ in range(n)]
@@ -215,19 +208,18 @@ def rollout_lockstep(
             still = []
             for i in active:
                 action = disturbances[i].execute(np.clip(queues[i].pop(0), -1.0, 1.0))
-                obs, _, terminated, truncated, info = envs.envs[i].step(action)
+                obs, reached, ended = envs.step(i, action)
                 observations[i] = disturbances[i].observe(obs)
                 steps[i] += 1
                 if watch is not None:
-                    watch(i, envs.envs[i])
+                    watch(i, envs.scene(i))
                 if seen.kept:  # every step's frame, whether or not the policy is called then
                     seen.add(i, disturbances[i].observe_images(envs.images(i)))
-                limit = episodes[i].unsafe_contact_force
-                if monitored[i] and obstacle_contact_force(envs.envs[i], monitored[i]) > float(limit or 0.0):
+                if envs.unsafe(i):
                     unsafe[i] = True  # the episode ends here, a failure whatever else happened
-                elif info.get("success"):
+                elif reached:
                     success[i] = True
-                elif not (terminated or truncated or steps[i] >= max_steps):
+                elif not (ended or steps[i] >= max_steps):
                     still.append(i)
                     continue
                 finished += 1
@@ -268,24 +260,9 @@ def camera_images(per_episode: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.
     return {key: channel_first(np.stack([images[key] for images in per_episode])) for key in per_episode[0]}
 
 
-def expert_successes(episodes: Sequence[Episode], max_steps: int) -> np.ndarray:
-    """The scripted expert on the same scenes, one episode at a time (it needs no network)."""
-    runner = EpisodeRunner()
-    out = np.zeros(len(episodes), dtype=bool)
-    try:
-        for k, e in enumerate(episodes):
-            env, obs = runner.env(e.task, VARIANTS_PER_TASK * e.family + e.variant)
-            expert = runner.expert(e.task)
-            for _ in range(max_steps):
-                obs, _, terminated, truncated, info = env.step(np.clip(expert.get_action(obs), -1.0, 1.0))
-                if info.get("success"):
-                    out[k] = True
-                    break
-                if terminated or truncated:
-                    break
-    finally:
-        runner.close()
-    return out
+def expert_successes(episodes: Sequence[Episode], max_steps: int, simulator: Optional[Simulator] = None) -> np.ndarray:
+    """The simulator's scripted expert on the same scenes (it needs no network)."""
+    return (simulator or registered_simulator()).expert_successes(episodes, max_steps)
 
 
 def condition_episode(condition: Any, episode: Episode, tasks: Sequence[str]) -> Episode:
@@ -306,7 +283,9 @@ def evaluate_closed_loop(
     or Ray), beside the scripted expert on the same episodes."""
     from vlaeval.rollouts.executors import make_executor
 
-    plan = episode_plan(tasks, int(evaluate.episodes_per_task), int(evaluate.seed), HELD_OUT_VARIANTS)
+    sim = registered_simulator()
+    held_out = sim.held_out_variants
+    plan = sim.episode_plan(tasks, int(evaluate.episodes_per_task), int(evaluate.seed), held_out)
     episodes = [Episode(ep["task"], ep["task_index"], ep["variant"], ep["seed"]) for ep in plan]
     conditions = evaluation_conditions(evaluate)
     jobs = [RolloutJob(policy, episodes)] + [
@@ -353,6 +332,6 @@ def evaluate_closed_loop(
             }
             for c, out in zip(conditions, outcomes[1:])
         },
-        "held_out_variants": [HELD_OUT_VARIANTS.start, HELD_OUT_VARIANTS.stop],
+        "held_out_variants": [held_out.start, held_out.stop],
         "rollout": "lockstep: one batched policy call per control step for every episode that needs a chunk",
     }

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes, atomic_write_text
 from vlaeval.choices import InstructionMode
-from vlaeval.envs.metaworld import NO_PERTURBATION, Perturbation
+from vlaeval.envs.episodes import NO_PERTURBATION, Perturbation
 from vlaeval.errors import require, require_at_least
 from vlaeval.rollouts.language import instruction_mode
 

@@ -19,7 +19,6 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.choices import InstructionMode
-from vlaeval.data.metaworld import instruction_for
 from vlaeval.errors import UserInputError, require
 
 PARAPHRASES: Dict[str, Tuple[str, ...]] = {
@@ -109,6 +108,8 @@ def episode_instruction(
     pick = stable_seed("instruction", mode.value, seed)
     if mode == InstructionMode.other_task:
         others = [t for t in dict.fromkeys(tasks) if t != task]
-        return instruction_for(others[pick % len(others)])
+        from vlaeval.envs import simulator
+
+        return simulator().instruction(others[pick % len(others)])
     texts = phrasing_table(mode, overrides)[task]
     return texts[pick % len(texts)]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from vlaeval.choices import InstructionMode
-from vlaeval.envs.metaworld import DEFAULT_OBSTACLE, NO_PERTURBATION, Episode, Perturbation
+from vlaeval.envs.episodes import DEFAULT_OBSTACLE, NO_PERTURBATION, Episode, Perturbation
 from vlaeval.errors import require
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.rollouts.evaluation import write_paired_outcomes as write_outcome_rows
@@ -37,7 +37,7 @@ class ScenarioFamily:
     """A stratum's scenarios. tasks: Meta-World tasks (null: the run's data.tasks); variants:
     [first, stop) scene variants of each of `variant_families` (MT1 benchmark seeds; family 0
     variants 0-24 are the built-in demonstrations' scenes); episodes_per_scene: units
-    per cluster; perturbation: see vlaeval.envs.metaworld.Perturbation; unsafe_contact_force:
+    per cluster; perturbation: see vlaeval.envs.episodes.Perturbation; unsafe_contact_force:
     newtons above which contact with an `obstacle` body is an unsafe event; replay: the failure
     registry's scenarios instead; instructions: what each episode's policy is told, phrasings:
     {task: [texts]} replacing the built-in table (vlaeval/rollouts/language.py)."""

@@ -1,0 +1,122 @@
+"""The simulator door: Meta-World implements vlaeval/envs/protocol.py and is chosen by name; a
+simulator of one's own, registered beside it, runs the very rollout engine (lockstep groups,
+disturbances, the unsafe-contact monitor, the step limit) with no change to the engine."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+import pytest
+import torch
+
+from vlaeval.config import FlowConfig
+from vlaeval.envs import SIMULATORS, simulator
+from vlaeval.envs.episodes import Episode, Perturbation
+from vlaeval.envs.protocol import Environments, Simulator, missing_members
+from vlaeval.errors import UserInputError
+from vlaeval.policy.bound import bind_policy
+from vlaeval.policy.tiny_vla import TinyVLA
+from vlaeval.rollouts.engine import rollout_lockstep
+
+
+class PointEnvironments:
+    """A point in the plane moved by its action (dx, dy); the goal is the episode's variant on a
+    circle; a wall at x = 0.9 is the obstacle (pushing into it is unsafe)."""
+
+    def __init__(self) -> None:
+        self.points: List[np.ndarray] = []
+        self.goals: List[np.ndarray] = []
+        self.limits: List[Any] = []
+
+    def open(self, episode: Episode) -> np.ndarray:
+        angle = 2 * np.pi * episode.variant / 10
+        self.points.append(np.zeros(2))
+        self.goals.append(0.5 * np.array([np.cos(angle), np.sin(angle)]))
+        self.limits.append(episode.unsafe_contact_force)
+        return self._obs(len(self.points) - 1)
+
+    def _obs(self, k: int) -> np.ndarray:
+        return np.concatenate([self.points[k], self.goals[k]]).astype(np.float32)
+
+    def images(self, k: int) -> Dict[str, np.ndarray]:
+        return {}
+
+    def step(self, k: int, action: np.ndarray) -> Tuple[np.ndarray, bool, bool]:
+        self.points[k] = self.points[k] + 0.5 * np.asarray(action[:2], dtype=np.float64)
+        return self._obs(k), bool(np.linalg.norm(self.points[k] - self.goals[k]) < 0.05), False
+
+    def unsafe(self, k: int) -> bool:
+        return self.limits[k] is not None and self.points[k][0] > 0.9
+
+    def scene(self, k: int) -> Any:
+        return (self.points[k], self.goals[k])
+
+    def close(self) -> None:
+        self.points.clear()
+
+
+class PointSimulator:
+    name = "point"
+    variants_per_task = 10
+    held_out_variants = range(5, 10)
+
+    def cache_identity(self) -> Dict[str, Any]:
+        return {"point": 1}
+
+    def tasks(self) -> List[str]:
+        return ["reach-point"]
+
+    def instruction(self, task: str) -> str:
+        return "reach the point"
+
+    def episode_plan(
+        self, tasks: Sequence[str], episodes_per_task: int, seed: int, variants: range
+    ) -> List[Dict[str, Any]]:
+        return [{"task": t, "task_index": i, "variant": variants[k % len(variants)], "seed": seed + k}
+                for i, t in enumerate(tasks) for k in range(episodes_per_task)]  # fmt: skip
+
+    def environments(self, cameras: Sequence[str] = (), image_size: int = 64) -> PointEnvironments:
+        return PointEnvironments()
+
+    def expert_successes(self, episodes: Sequence[Episode], max_steps: int) -> np.ndarray:
+        return np.ones(len(episodes), dtype=bool)
+
+    def prepare(self, task: str, family: int) -> bool:
+        return False
+
+    def has_bodies(self, task: str, family: int, names: Sequence[str]) -> bool:
+        return list(names) == ["wall"]
+
+
+def test_metaworld_implements_the_protocol_and_an_unknown_name_is_one_line():
+    sim = simulator("metaworld")
+    assert isinstance(sim, Simulator) and missing_members(sim) == [] and sim is simulator()
+    assert "reach-v3" in sim.tasks() and sim.instruction("reach-v3") == "reach the red goal position"
+    assert isinstance(sim.environments(), Environments)
+    assert missing_members(object()) == ["name", "variants_per_task", "held_out_variants", "cache_identity", "tasks",
+                                         "instruction", "episode_plan", "environments", "expert_successes", "prepare",
+                                         "has_bodies"]  # fmt: skip
+    with pytest.raises(UserInputError, match="no simulator 'libero'; registered: metaworld"):
+        simulator("libero")
+
+
+def test_a_simulator_of_ones_own_runs_the_rollout_engine(monkeypatch):
+    import vlaeval.envs
+
+    monkeypatch.setitem(SIMULATORS, "point", (__name__, "PointSimulator"))
+    monkeypatch.setattr(vlaeval.envs, "_MADE", {})
+    sim = simulator("point")
+    torch.manual_seed(0)
+    model = TinyVLA(["reach"], 4, 2, 4, encoder_hidden=16, conditioning_dim=8, head_hidden=16, head_layers=2)
+    bound = bind_policy(model, ["reach"], FlowConfig(sampling_steps=3))
+    plan = sim.episode_plan(sim.tasks(), 6, 7, sim.held_out_variants)
+    episodes = [Episode(p["task"], p["task_index"], p["variant"], p["seed"]) for p in plan]
+    episodes[0] = Episode("reach-point", 0, 5, 0, perturbation=Perturbation(action_noise=50.0), unsafe_contact_force=1.0)
+    out = rollout_lockstep(bound, episodes, execute_actions=2, max_steps=15, simulator=sim)
+    again = rollout_lockstep(bound, episodes, execute_actions=2, max_steps=15, simulator=sim)
+    assert list(out) == list(again) and len(out) == 6  # the episode's seed decides it, wherever it runs
+    assert out.steps.max() <= 15 and out.steps.min() >= 1
+    assert not (out.success & out.unsafe).any()
+    # The engine used the point simulator's own step and monitor: a wall it pushed through is unsafe.
+    assert out.unsafe[0] and not out.unsafe[1:].any()  # only the monitored, shaken episode
