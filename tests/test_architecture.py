@@ -231,7 +231,7 @@ def test_the_code_health_ceilings_hold_and_a_rise_is_caught(tmp_path):
 
     spec = importlib.util.spec_from_file_location("code_health", REPO / "scripts" / "code_health.py")
     health = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(health)  # type: ignore[union-attr]
+    spec.loader.exec_module(health)
     assert health.check(REPO) == 0
     figures = health.ceiling_figures(REPO)
     (tmp_path / "vlaeval").mkdir()

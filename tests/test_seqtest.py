@@ -146,7 +146,7 @@ def test_update_returns_a_frozen_state_each_mode(mode):
     x = paired_cluster_means(rng, 1, 300, 20, -0.12, p_plus=0.02)[0]
     first = test.update(x[:100])
     with pytest.raises(dataclasses.FrozenInstanceError):
-        first.decision = DECISION_PASS  # type: ignore[misc]
+        first.decision = DECISION_PASS
     second = test.update(x[100:])
     assert isinstance(first, TestState) and isinstance(second, TestState)
     assert (first.clusters, first.looks, second.clusters, second.looks) == (100, 1, 300, 2)
@@ -167,7 +167,7 @@ def test_update_returns_a_frozen_state_each_mode(mode):
 
 def test_a_mode_is_picked_by_its_settings_type():
     with pytest.raises(TypeError, match="no sequential test takes dict"):
-        make_sequential_test(TestSettings(0.02, 0.05), {"bet_rule": "blend"})  # type: ignore[arg-type]
+        make_sequential_test(TestSettings(0.02, 0.05), {"bet_rule": "blend"})
 
 
 def test_catastrophic_status_is_certified_not_estimated():

@@ -112,7 +112,9 @@ def test_a_simulator_of_ones_own_runs_the_rollout_engine(monkeypatch):
     bound = bind_policy(model, ["reach"], FlowConfig(sampling_steps=3))
     plan = sim.episode_plan(sim.tasks(), 6, 7, sim.held_out_variants)
     episodes = [Episode(p["task"], p["task_index"], p["variant"], p["seed"]) for p in plan]
-    episodes[0] = Episode("reach-point", 0, 5, 0, perturbation=Perturbation(action_noise=50.0), unsafe_contact_force=1.0)
+    episodes[0] = Episode(
+        "reach-point", 0, 5, 0, perturbation=Perturbation(action_noise=50.0), unsafe_contact_force=1.0
+    )
     out = rollout_lockstep(bound, episodes, execute_actions=2, max_steps=15, simulator=sim)
     again = rollout_lockstep(bound, episodes, execute_actions=2, max_steps=15, simulator=sim)
     assert list(out) == list(again) and len(out) == 6  # the episode's seed decides it, wherever it runs
