@@ -73,11 +73,11 @@ def any_parameters(root: Path) -> int:
 # that lowers its figure (issue "a typed core" sets the goal of 30 for dict-returning functions).
 CEILINGS = {
     "functions returning Dict[str, Any] besides serialisers": 84,
-    "string-key subscripts": 890,
+    "string-key subscripts": 885,
     "parameters annotated Any": 192,
     "lines in the longest function": 89,
     "blocks of cyclomatic complexity above 15 (radon)": 24,
-    "largest cyclomatic complexity (radon)": 29,
+    "largest cyclomatic complexity (radon)": 28,
 }
 
 

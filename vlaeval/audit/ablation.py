@@ -5,7 +5,7 @@ was realized. Pure: the runs' records in, typed summaries out (job=ablation runs
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -29,48 +29,63 @@ def summarise_proposals(
     for name in names:
         mine = [by[(name, s)] for s in seeds]
         row: Dict[str, Any] = {
-            "realized_ratio": {
-                str(step): seed_interval(
-                    [m["ratio"] for r in mine for m in r["measurements"] if m["step"] == step]
-                ).as_dict()
-                for step in measured
-            },
+            "realized_ratio": per_step(mine, measured, lambda m: m["ratio"]),
             "wall_seconds": float(np.mean([r["wall_seconds"] for r in mine])),
             "train_seconds": float(np.mean([r["train_seconds"] for r in mine])),
         }
-        final = row["realized_ratio"][str(measured[-1])]
-        row["gain_is_real"] = bool(final["high"] < 1.0)
+        row["gain_is_real"] = bool(row["realized_ratio"][str(measured[-1])]["high"] < 1.0)
         if all("minibatch" in m for r in mine for m in r["measurements"]):
-            row["minibatch_variance_ratio"] = {
-                str(step): seed_interval(
-                    [
-                        m["minibatch"]["variance_ratio"]["ratio"]
-                        for r in mine
-                        for m in r["measurements"]
-                        if m["step"] == step
-                    ]
-                ).as_dict()
-                for step in measured
-            }
+            row["minibatch_variance_ratio"] = per_step(
+                mine, measured, lambda m: m["minibatch"]["variance_ratio"]["ratio"]
+            )
         if all(r["heldout_loss"] for r in mine):
-            row["final_heldout_loss"] = seed_interval([r["heldout_loss"][-1][1] for r in mine]).as_dict()
+            uniform = None
             if AblationProposal.uniform in names and name != AblationProposal.uniform:
-                base = [by[(AblationProposal.uniform.value, s)]["heldout_loss"][-1][1] for s in seeds]
-                row["heldout_loss_minus_uniform"] = seed_interval(
-                    [r["heldout_loss"][-1][1] - b for r, b in zip(mine, base)]
-                ).as_dict()
+                uniform = [by[(AblationProposal.uniform.value, s)] for s in seeds]
+            row.update(heldout_losses(mine, uniform))
         if success is not None:
             row["success_rate"] = seed_interval([r["success"]["success_rate"] for r in mine]).as_dict()
         if name == AblationProposal.residual:
-            # At step 0 the run's parameters are the audited ones: the like-for-like comparison; later
-            # steps say whether the prediction still holds as training moves the parameters.
-            predicted = prediction["predicted_ratio"]
-            row["predicted_ratio"] = predicted
-            row["prediction_vs_realized"] = {
-                str(step): prediction_agreement(
-                    row["realized_ratio"][str(step)]["values"], predicted, prediction.get("predicted_ratio_sd")
-                )
-                for step in (measured[0], measured[-1])
-            }
+            row.update(prediction_against_realized(row["realized_ratio"], prediction, measured))
         out[name] = ProposalSummary.from_json(row)
     return out
+
+
+def per_step(
+    runs: List[Dict[str, Any]], measured: List[int], value: Callable[[Dict[str, Any]], float]
+) -> Dict[str, Dict[str, Any]]:
+    """At each measured step, the across-seed interval of `value` of that step's measurements."""
+    return {
+        str(step): seed_interval([value(m) for r in runs for m in r["measurements"] if m["step"] == step]).as_dict()
+        for step in measured
+    }
+
+
+def heldout_losses(runs: List[Dict[str, Any]], uniform: Optional[List[Dict[str, Any]]]) -> Dict[str, Dict[str, Any]]:
+    """The final held-out loss across seeds, and (given uniform's runs, seed by seed) its paired
+    difference from uniform's."""
+    out = {"final_heldout_loss": seed_interval([r["heldout_loss"][-1][1] for r in runs]).as_dict()}
+    if uniform is not None:
+        base = [u["heldout_loss"][-1][1] for u in uniform]
+        out["heldout_loss_minus_uniform"] = seed_interval(
+            [r["heldout_loss"][-1][1] - b for r, b in zip(runs, base)]
+        ).as_dict()
+    return out
+
+
+def prediction_against_realized(
+    realized: Dict[str, Dict[str, Any]], prediction: Dict[str, Any], measured: List[int]
+) -> Dict[str, object]:
+    """The audit's predicted ratio against the realized one at the first and the last measured step.
+    At step 0 the run's parameters are the audited ones: the like-for-like comparison; the last step
+    says whether the prediction still holds as training moves the parameters."""
+    predicted = prediction["predicted_ratio"]
+    return {
+        "predicted_ratio": predicted,
+        "prediction_vs_realized": {
+            str(step): prediction_agreement(
+                realized[str(step)]["values"], predicted, prediction.get("predicted_ratio_sd")
+            )
+            for step in (measured[0], measured[-1])
+        },
+    }
