@@ -92,13 +92,6 @@ def load_policy(cfg: DictConfig, data: Any) -> Any:
     return handle
 
 
-def gate_outcome(checks: Mapping[str, bool], gate_pass: Optional[bool]) -> Optional[bool]:
-    """Whether the run's gate passed (None: the job has no gate)."""
-    if gate_pass is not None:
-        return bool(gate_pass)
-    return all(checks.values()) if checks else None
-
-
 def sweep_run_name(run_name: str, gate: Optional[bool] = None) -> str:
     """A sweep job's run is named after its gate's outcome (when it has a gate) and what it swept (the
     values of the keys the parent recorded as swept), so children are told apart -- and their
@@ -208,7 +201,10 @@ def publish(cfg: DictConfig, report: RunReport) -> Dict[str, Any]:
         record = tracking.build_record(
             cfg.tracking,
             job_name,
-            run_name=sweep_run_name(run_name, gate_outcome(checks, gate_pass)),
+            # The gate's outcome, as its tag says (None: the job has no gate).
+            run_name=sweep_run_name(
+                run_name, None if not checks and gate_pass is None else tracking.gate_passed(checks, gate_pass)
+            ),
             start_time_ms=started_ms,
             plain_cfg=plain,
             metrics=metrics,

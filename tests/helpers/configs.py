@@ -52,11 +52,12 @@ def for_job(job: str, overrides: Sequence[str]) -> List[str]:
     refuses an override of a section it does not read (vlaeval.jobs.check_overrides_are_read)."""
     from vlaeval.config import POLICY_SECTIONS, SHARED_SECTIONS
     from vlaeval.jobs import job_module
+    from vlaeval.tracking import override_key
 
     reads = set(job_module(job).READS) | set(SHARED_SECTIONS) | {"hydra"}
     if any(o.startswith("outcomes=rollout") for o in overrides):
         reads |= set(POLICY_SECTIONS)  # a source that runs policies reads their sections
-    return [o for o in overrides if o.lstrip("+~").partition("=")[0].split(".")[0] in reads]
+    return [o for o in overrides if override_key(o).split(".")[0] in reads]
 
 
 def compose_config(

@@ -51,10 +51,11 @@ def check_overrides_are_read(cfg: DictConfig, sections: Sequence[str], overrides
     would be cut from the job's config and vanish: `vlaeval effects=catastrophic_safety` ran the
     residual audit), naming the jobs that read it. Groups that are no section (+sweep, +arm) pass."""
     from vlaeval.config import SHARED_SECTIONS
+    from vlaeval.tracking import override_key
 
     job = str(cfg.job.name)
     for override in overrides:
-        key = override.lstrip("+~").partition("=")[0]
+        key = override_key(override)
         section = key.split(".", 1)[0].split("@", 1)[0]
         if section in SHARED_SECTIONS or section in sections or section not in cfg or section == "hydra":
             continue

@@ -493,13 +493,19 @@ def get_or_create_experiment(client: Any, name: str) -> str:
         return experiment.experiment_id
 
 
+def gate_passed(checks: Mapping[str, bool], passed: Optional[bool] = None) -> bool:
+    """All checks passed, unless the job says otherwise (a smoke audit that is no certificate)."""
+    return all(checks.values()) if passed is None else bool(passed)
+
+
 def gate_tags(checks: Mapping[str, bool], passed: Optional[bool] = None) -> Dict[str, str]:
-    """gate.pass (all checks passed, unless the job says otherwise, e.g. a smoke audit that is no
-    certificate) and gate.failed: the failed checks' names, or "none" -- one readable column that
-    compares a sweep's gate outcomes in the MLflow runs table."""
+    """gate.pass (gate_passed) and gate.failed: the failed checks' names, or "none" -- one readable
+    column that compares a sweep's gate outcomes in the MLflow runs table."""
     failed = [name for name, ok in checks.items() if not ok]
-    ok = all(checks.values()) if passed is None else bool(passed)
-    return {"gate.pass": str(ok).lower(), "gate.failed": ", ".join(failed) if failed else "none"}
+    return {
+        "gate.pass": str(gate_passed(checks, passed)).lower(),
+        "gate.failed": ", ".join(failed) if failed else "none",
+    }
 
 
 def standard_tags(
