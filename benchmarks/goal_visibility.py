@@ -27,8 +27,8 @@ from torch import nn
 
 from benchlib import REPO, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json
-from vlaeval.data.metaworld import VARIANTS_PER_TASK, EpisodeRunner
-from vlaeval.data.rendering import GOAL_MARKER_RADIUS, SceneCameras, camera_key
+from vlaeval.envs.metaworld import VARIANTS_PER_TASK, EpisodeRunner
+from vlaeval.envs.rendering import GOAL_MARKER_RADIUS, SceneCameras, camera_key
 from vlaeval.policy.tiny_vla_vision import ImageEncoder, random_shift
 
 TASKS = ("reach-v3", "push-v3", "pick-place-v3", "reach-wall-v3", "push-wall-v3", "pick-place-wall-v3")

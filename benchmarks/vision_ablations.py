@@ -25,7 +25,7 @@ import torch
 
 from benchlib import REPO, compose_default, markdown_table, rate, show, write_figures
 from vlaeval.artifacts import atomic_write_json
-from vlaeval.data.rendering import RENDERER_VERSION
+from vlaeval.envs.rendering import RENDERER_VERSION
 from vlaeval.policy.builtin import PolicySpec, checkpoint_key, obtain_policy, prepare_data
 from vlaeval.rollouts.engine import evaluate_closed_loop
 

@@ -62,8 +62,8 @@ def render_costs(frames: int) -> Dict[str, Any]:
     import numpy as np
 
     import vlaeval  # noqa: F401  (MUJOCO_GL before MuJoCo)
-    from vlaeval.data.metaworld import EpisodeRunner
-    from vlaeval.data.rendering import SceneCameras
+    from vlaeval.envs.metaworld import EpisodeRunner
+    from vlaeval.envs.rendering import SceneCameras
 
     runner = EpisodeRunner()
     out: Dict[str, Any] = {}

@@ -140,7 +140,7 @@ def test_the_exported_video_reads_back_frame_for_frame(exported):
 
 
 def _scene(task: str):
-    from vlaeval.data.metaworld import EpisodeRunner
+    from vlaeval.envs.metaworld import EpisodeRunner
 
     runner = EpisodeRunner()
     env, _ = runner.env(task, 0)
@@ -152,7 +152,7 @@ def _scene(task: str):
 def test_closing_one_renderer_leaves_the_others_drawing_their_own_scene():
     """MuJoCo frees a renderer's GL objects in whichever OSMesa context is current; closing one
     renderer while another lives used to delete the live one's buffers (its frames turned to noise)."""
-    from vlaeval.data.rendering import SceneCameras
+    from vlaeval.envs.rendering import SceneCameras
 
     runner, push = _scene("push-v3")
     reach, _ = runner.env("reach-v3", 0)
@@ -171,7 +171,7 @@ def test_simplified_meshes_change_few_pixels_and_leave_the_physics_its_own_faces
     frame barely changes, and the model's own faces are back once the renderer has uploaded them."""
     import mujoco
 
-    from vlaeval.data import rendering
+    from vlaeval.envs import rendering
 
     runner, env = _scene("pick-place-v3")
     model, data = env.unwrapped.model, env.unwrapped.data
@@ -217,8 +217,8 @@ def test_the_goal_is_drawn_where_the_camera_sees_it_and_the_physics_never_sees_t
     observation are untouched."""
     import mujoco
 
-    from vlaeval.data import rendering
-    from vlaeval.data.metaworld import EpisodeRunner
+    from vlaeval.envs import rendering
+    from vlaeval.envs.metaworld import EpisodeRunner
 
     runner = EpisodeRunner()
     env, obs = runner.env("reach-v3", variant)

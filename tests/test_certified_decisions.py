@@ -20,13 +20,12 @@ import pandas as pd
 import pytest
 from scipy.stats import beta as beta_dist
 
-from helpers.configs import compose_config, typed_gauntlet
+from helpers.configs import compose_config, gauntlet_inputs_of, typed_gauntlet
 from helpers.outcomes import outcome_table, rows_from_cluster_means
 from vlaeval.artifacts import sha256_file, stable_seed
 from vlaeval.config import UserInputError
 from vlaeval.gauntlet import ArrayCache, FileOutcomes, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.constants import ORDER_FROM_FRESH_DRAW, run_order_seed
-from vlaeval.gauntlet.inputs import gauntlet_inputs
 from vlaeval.gauntlet.outcomes import cluster_permutation
 from vlaeval.gauntlet.planning import plan_gauntlet
 from vlaeval.seqtest import PairedSequentialTest, drift_diagnostic, size_adaptive_cap
@@ -134,17 +133,17 @@ def test_a_file_needs_a_declared_largest_cluster_for_the_unit_estimand(tmp_path)
     with pytest.raises(
         UserInputError, match=r"gauntlet.estimand=unit needs strata.safety_critical.max_cluster_size"
     ) as refused:
-        gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+        gauntlet_inputs_of(cfg)
     # It names no number read off the file (its own largest cluster is a data-derived normaliser).
     assert "generator can produce" in str(refused.value) and not re.search(r"max_cluster_size=\d", str(refused.value))
     cfg = compose_config(
         ["strata=small", "outcomes=file", f"outcomes.path={path}", "strata.nominal.min_cluster_size=45"]
     )
     with pytest.raises(UserInputError, match=r"fewer than its declared strata.nominal.min_cluster_size=45"):
-        gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+        gauntlet_inputs_of(cfg)
     # The synthetic source's plan is fixed before any outcome: its extremes need no declaration.
     cfg = compose_config(["strata=small", "gauntlet.estimand=unit"])
-    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+    inputs = gauntlet_inputs_of(cfg)
     result = run_gauntlet(
         inputs.settings, inputs.strata, {}, inputs.source, ArrayCache(tmp_path, enabled=False), LINEAGE
     ).to_json()
@@ -547,7 +546,7 @@ def test_pre_flight_advice_never_widens_the_margin_after_the_data(tmp_path):
     _, strata, _ = typed_gauntlet(compose_config(["strata=small"]))
     outcome_table(strata).to_csv(path, index=False)
     cfg = compose_config(["strata=small", "outcomes=file", f"outcomes.path={path}", "gauntlet.margin_delta=0.005"])
-    plan = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes).plan()
+    plan = gauntlet_inputs_of(cfg).plan()
     assert plan["warnings"] and not any("widen" in w or "wider margin" in w for w in plan["warnings"])
     assert all("the margin is fixed in advance" in w and "a new test" in w for w in plan["warnings"])
     rows = {r["stratum"]: r for r in plan["strata"]}
@@ -568,16 +567,16 @@ def test_file_strata_with_likely_typos_are_refused_unless_accepted(tmp_path):
     with pytest.raises(
         UserInputError, match=r"did you mean 'distribution_shift'\? .*accept_new_strata=\[distribution_shfit\]"
     ):
-        gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+        gauntlet_inputs_of(cfg)
     cfg = compose_config([*base, "gauntlet.accept_new_strata=[distribution_shfit]"])
-    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+    inputs = gauntlet_inputs_of(cfg)
     assert "distribution_shfit" in inputs.resolved.added
     assert any("'distribution_shfit' is in" in n for n in inputs.resolved.notices)
     # A name far from every configured stratum keeps today's notice.
     path2 = tmp_path / "moon.csv"
     table.assign(stratum=table["stratum"].replace("nominal", "moon_base")).to_csv(path2, index=False)
     cfg = compose_config(["strata=small", "outcomes=file", f"outcomes.path={path2}"])
-    assert "moon_base" in gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes).resolved.added
+    assert "moon_base" in gauntlet_inputs_of(cfg).resolved.added
 
 
 def test_an_outcome_file_declares_where_its_evidence_came_from(tmp_path):
@@ -588,7 +587,7 @@ def test_an_outcome_file_declares_where_its_evidence_came_from(tmp_path):
     path = tmp_path / "labelled.csv"
     table.to_csv(path, index=False)
     cfg = compose_config(["strata=small", "outcomes=file", f"outcomes.path={path}"])
-    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+    inputs = gauntlet_inputs_of(cfg)
     result = run_gauntlet(
         inputs.settings, inputs.strata, {}, inputs.source, ArrayCache(tmp_path, enabled=False), LINEAGE
     ).to_json()
@@ -600,7 +599,7 @@ def test_an_outcome_file_declares_where_its_evidence_came_from(tmp_path):
     # COUNTERFACTUAL and historical_regressions REPLAYED): the label is undeclared, and the
     # recommendation says what is missing.
     table.drop(columns="data_label").to_csv(path, index=False)
-    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+    inputs = gauntlet_inputs_of(cfg)
     result = run_gauntlet(
         inputs.settings, inputs.strata, {}, inputs.source, ArrayCache(tmp_path, enabled=False), LINEAGE
     ).to_json()

@@ -13,7 +13,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from helpers.configs import CONF, MAIN, REPO, compose_config, typed_gauntlet
 from helpers.reliability import record_outcome
-from vlaeval.config import DataLabel, StratumConfig
+from vlaeval.config import DataLabel, StratumConfig, UserInputError
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("sweep", "hydra", "arm"))
 LAUNCHER_TARGETS = {
@@ -289,6 +289,56 @@ def test_a_job_is_given_one_prepared_config_typed_cut_and_read_only(job):
         assert "encoder_hidden" in prepared.model
 
 
+def test_every_job_runs_on_its_own_typed_config_made_once_at_dispatch(tmp_path):
+    """Each job's run is annotated with its config dataclass (what it reads, and nothing else), each
+    field typed as the schema types that section; dispatch converts once: sections are their
+    dataclasses, the job's config is frozen, components stay read-only nodes."""
+    import dataclasses
+    import typing
+
+    from omegaconf import DictConfig
+
+    from vlaeval.config import Component, JobSettings, VlaevalConfig
+    from vlaeval.jobs import available_jobs, job_module, job_schema, typed_config
+
+    schema_types = typing.get_type_hints(VlaevalConfig)
+    assert len(available_jobs()) == 13
+    for job in available_jobs():
+        module = job_module(job)
+        schema = job_schema(module)
+        assert issubclass(schema, JobSettings) and schema.__dataclass_params__.frozen, job
+        assert typing.get_type_hints(module.run)["cfg"] is schema
+        for name, hint in typing.get_type_hints(schema).items():
+            expected = schema_types[name]
+            if expected is typing.Any:  # a `_target_` component
+                expected = Component
+            assert hint in (expected, typing.Optional[expected]), (job, name, hint, expected)
+    with pytest.raises(
+        UserInputError,
+        match=r"^paths.output_dir cannot be resolved \(.*HydraConfig was not set: .*; set paths.output_dir=<value>$",
+    ):
+        typed_config(compose_config(["job=residual_audit"]), [])  # composed in-process: no Hydra run directory
+    typed = typed_config(compose_config(["job=residual_audit"], output_dir=tmp_path), [])
+    assert type(typed).__name__ == "AuditJobConfig"
+    assert dataclasses.is_dataclass(typed.train) and dataclasses.is_dataclass(typed.gate)
+    assert isinstance(typed.model, DictConfig) and OmegaConf.is_readonly(typed.model)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        typed.train = None
+    assert not hasattr(typed, "gauntlet")  # a section it does not read is not given
+
+
+def test_a_run_without_its_config_annotation_is_refused():
+    """The negative control of the annotation rule: a job whose run takes an untyped cfg."""
+    import types
+
+    from vlaeval.jobs import job_schema
+
+    module = types.ModuleType("vlaeval.jobs.untyped")
+    exec("from omegaconf import DictConfig\ndef run(cfg: DictConfig): return {}", module.__dict__)
+    with pytest.raises(TypeError, match="must be annotated with its config dataclass"):
+        job_schema(module)
+
+
 def _help_examples():
     """(args, what its comment says) of every example `vlaeval --help` prints."""
     import shlex
@@ -311,7 +361,7 @@ def test_every_help_example_composes_and_every_override_is_read(tmp_path, args, 
     """Each example composes and its job reads every section it overrides (else the override would
     vanish: `vlaeval effects=catastrophic_safety` once ran the residual audit); the gauntlet's do what
     their comment says."""
-    from vlaeval.jobs import prepared_config
+    from vlaeval.jobs import prepared_config, typed_config
 
     overrides = [a for a in args if a != "-m"]
     overrides = [re.sub(r"=range\((\d+),\d+\)$", r"=\1", o).replace("<id>", "0" * 32) for o in overrides]
@@ -322,9 +372,9 @@ def test_every_help_example_composes_and_every_override_is_read(tmp_path, args, 
         from vlaeval.jobs import gauntlet
 
         ran = compose_config([*overrides, "tracking=disabled"], output_dir=tmp_path / "run", cache_dir=tmp_path / "c")
-        result = gauntlet.run(prepared_config(ran, overrides))
-        halted = any(e["event"] == "CATASTROPHIC_HALT" for e in result["events"])
-        assert halted == ("halts" in says), (args, says, [e["event"] for e in result["events"]])
+        result = gauntlet.run(typed_config(ran, overrides))
+        halted = any(e.event == "CATASTROPHIC_HALT" for e in result.result.events)
+        assert halted == ("halts" in says), (args, says, [e.event for e in result.result.events])
 
 
 def test_an_override_of_a_section_the_job_does_not_read_is_refused():

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from helpers.configs import compose_config, typed_gauntlet
+from helpers.configs import compose_config, gauntlet_inputs_of, typed_gauntlet
 from helpers.outcomes import outcome_table
 from helpers.reliability import record_outcome
 from vlaeval.config import UserInputError
@@ -193,12 +193,11 @@ def test_a_file_with_four_strata_runs_with_no_overrides(workdir, small):
 
 def _file_inputs(tmp_path, table, *extra):
     """What job=gauntlet builds before any work, in-process, for this table as an outcome file."""
-    from vlaeval.gauntlet.inputs import gauntlet_inputs
 
     path = tmp_path / "outcomes.csv"
     table.to_csv(path, index=False)
     cfg = compose_config(["outcomes=file", f"outcomes.path={path}", *extra])
-    return gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+    return gauntlet_inputs_of(cfg)
 
 
 def test_absent_strata_that_are_not_required_do_not_block_launch(tmp_path, small):

@@ -315,7 +315,7 @@ def test_the_default_episode_plan_is_pinned_and_more_episodes_cover_every_scene(
     variant families' scenes as indices 50 * family + variant."""
     from collections import Counter
 
-    from vlaeval.data.metaworld import TRAIN_VARIANTS, episode_plan, scene_of
+    from vlaeval.envs.metaworld import TRAIN_VARIANTS, episode_plan, scene_of
 
     default = [e["variant"] for e in episode_plan(["reach-v3"], 12, 0, TRAIN_VARIANTS)]
     assert default == [4, 7, 8, 23, 15, 5, 2, 22, 24, 16, 11, 0]
@@ -329,7 +329,7 @@ def test_the_default_episode_plan_is_pinned_and_more_episodes_cover_every_scene(
 def test_a_scene_of_another_family_is_that_family_s_variant():
     import metaworld
 
-    from vlaeval.data.metaworld import EpisodeRunner
+    from vlaeval.envs.metaworld import EpisodeRunner
 
     runner = EpisodeRunner()
     try:

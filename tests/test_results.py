@@ -9,9 +9,8 @@ import json
 import pytest
 from rich.console import Console
 
-from helpers.configs import REPO, compose_config
+from helpers.configs import REPO, compose_config, gauntlet_inputs_of
 from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet
-from vlaeval.gauntlet.inputs import gauntlet_inputs
 from vlaeval.gauntlet.result import GauntletResult, StratumResult
 
 # result.json files written by earlier versions (the first gauntlet, and the one before typed results).
@@ -21,7 +20,7 @@ OLD_RESULTS = sorted((REPO / "tests" / "data").glob("gauntlet_result_*.json"))
 @pytest.fixture(scope="module")
 def halted():
     cfg = compose_config(["strata=small", "effects=catastrophic_safety"])
-    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes)
+    inputs = gauntlet_inputs_of(cfg)
     return run_gauntlet(
         inputs.settings,
         inputs.strata,

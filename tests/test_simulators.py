@@ -97,7 +97,9 @@ def test_metaworld_implements_the_protocol_and_an_unknown_name_is_one_line():
     assert missing_members(object()) == ["name", "variants_per_task", "held_out_variants", "cache_identity", "tasks",
                                          "instruction", "episode_plan", "environments", "expert_successes", "prepare",
                                          "has_bodies"]  # fmt: skip
-    with pytest.raises(UserInputError, match="no simulator 'libero'; registered: metaworld"):
+    with pytest.raises(
+        UserInputError, match=r"^simulator=libero is not a registered simulator; choose one of metaworld "
+    ):
         simulator("libero")
 
 
@@ -122,3 +124,36 @@ def test_a_simulator_of_ones_own_runs_the_rollout_engine(monkeypatch):
     assert not (out.success & out.unsafe).any()
     # The engine used the point simulator's own step and monitor: a wall it pushed through is unsafe.
     assert out.unsafe[0] and not out.unsafe[1:].any()  # only the monitored, shaken episode
+
+
+def test_the_simulator_is_chosen_by_name_in_the_config_and_the_evaluation_runs_in_it(monkeypatch, tmp_path):
+    """`simulator=<name>` is read by every job that runs a policy: an unknown name is one line before
+    any work; a registered one is where the held-out evaluation (and its expert, and its episode
+    plan) runs, in this process and in forked workers alike."""
+    import vlaeval.envs
+    from helpers.configs import compose_config
+    from vlaeval.config import EvaluateConfig, RolloutConfig
+    from vlaeval.jobs import typed_config
+    from vlaeval.rollouts.engine import evaluate_closed_loop
+
+    with pytest.raises(UserInputError, match=r"^simulator=libero is not a registered simulator"):
+        typed_config(compose_config(["job=evaluate", "simulator=libero"], output_dir=tmp_path), ["simulator=libero"])
+    assert typed_config(compose_config(["job=evaluate"], output_dir=tmp_path), []).simulator == "metaworld"
+    gauntlet = typed_config(compose_config(["job=gauntlet"], output_dir=tmp_path), [])
+    assert gauntlet.simulator is None  # a synthetic gauntlet runs no policy: it is not given the simulator
+
+    monkeypatch.setitem(SIMULATORS, "point", (__name__, "PointSimulator"))
+    monkeypatch.setattr(vlaeval.envs, "_MADE", {})
+    torch.manual_seed(0)
+    model = TinyVLA(["reach"], 4, 2, 4, encoder_hidden=16, conditioning_dim=8, head_hidden=16, head_layers=2)
+    bound = bind_policy(model, ["reach"], FlowConfig(sampling_steps=3))
+    evaluate = EvaluateConfig(episodes_per_task=4, max_steps=10, execute_actions=2)
+    runs = [
+        evaluate_closed_loop(
+            bound, ["reach-point"], evaluate, RolloutConfig(workers=w, lockstep_group=2), simulator="point"
+        )
+        for w in (1, 2)
+    ]
+    assert runs[0]["episodes"] == runs[1]["episodes"] and len(runs[0]["episodes"]) == 4
+    assert [e["variant"] for e in runs[0]["episodes"]] == [5, 6, 7, 8]  # the point world's plan and variants
+    assert runs[0]["expert_success_rate"] == 1.0  # its expert, not Meta-World's

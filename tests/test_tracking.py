@@ -283,3 +283,96 @@ def test_user_values_in_history_filters_are_quoted_not_pasted(tmp_path):
         assert found == [version], (version, found)
     with pytest.raises(UserInputError, match="holds both quote characters"):
         filter_literal("""it's "x\"""", "history.candidate_version")
+
+
+class FolderStore:
+    """A tracking store of the test's own (vlaeval/tracking/store.py: RunStore): each run's record a
+    JSON file in the folder tracking.uri names."""
+
+    name = "folder"
+
+    def __init__(self, tracking_cfg):
+        self.root = Path(str(tracking_cfg.uri))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.uri = f"folder:{self.root}"
+
+    def record(self, record, base_dir, result_path):
+        from vlaeval.artifacts import atomic_write_json
+
+        entry = {**record, "status": "FINISHED", "base_dir": str(base_dir), "end_time_ms": record["start_time_ms"]}
+        atomic_write_json(self.root / f"{record['record_id']}.json", entry)
+        return str(record["record_id"])
+
+    def sync(self, record, base_dir, *, to_configured=False):
+        return self.uri, self.record(record, base_dir, None)
+
+    def runs(self, job, limit, equals=None):
+        from vlaeval.artifacts import read_json
+        from vlaeval.tracking.store import StoredRun
+
+        found = []
+        for path in sorted(self.root.glob("*.json")):
+            r = read_json(path)
+            if r["tags"].get("vlaeval.job") != job:
+                continue
+            run = StoredRun(
+                r["record_id"], r["status"], r["start_time_ms"], r["end_time_ms"],
+                {k: str(v) for k, v in r["params"].items()}, r["metrics"], r["tags"],
+            )  # fmt: skip
+            where = {"params": run.params, "tags": run.tags}
+            if all(where[k.split(".", 1)[0]].get(k.split(".", 1)[1]) == v for k, v in dict(equals or {}).items()):
+                found.append(run)
+        return sorted(found, key=lambda run: -run.start_ms)[:limit]
+
+    def read_json(self, run, name):
+        from vlaeval.artifacts import read_json
+
+        path = Path(read_json(self.root / f"{run.store_run_id}.json")["base_dir"]) / name
+        return read_json(path) if path.is_file() else None
+
+    def saved_run(self, run_id, into):
+        from vlaeval.artifacts import read_json
+        from vlaeval.tracking.store import SavedRun
+
+        r = read_json(self.root / f"{run_id}.json")
+        return SavedRun(Path(r["base_dir"]) / ".hydra" / "config.yaml", r["metrics"], r["tags"])
+
+    def annotate(self, run_id, *, tags=None, metrics=None, artifacts=()):
+        from vlaeval.artifacts import atomic_write_json, read_json
+
+        r = read_json(self.root / f"{run_id}.json")
+        r["tags"].update(dict(tags or {}))
+        r["metrics"].update(dict(metrics or {}))
+        atomic_write_json(self.root / f"{run_id}.json", r)
+
+
+def test_a_tracking_store_of_ones_own_records_the_run_and_history_reads_it_back(tmp_path, monkeypatch):
+    """tracking.backend chooses the store by name: a run is published to a store of the test's own
+    (its record, its typed RunRecord), job=gauntlet_history lists it from there as typed rows, the
+    candidate filter picks it out; an unregistered backend is one line before any work."""
+    from helpers.configs import compose_config
+    from vlaeval.errors import UserInputError
+    from vlaeval.jobs import dispatch
+    from vlaeval.tracking.store import RUN_STORES, RunStore, run_store
+
+    monkeypatch.setitem(RUN_STORES, "folder", (__name__, "FolderStore"))
+    store_args = ["tracking.backend=folder", f"tracking.uri={tmp_path / 'store'}"]
+    assert isinstance(run_store(compose_config(store_args).tracking), RunStore)
+    for version in ("cand-a", "cand-b"):
+        overrides = ["job=gauntlet", "strata=small", "gauntlet.plot=false", f"gauntlet.candidate_version={version}"]
+        cfg = compose_config([*overrides, *store_args], output_dir=tmp_path / version, cache_dir=tmp_path / "cache")
+        ran = dispatch(cfg, [])
+        assert ran.run.store == "folder" and ran.run.store_run_id is not None
+        record = json.loads((tmp_path / "store" / f"{ran.run.store_run_id}.json").read_text())
+        assert record["params"]["gauntlet.candidate_version"] == version
+        assert record["tags"]["recommendation"] == ran.result.recommendation.recommendation
+        assert ran.run.where().endswith(f"folder run: {ran.run.store_run_id}")
+
+    history = ["job=gauntlet_history", "history.candidate_version=cand-a", f"history.local_paths=[{tmp_path / 'none'}]"]
+    shown = dispatch(compose_config([*history, *store_args], output_dir=tmp_path / "history"), []).result
+    assert [(r["candidate_version"], r["where"]) for r in shown["runs"]] == [("cand-a", "folder")]
+    assert shown["shown"]["candidate_version"] == "cand-a"  # its result.json, read through the store
+
+    with pytest.raises(UserInputError, match=r"^tracking.backend=wandb is not a registered tracking store"):
+        dispatch(compose_config(["job=gauntlet", "tracking.backend=wandb"], output_dir=tmp_path / "x"), [])
+    assert not (tmp_path / "x").exists()

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from helpers.configs import AUDIT_SMALL, compose_config
+from vlaeval.config import TrainConfig
 from vlaeval.errors import UserInputError
 from vlaeval.policy.builtin import PolicySpec, build_model, checkpoint_key, prepare_data, weight_train_settings
 from vlaeval.policy.training import (
@@ -35,7 +36,7 @@ def tiny(tmp_path_factory):
 
 
 def test_the_learning_rate_warms_up_linearly_then_follows_the_cosine_to_zero():
-    train = OmegaConf.create({"steps": 20, "warmup_steps": 4, "learning_rate": 1.0})
+    train = TrainConfig(steps=20, warmup_steps=4, learning_rate=1.0)
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     schedule = learning_rate_schedule(optimizer, train)
     rates = []
@@ -48,7 +49,7 @@ def test_the_learning_rate_warms_up_linearly_then_follows_the_cosine_to_zero():
     assert rates[4:] == pytest.approx(expected)
     # Without warmup: the cosine from the first step, as before the setting existed.
     plain = learning_rate_schedule(
-        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), OmegaConf.create({"steps": 20})
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), TrainConfig(steps=20, warmup_steps=0)
     )
     assert isinstance(plain, torch.optim.lr_scheduler.CosineAnnealingLR)
 
@@ -191,22 +192,16 @@ def test_draws_per_anchor_are_the_loss_of_each_anchor_repeated_with_its_encoder_
 
 @pytest.mark.parametrize("sampling", [[], ["train.time_sampling=adaptive"]])
 def test_a_run_with_draws_per_anchor_is_seeded_and_one_draw_is_the_run_it_was(tiny, sampling):
-    """draws_per_anchor=1 trains bit for bit as before the setting existed and keeps the checkpoint
-    key; 2 trains another (seeded) run under another key, on the weighted path as well."""
+    """draws_per_anchor=1 trains bit for bit as the default run (the run before the setting existed)
+    and keeps its checkpoint key; 2 trains another (seeded) run under another key, on the weighted
+    path as well."""
     cfg, data = tiny
     runs = {}
     for draws in (None, 1, 2, 2):
         extra = [] if draws is None else [f"train.draws_per_anchor={draws}"]
         spec = PolicySpec.of(compose_config([*AUDIT_SMALL, *sampling, *extra, "train.steps=4"]))
         model = build_model(spec, data)
-        if draws is None:  # as the loop ran before the setting: no key in the config at all
-            spec = PolicySpec.of(compose_config([*AUDIT_SMALL, *sampling, "train.steps=4"]))
-            train = OmegaConf.create(
-                {k: v for k, v in OmegaConf.to_container(spec.train).items() if k != "draws_per_anchor"}
-            )
-        else:
-            train = spec.train
-        metrics = train_policy(data.bind(model, cfg.flow), data.anchors, train)
+        metrics = train_policy(data.bind(model, cfg.flow), data.anchors, spec.train)
         weights = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
         runs.setdefault(draws, []).append((weights, metrics["final_loss"], checkpoint_key(spec, data)))
     (before,), (one,), twice = runs[None], runs[1], runs[2]

@@ -180,7 +180,7 @@ def test_a_policy_reading_two_frames_sees_the_previous_step_and_the_present_one(
     # Between calls too: with 2 actions per call, the second call's past is the frame after step 1,
     # rendered by the same camera at the same size as a watcher sees it.
     from vlaeval.data.cameras import channel_first
-    from vlaeval.data.rendering import SceneCameras
+    from vlaeval.envs.rendering import SceneCameras
 
     after_step: Dict[int, List[np.ndarray]] = {0: [], 1: []}
     renderers: Dict[int, Any] = {}

@@ -73,11 +73,10 @@ def run_job(cfg: DictConfig) -> float | None:
         console.print_error("interrupted; nothing half-written (a finished cache entry is kept for the next run)")
         _remove_if_only_hydra_files(_hydra_output_dir())
         raise SystemExit(EXIT_INTERRUPTED) from None
-    code = result.get("exit_code") if isinstance(result, dict) else None
-    if code and not _in_multirun():
-        raise SystemExit(int(code))
+    if result.exit_code and not _in_multirun():
+        raise SystemExit(result.exit_code)
     # A number Hydra sweepers can optimise: 1.0 when every gate check passed.
-    checks = result.get("checks") if isinstance(result, dict) else None
+    checks = result.run.checks if result.run is not None else None
     return float(all(checks.values())) if checks else None
 
 

@@ -11,8 +11,9 @@ Importing this module must stay cheap: no mlflow, no torch, no numpy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from enum import Enum
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -47,8 +48,10 @@ from vlaeval.errors import UserInputError, require
 
 __all__ = [
     "ClusterOrder",
+    "Component",
     "DataLabel",
     "GauntletConfig",
+    "JobSettings",
     "StratumConfig",
     "UserInputError",
     "VlaevalConfig",
@@ -56,6 +59,7 @@ __all__ = [
     "register_configs",
     "require",
     "to_plain",
+    "typed_job_config",
 ]
 
 
@@ -74,6 +78,8 @@ class PathsConfig:
 @dataclass
 class TrackingConfig:
     enabled: bool = True
+    # The store runs are recorded in: a backend registered by name in vlaeval.tracking.store.RUN_STORES.
+    backend: str = "mlflow"
     # null: $MLFLOW_TRACKING_URI if set, else sqlite:///<cwd>/mlflow.db (MLflow 3's own default).
     uri: Optional[str] = None
     experiment_prefix: str = "vlaeval"
@@ -428,6 +434,8 @@ class SyncConfig:
 class VlaevalConfig:
     job: JobConfig = field(default_factory=JobConfig)
     device: str = "cpu"
+    # Where closed-loop episodes run: a simulator registered by name in vlaeval/envs (SIMULATORS).
+    simulator: str = "metaworld"
     paths: PathsConfig = field(default_factory=PathsConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     gauntlet: GauntletConfig = field(default_factory=GauntletConfig)
@@ -470,13 +478,6 @@ def register_configs() -> None:
 register_configs()
 
 
-# Every job is given these; each job module's READS names the rest it reads (vlaeval.jobs.dispatch).
-SHARED_SECTIONS = ("job", "paths", "tracking")
-# What building or loading a policy reads: the jobs that train, score or run one, and a gauntlet
-# whose outcome source runs policies (outcomes=rollout).
-POLICY_SECTIONS = ("data", "model", "flow", "train", "checkpoint", "evaluate", "rollout", "device")
-
-
 def job_config(cfg: DictConfig, sections: Sequence[str]) -> DictConfig:
     """The run's config cut to `sections` (and the shared ones), typed and in struct mode: what the
     job is given, logs and digests. A job that reads a section it did not declare fails in the
@@ -488,8 +489,125 @@ def job_config(cfg: DictConfig, sections: Sequence[str]) -> DictConfig:
 
 
 def to_plain(cfg: Any) -> Any:
-    """Resolved plain-Python view of an OmegaConf node (enums as their names)."""
+    """Resolved plain-Python view of an OmegaConf node, a section's dataclass or a job's typed config
+    (enums as their names): what is logged and digested, the same for a node and its typed form."""
+    if isinstance(cfg, JobSettings):
+        # In the composed config's order (VlaevalConfig's), so a run's digest does not depend on
+        # the order a job's dataclass declares its sections in.
+        present = {f.name for f in fields(cfg) if getattr(cfg, f.name) is not None}
+        return {f.name: to_plain(getattr(cfg, f.name)) for f in fields(VlaevalConfig) if f.name in present}
+    if is_dataclass(cfg) and not isinstance(cfg, type):
+        cfg = OmegaConf.structured(cfg)
+    if isinstance(cfg, dict):
+        return {key: to_plain(value) for key, value in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [to_plain(value) for value in cfg]
+    if not OmegaConf.is_config(cfg):
+        return cfg.name if isinstance(cfg, Enum) else cfg
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+
+# A `_target_` component's config (data, model, outcomes), kept as its read-only node: its keys are
+# its target's arguments (checked against the signature before the job starts), built with
+# hydra.utils.instantiate; there is no dataclass to convert it to.
+Component = DictConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSettings:
+    """What every job is given: the base of each job's typed config. A job module's `run` is
+    annotated with its subclass (`def run(cfg: GauntletJobConfig)`), whose fields are the config
+    sections the job reads -- the only ones it is given, logs and digests; a field that defaults to
+    None is read only when present (a gauntlet whose outcome source runs policies)."""
+
+    job: JobConfig
+    paths: PathsConfig
+    tracking: TrackingConfig
+
+
+S = TypeVar("S", bound=JobSettings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyJobSettings(JobSettings):
+    """The sections building, loading or running a policy reads: the base of the jobs that train,
+    score or run one."""
+
+    data: Component
+    model: Component
+    flow: FlowConfig
+    train: TrainConfig
+    checkpoint: CheckpointConfig
+    evaluate: EvaluateConfig
+    rollout: RolloutConfig
+    device: str
+    simulator: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceJobSettings(JobSettings):
+    """The sections a job over an outcome source reads (job=plan, gauntlet, regressions); a source that
+    runs policies (outcomes=rollout: its constructor takes a `context`) also reads the policy
+    sections, which are None otherwise (the job is not given them)."""
+
+    outcomes: Component
+    data: Optional[Component] = None
+    model: Optional[Component] = None
+    flow: Optional[FlowConfig] = None
+    train: Optional[TrainConfig] = None
+    checkpoint: Optional[CheckpointConfig] = None
+    evaluate: Optional[EvaluateConfig] = None
+    rollout: Optional[RolloutConfig] = None
+    device: Optional[str] = None
+    simulator: Optional[str] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutcomeJobSettings(SourceJobSettings):
+    """What testing a source's strata reads (job=plan, job=gauntlet)."""
+
+    gauntlet: GauntletConfig
+    strata: Dict[str, StratumConfig]
+    effects: Dict[str, Any]
+
+
+def job_sections(schema: Type[JobSettings], *, optional: bool = False) -> Tuple[str, ...]:
+    """The sections a job's config reads besides the shared ones: those it always reads, or (optional)
+    those read only when present."""
+    shared = {f.name for f in fields(JobSettings)}
+    return tuple(f.name for f in fields(schema) if f.name not in shared and ((f.default is not MISSING) == optional))
+
+
+def typed_job_config(schema: Type[S], cfg: DictConfig) -> S:
+    """The job's typed config from its prepared (cut, checked, read-only) node, made once at dispatch
+    (OmegaConf.to_object per section): sections become their dataclasses, strata and effects plain
+    mappings, components stay read-only nodes; the job's own dataclass is frozen."""
+    hints = get_type_hints(schema)
+    values: Dict[str, Any] = {}
+    for f in fields(schema):
+        if f.name not in cfg:
+            require(f.default is not MISSING, f"job={cfg.job.name} needs the {f.name} section, which is missing")
+            continue
+        if hints[f.name] is Component or hints[f.name] == Optional[Component]:
+            values[f.name] = cfg[f.name]
+        else:
+            values[f.name] = _resolved(cfg, f.name)
+    return schema(**values)
+
+
+def _resolved(cfg: DictConfig, name: str) -> Any:
+    """A section as its dataclass (or mapping), a value as itself; an unresolvable value in one line."""
+    from omegaconf.errors import InterpolationResolutionError
+
+    try:
+        return OmegaConf.to_object(cfg[name]) if OmegaConf.is_config(cfg._get_node(name)) else cfg[name]
+    except InterpolationResolutionError as error:  # e.g. ${hydra:runtime.output_dir} outside a Hydra run
+        from vlaeval.errors import first_line
+
+        raise UserInputError(
+            f"{error.full_key} cannot be resolved ({first_line(error.__cause__ or error)}: a config composed "
+            f"outside a Hydra run has no run directory); set {error.full_key}=<value>"
+        ) from None
 
 
 def check_known_keys(cfg: Any, where: str = "") -> None:
@@ -516,3 +634,10 @@ def check_known_keys(cfg: Any, where: str = "") -> None:
         if OmegaConf.is_missing(cfg, key) or OmegaConf.is_interpolation(cfg, key):
             continue
         check_known_keys(cfg._get_node(key), f"{where}{key}.")
+
+
+# Every job is given these; each job's config dataclass names the rest it reads (vlaeval.jobs.dispatch).
+SHARED_SECTIONS = tuple(f.name for f in fields(JobSettings))
+# What building or loading a policy reads: the jobs that train, score or run one, and a gauntlet
+# whose outcome source runs policies (outcomes=rollout).
+POLICY_SECTIONS = job_sections(PolicyJobSettings)

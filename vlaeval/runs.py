@@ -8,13 +8,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Generic, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from vlaeval import tracking
 from vlaeval.artifacts import atomic_write_json
-from vlaeval.config import to_plain
+from vlaeval.config import JobSettings, PolicyJobSettings, to_plain
+from vlaeval.tracking.record import RunRecord
+from vlaeval.tracking.store import run_store
 
 RESULT_FILE = "result.json"
 # Metrics of the machine and its cache state, not of the method: reproduce does not compare them.
@@ -25,13 +27,13 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def output_dir(cfg: DictConfig) -> Path:
+def output_dir(cfg: JobSettings) -> Path:
     path = Path(str(cfg.paths.output_dir))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def load_data(cfg: DictConfig) -> Any:
+def load_data(cfg: PolicyJobSettings) -> Any:
     """The data component's demonstrations and anchors (recorded on first use, with progress)."""
     from vlaeval import console
     from vlaeval.policy.builtin import prepare_data
@@ -44,7 +46,7 @@ def load_data(cfg: DictConfig) -> Any:
         return prepare_data(cfg.data, str(cfg.paths.cache_dir), progress)
 
 
-def load_heldout_data(cfg: DictConfig, episodes_per_task: int) -> Any:
+def load_heldout_data(cfg: PolicyJobSettings, episodes_per_task: int) -> Any:
     """The data component's held-out scenes (data.scenes=held_out), episodes_per_task per task:
     what a held-out flow-matching loss is measured on (recorded on first use, with progress)."""
     from vlaeval import console
@@ -67,14 +69,14 @@ def load_heldout_data(cfg: DictConfig, episodes_per_task: int) -> Any:
         )
 
 
-def load_data_and_policy(cfg: DictConfig) -> Tuple[Any, Any]:
+def load_data_and_policy(cfg: PolicyJobSettings) -> Tuple[Any, Any]:
     """Demonstrations and the policy the checkpoint group names (checkpoint=builtin trains it on
     first use, with progress)."""
     data = load_data(cfg)
     return data, load_policy(cfg, data)
 
 
-def load_policy(cfg: DictConfig, data: Any) -> Any:
+def load_policy(cfg: PolicyJobSettings, data: Any) -> Any:
     """The policy the checkpoint group names for this data (checkpoint=builtin trains it on first
     use, with progress)."""
     from vlaeval import console
@@ -132,6 +134,20 @@ def lineage_tags(handle: Any, data: Any) -> Dict[str, str]:
     return {"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256}
 
 
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class JobResult(Generic[R]):
+    """What a job's run returns: its result (the object result.json holds, as the job types it) and
+    the run it was published as; `exit_code` (0: none) is what main exits with outside a sweep (a
+    gate or a recommendation the user asked to turn into an exit code)."""
+
+    result: R
+    run: Optional[RunRecord]  # None: a job that publishes no run of its own (sync, gauntlet_history)
+    exit_code: int = 0
+
+
 @dataclass(frozen=True)
 class RunReport:
     """One finished run as its job hands it over: the result (JSON-ready; the job's result object's
@@ -159,7 +175,7 @@ class RunReport:
     code: Optional[Mapping[str, Any]] = None
 
 
-def publish(cfg: DictConfig, report: RunReport) -> Dict[str, Any]:
+def publish(cfg: JobSettings, report: RunReport) -> RunRecord:
     """Write the result locally (atomic) first, then log the run to MLflow (spooled for job=sync
     if the store cannot be reached). Every result carries a unique run id (`run_id`, tag
     `vlaeval.run_id`), tracked or not."""
@@ -197,6 +213,7 @@ def publish(cfg: DictConfig, report: RunReport) -> Dict[str, Any]:
         child_records.append({**child, "artifacts": [(child_path, None)]})
     result_path = atomic_write_json(out / RESULT_FILE, result)
     artifacts.insert(0, (result_path, None))
+    store_run_id = None
     if cfg.tracking.enabled:
         record = tracking.build_record(
             cfg.tracking,
@@ -216,6 +233,16 @@ def publish(cfg: DictConfig, report: RunReport) -> Dict[str, Any]:
             cache_dir=str(cfg.paths.cache_dir),
             children=child_records,
         )
-        result["mlflow_run_id"] = tracking.record_run(cfg.tracking, record, out, result_path)
-    result["result_path"] = str(result_path)
-    return result
+        store_run_id = run_store(cfg.tracking).record(record, out, result_path)
+    return RunRecord(
+        run_id=run_id,
+        job=job_name,
+        result_path=result_path,
+        store=str(cfg.tracking.backend),
+        store_run_id=store_run_id,
+        tracked=bool(cfg.tracking.enabled),
+        config_sha256=str(all_tags["config.sha256"]),
+        checks=dict(checks),
+        metrics=dict(metrics),
+        tags=dict(result["tags"]),
+    )

@@ -51,13 +51,13 @@ def for_job(job: str, overrides: Sequence[str]) -> List[str]:
     """A shared test preset (AUDIT_SMALL, a rollout gauntlet's QUIET) cut to what `job` reads: a job
     refuses an override of a section it does not read (vlaeval.jobs.check_overrides_are_read)."""
     from vlaeval.config import POLICY_SECTIONS, SHARED_SECTIONS
-    from vlaeval.jobs import job_module
+    from vlaeval.jobs import job_module, reads
     from vlaeval.tracking import override_key
 
-    reads = set(job_module(job).READS) | set(SHARED_SECTIONS) | {"hydra"}
+    sections = set(reads(job_module(job))) | set(SHARED_SECTIONS) | {"hydra"}
     if any(o.startswith("outcomes=rollout") for o in overrides):
-        reads |= set(POLICY_SECTIONS)  # a source that runs policies reads their sections
-    return [o for o in overrides if override_key(o).split(".")[0] in reads]
+        sections |= set(POLICY_SECTIONS)  # a source that runs policies reads their sections
+    return [o for o in overrides if override_key(o).split(".")[0] in sections]
 
 
 def compose_config(
@@ -71,6 +71,28 @@ def compose_config(
         if cache_dir is not None:
             cfg.paths.cache_dir = str(cache_dir)
     return cfg
+
+
+def as_job(cfg: DictConfig, job: str, overrides: Sequence[str] = ()):
+    """The typed config job `job` is given for the composed `cfg`, made as dispatch makes it
+    (vlaeval.jobs.typed_config: cut, checked, converted once)."""
+    import tempfile
+
+    from vlaeval.jobs import typed_config
+
+    with open_dict(cfg):
+        cfg.job.name = job
+        if OmegaConf.is_interpolation(cfg.paths, "output_dir"):  # Hydra's run directory: none in-process
+            cfg.paths.output_dir = tempfile.mkdtemp(prefix="vlaeval-test-")
+    return typed_config(cfg, list(overrides))
+
+
+def gauntlet_inputs_of(cfg: DictConfig):
+    """vlaeval.gauntlet.inputs.gauntlet_inputs on the typed sections job=gauntlet is given."""
+    from vlaeval.gauntlet.inputs import gauntlet_inputs
+
+    typed = as_job(cfg, "gauntlet")
+    return gauntlet_inputs(typed.gauntlet, typed.strata, typed.effects, typed.outcomes)
 
 
 def typed_gauntlet(cfg: DictConfig):

@@ -12,7 +12,7 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from vlaeval.config import POLICY_SECTIONS, SHARED_SECTIONS
-from vlaeval.jobs import job_module
+from vlaeval.jobs import job_module, reads
 
 
 def experiment_runs(client: MlflowClient, name: str, view=ViewType.ACTIVE_ONLY) -> List[Any]:
@@ -83,7 +83,7 @@ def check_sweep(
         # The job's own config sections, flattened: no section the job does not read.
         job_name = child.data.tags["vlaeval.job"]
         sections = {key.split(".")[0] for key in child.data.params}
-        allowed = {*SHARED_SECTIONS, *job_module(job_name).READS, *POLICY_SECTIONS}
+        allowed = {*SHARED_SECTIONS, *reads(job_module(job_name)), *POLICY_SECTIONS}
         assert "job" in sections and sections <= allowed, sorted(sections - allowed)
         assert len(child.data.params) > 20
         if proxied:

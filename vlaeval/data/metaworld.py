@@ -15,16 +15,23 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, cast
 
 import numpy as np
 
-from vlaeval.artifacts import atomic_write_json, atomic_write_npz, read_json, sha256_json, stable_seed
+from vlaeval.artifacts import atomic_write_json, atomic_write_npz, read_json, sha256_json
 from vlaeval.data.cameras import CameraFrames, FrameArray
 from vlaeval.data.demonstrations import Demonstrations, content_sha256
-from vlaeval.data.rendering import METAWORLD_CAMERAS, RENDERER_VERSION, SceneCameras, camera_key
+from vlaeval.envs.metaworld import (
+    ACTION_DIM,
+    SCENE_SPLITS,
+    EpisodeRunner,
+    episode_plan,
+    instruction_for,
+    known_tasks,
+)
+from vlaeval.envs.rendering import METAWORLD_CAMERAS, RENDERER_VERSION, camera_key
 from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.store import get_or_build
 
@@ -32,49 +39,9 @@ log = logging.getLogger(__name__)
 
 ARRAYS_FILE, MANIFEST_FILE = "arrays.npz", "manifest.json"  # a built dataset in its store entry
 DATASET_SCHEMA_VERSION = 1
-VARIANTS_PER_TASK = 50
-TRAIN_VARIANTS = range(0, 25)
-HELD_OUT_VARIANTS = range(25, 50)
-SCENE_SPLITS = {"train": TRAIN_VARIANTS, "held_out": HELD_OUT_VARIANTS}  # data.scenes
-OBS_DIM = 39
-ACTION_DIM = 4
 # Easy tasks mixed with ones whose scripted experts themselves fail now and then, so that
-# evaluations can tell two policies apart.
+# evaluations can tell two policies apart (here: the data component's signature default is read statically).
 DEFAULT_TASKS = ("reach-v3", "push-v3", "pick-place-v3", "peg-insert-side-v3", "disassemble-v3", "stick-pull-v3")
-
-# A natural-language instruction per task (the stand-in for a VLA's language input).
-INSTRUCTIONS: Dict[str, str] = {
-    "reach-v3": "reach the red goal position",
-    "push-v3": "push the puck to the goal",
-    "pick-place-v3": "pick up the puck and place it at the goal",
-    "peg-insert-side-v3": "insert the peg into the hole from the side",
-    "disassemble-v3": "pick the nut off the peg",
-    "stick-pull-v3": "grasp the stick and pull the box with it",
-    "box-close-v3": "grasp the lid and close the box",
-    "drawer-open-v3": "open the drawer",
-    "drawer-close-v3": "push the drawer closed",
-    "button-press-v3": "press the button",
-    "door-open-v3": "open the door",
-    "window-open-v3": "slide the window open",
-}
-
-
-def quiet_metaworld() -> Any:
-    warnings.filterwarnings("ignore", module=r"gymnasium\..*")
-    warnings.filterwarnings("ignore", module=r"metaworld\..*")
-    import metaworld
-    from metaworld.policies import ENV_POLICY_MAP
-
-    return metaworld, ENV_POLICY_MAP
-
-
-def known_tasks() -> List[str]:
-    _, policies = quiet_metaworld()
-    return sorted(policies)
-
-
-def instruction_for(task: str) -> str:
-    return INSTRUCTIONS.get(task, task.rsplit("-v", 1)[0].replace("-", " "))
 
 
 def validate_data_config(data: Any) -> None:
@@ -116,83 +83,6 @@ def _distance(a: str, b: str) -> int:
             current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
         previous = current
     return previous[-1]
-
-
-def scene_of(index: int) -> tuple[int, int]:
-    """(variant family, variant) of a stored scene index 50 * family + variant."""
-    family, variant = divmod(int(index), VARIANTS_PER_TASK)
-    return family, variant
-
-
-def episode_plan(
-    tasks: Sequence[str], episodes_per_task: int, seed: int, variants: range, families: Sequence[int] = (0,)
-) -> List[Dict[str, Any]]:
-    """Which scene and noise seed each episode uses: a function of the config alone. The scenes are
-    `variants` of each of `families`, as indices 50 * family + variant (family 0: the variant)."""
-    plan = []
-    for task_index, task in enumerate(tasks):
-        rng = np.random.default_rng(stable_seed("episodes", task, seed))
-        pool = np.array([VARIANTS_PER_TASK * int(f) + v for f in families for v in variants])
-        if episodes_per_task <= len(pool):
-            chosen = rng.choice(pool, size=episodes_per_task, replace=False)
-        else:
-            # More episodes than scenes: every scene equally often (whole shuffled rounds, the rest
-            # without replacement), not draws with replacement that leave a fifth of them unseen.
-            rounds, rest = divmod(episodes_per_task, len(pool))
-            chosen = np.concatenate(
-                [rng.permutation(pool) for _ in range(rounds)] + [rng.choice(pool, rest, replace=False)]
-            )
-        for k in range(episodes_per_task):
-            plan.append(
-                {
-                    "task": task,
-                    "task_index": task_index,
-                    "variant": int(chosen[k]),
-                    "seed": stable_seed("episode", task, seed, k),
-                }
-            )
-    return plan
-
-
-class EpisodeRunner:
-    """One MuJoCo environment per task, reused across episodes; with `cameras`, a renderer of
-    those cameras at `image_size` for each environment."""
-
-    def __init__(self, cameras: Sequence[str] = (), image_size: int = 64) -> None:
-        self._metaworld, self._policies = quiet_metaworld()
-        self._envs: Dict[tuple[str, int], Any] = {}  # (task, variant family) -> (env, its variants)
-        self.cameras, self.image_size = [str(c) for c in cameras], int(image_size)
-        self._renderers: Dict[int, SceneCameras] = {}
-
-    def env(self, task: str, scene: int) -> Any:
-        family, variant = scene_of(scene)
-        if (task, family) not in self._envs:
-            benchmark = self._metaworld.MT1(task, seed=family)
-            env = benchmark.train_classes[task]()
-            self._envs[task, family] = (env, benchmark.train_tasks)
-        env, variants = self._envs[task, family]
-        env.set_task(variants[variant])
-        obs, _ = env.reset()
-        return env, obs
-
-    def images(self, env: Any) -> Dict[str, np.ndarray]:
-        """Each camera's image of the environment's current state ({} without cameras)."""
-        if not self.cameras:
-            return {}
-        if id(env) not in self._renderers:
-            self._renderers[id(env)] = SceneCameras(env.unwrapped.model, self.cameras, self.image_size)
-        return self._renderers[id(env)].render(env.unwrapped.data)
-
-    def expert(self, task: str) -> Any:
-        return self._policies[task]()
-
-    def close(self) -> None:
-        for renderer in self._renderers.values():
-            renderer.close()
-        for env, _ in self._envs.values():
-            env.close()
-        self._envs.clear()
-        self._renderers.clear()
 
 
 def record_episode(

@@ -15,6 +15,17 @@ DEFAULT_SIMULATOR = "metaworld"
 _MADE: Dict[str, Any] = {}  # one instance per simulator and process
 
 
+def check_simulator(name: str) -> None:
+    """A registered simulator's name (nothing imported: a job checks it before any work)."""
+    from vlaeval.errors import UserInputError
+
+    if name not in SIMULATORS:
+        raise UserInputError(
+            f"simulator={name} is not a registered simulator; choose one of {', '.join(sorted(SIMULATORS))} "
+            "(or register yours in vlaeval.envs.SIMULATORS: docs/extending.md)"
+        )
+
+
 def simulator(name: str = DEFAULT_SIMULATOR) -> Any:
     """The registered simulator `name` (one instance per process), checked against the protocol."""
     from vlaeval.envs.protocol import missing_members
@@ -22,8 +33,7 @@ def simulator(name: str = DEFAULT_SIMULATOR) -> Any:
 
     if name in _MADE:
         return _MADE[name]
-    if name not in SIMULATORS:
-        raise UserInputError(f"no simulator {name!r}; registered: {', '.join(sorted(SIMULATORS))}")
+    check_simulator(name)
     module, cls = SIMULATORS[name]
     made = getattr(importlib.import_module(module), cls)()
     missing = missing_members(made)

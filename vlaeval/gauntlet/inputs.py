@@ -4,14 +4,15 @@ error, before any work."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, cast
+from typing import Any, Dict, List, Mapping, Optional
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from vlaeval.config import GauntletConfig, StratumConfig
+from vlaeval.config import Component, GauntletConfig, SourceJobSettings, StratumConfig
 from vlaeval.errors import UserInputError, first_line, require
 from vlaeval.gauntlet.constants import OrderSeed, cluster_size_bounds, run_order_seed
 from vlaeval.gauntlet.planning import StratumPlan, plan_gauntlet, stratum_plans
@@ -49,7 +50,7 @@ class GauntletInputs:
         )
 
 
-def build_source(outcomes: DictConfig, context: Optional[RunContext] = None) -> CheckedSource:
+def build_source(outcomes: Component, context: Optional[RunContext] = None) -> CheckedSource:
     """The outcome source the `outcomes` group names (`_target_` and its arguments); a source whose
     constructor takes `context` (outcomes=rollout) gets the run's config sections through it."""
     require(
@@ -70,11 +71,13 @@ def build_source(outcomes: DictConfig, context: Optional[RunContext] = None) -> 
     return checked_source(source)  # the protocol, checked once, before any work
 
 
-def run_context(cfg: DictConfig) -> Optional[RunContext]:
+def run_context(cfg: SourceJobSettings) -> Optional[RunContext]:
     """The run's config sections a source that runs policies needs (outcomes=rollout); None for a
     source whose constructor takes no `context` (its job is then not given those sections)."""
     if not accepts_context(cfg.outcomes):
         return None
+    assert cfg.model is not None and cfg.data is not None and cfg.flow is not None and cfg.train is not None
+    assert cfg.rollout is not None and cfg.simulator is not None  # given with the others: vlaeval.jobs.job_sections
     return RunContext(
         model=cfg.model,
         data=cfg.data,
@@ -82,11 +85,12 @@ def run_context(cfg: DictConfig) -> Optional[RunContext]:
         train=cfg.train,
         tracking=cfg.tracking,
         rollout=cfg.rollout,
+        simulator=cfg.simulator,
         cache_dir=str(cfg.paths.cache_dir),
     )
 
 
-def accepts_context(outcomes: DictConfig) -> bool:
+def accepts_context(outcomes: Component) -> bool:
     """Whether the outcome source takes the run's context (it runs policies: outcomes=rollout); a
     group without a `_target_` builds no source and takes none."""
     import inspect
@@ -102,7 +106,7 @@ def accepts_context(outcomes: DictConfig) -> bool:
         return False
 
 
-def planted_effects(effects: DictConfig) -> Dict[str, Any]:
+def planted_effects(effects: Mapping[str, Any]) -> Dict[str, Any]:
     """effects.<stratum>: a number (a success-rate difference, synthetic outcomes) or a mapping (a
     degradation of the candidate, rollouts); each source checks that it can plant what it is given."""
     out: Dict[str, Any] = {}
@@ -110,6 +114,8 @@ def planted_effects(effects: DictConfig) -> Dict[str, Any]:
         name = str(key)
         if OmegaConf.is_config(value):
             out[name] = OmegaConf.to_container(value, resolve=True)
+        elif isinstance(value, Mapping):
+            out[name] = dict(value)
         else:
             try:
                 out[name] = float(value)
@@ -122,10 +128,10 @@ def planted_effects(effects: DictConfig) -> Dict[str, Any]:
 
 
 def gauntlet_inputs(
-    gauntlet: DictConfig,
-    strata: DictConfig,
-    effects: DictConfig,
-    outcomes: DictConfig,
+    gauntlet: GauntletConfig,
+    strata: Mapping[str, StratumConfig],
+    effects: Mapping[str, Any],
+    outcomes: Component,
     context: Optional[RunContext] = None,
     replay_order_seed: Optional[int] = None,
 ) -> GauntletInputs:
@@ -134,8 +140,9 @@ def gauntlet_inputs(
     cluster-order seed (the config sections `gauntlet`, `strata`, `effects`, `outcomes`; `context`:
     the run's config, for sources that run policies; `replay_order_seed`: job=reproduce's replay of
     an earlier run's fresh seed)."""
-    settings = cast(GauntletConfig, OmegaConf.to_object(gauntlet))
-    configured = {str(name): cast(StratumConfig, OmegaConf.to_object(node)) for name, node in strata.items()}
+    # Copies: what the run adds (a source's batch size) goes into its inputs, never into its config.
+    settings = dataclasses.replace(gauntlet)
+    configured = {str(name): dataclasses.replace(stratum) for name, stratum in strata.items()}
     planted = planted_effects(effects)
     source = build_source(outcomes, context)
     validate_gauntlet(settings, configured, planted)

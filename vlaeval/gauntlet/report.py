@@ -3,12 +3,13 @@ the recommendation (job=gauntlet prints it; job=gauntlet_history prints saved re
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from vlaeval import console
 from vlaeval.gauntlet.result import GauntletResult
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION, MODE_EXACT
 from vlaeval.seqtest.units import SuccessRateInterval
+from vlaeval.tracking.record import RunRecord
 
 
 def evalue(value: float | None) -> str:
@@ -33,7 +34,7 @@ def planted_text(effect: Any) -> str:
     return f"{effect:+.3f}"
 
 
-def print_summary(result: GauntletResult, run: Optional[Mapping[str, Any]] = None) -> None:
+def print_summary(result: GauntletResult, run: Optional[RunRecord] = None) -> None:
     """The strata table, events and recommendation (also for results saved by older versions:
     GauntletResult.from_json); `run`: what publish recorded (the result file, the MLflow run)."""
     label = MODE_LABEL.get(result.test_mode, result.test_mode.upper())
@@ -103,8 +104,5 @@ def print_summary(result: GauntletResult, run: Optional[Mapping[str, Any]] = Non
         console.show(f"  blocker: {line}")
     for line in rec.review_reasons:
         console.show(f"  review: {line}")
-    if run and run.get("result_path"):
-        console.show(
-            f"result: {run['result_path']}"
-            + (f"   mlflow run: {run['mlflow_run_id']}" if run.get("mlflow_run_id") else "")
-        )
+    if run is not None:
+        console.show(run.where())

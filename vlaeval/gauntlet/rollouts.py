@@ -29,9 +29,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from vlaeval.artifacts import sha256_json, stable_seed
-from vlaeval.config import StratumConfig
-from vlaeval.data.rendering import RENDERER_VERSION
+from vlaeval.config import StratumConfig, to_plain
 from vlaeval.envs.episodes import NO_PERTURBATION, Episode, Perturbation
+from vlaeval.envs.rendering import RENDERER_VERSION
 from vlaeval.errors import UserInputError, require, require_at_least, require_file
 from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes
 from vlaeval.gauntlet.registry import FailureRegistry, registry_path
@@ -73,6 +73,7 @@ class RolloutOutcomes:
         require(context is not None, "outcomes=rollout is built by the gauntlet job (it needs the run's config)")
         self.context = context
         self.references = {"baseline": str(baseline), "candidate": str(candidate)}
+        self.simulator = str(context.simulator)  # where the episodes run: a registered simulator's name
         self.recipes: Dict[str, Any] = dict(policies or {})
         self.execute_actions, self.max_steps = int(execute_actions), int(max_steps)
         self.batch_units = int(batch_units)
@@ -103,8 +104,6 @@ class RolloutOutcomes:
 
     # ------------------------------------------------------------------ checks before any work
     def validate(self, strata: Mapping[str, StratumConfig], effects: Mapping[str, Any]) -> None:
-        from vlaeval.envs import simulator
-
         for name, value in effects.items():
             require(
                 isinstance(value, Mapping),
@@ -112,12 +111,12 @@ class RolloutOutcomes:
                 f"for rollouts plant a degradation of the candidate, e.g. effects.{name}={{action_noise: 0.5}}",
             )
             self.degradations[name] = Perturbation.parse(value, f"effects.{name}")
-        known = set(simulator().tasks())
+        known = set(self.sim.tasks())
         for stratum, family in self.families.items():
             for task in family.tasks:
                 require(
                     task in known,
-                    f"outcomes.scenarios.{stratum}.tasks: unknown {simulator().name} task {task!r}; did you mean "
+                    f"outcomes.scenarios.{stratum}.tasks: unknown {self.sim.name} task {task!r}; did you mean "
                     + ", ".join(difflib.get_close_matches(task, sorted(known), n=3, cutoff=0.0))
                     + "?",
                 )
@@ -148,7 +147,9 @@ class RolloutOutcomes:
                 key in POLICY_SECTIONS,
                 f"outcomes.policies.{name}.{key} is not a policy section; use model, data, flow or train",
             )
-        return {k: OmegaConf.merge(getattr(self.context, k), recipe.get(k) or {}) for k in POLICY_SECTIONS}
+        merged = {k: OmegaConf.merge(getattr(self.context, k), recipe.get(k) or {}) for k in POLICY_SECTIONS}
+        # flow and train back to their dataclasses, as the job's own config holds them
+        return {k: OmegaConf.to_object(v) if k in ("flow", "train") else v for k, v in merged.items()}
 
     def _check_recipe(self, name: str) -> None:
         """The built-in policy's sections and training recipe, checked before any recording or
@@ -188,6 +189,13 @@ class RolloutOutcomes:
             ),
         }
 
+    @property
+    def sim(self) -> Any:
+        """The simulator the episodes run in (vlaeval/envs/protocol.py), made once per process."""
+        from vlaeval.envs import simulator
+
+        return simulator(self.simulator)
+
     def controls(self) -> Dict[str, Any]:
         return {"execute_actions": self.execute_actions, "max_steps": self.max_steps}
 
@@ -226,8 +234,7 @@ class RolloutOutcomes:
             self._scenes[stratum] = scenes
         return self._scenes[stratum]
 
-    @staticmethod
-    def _scene(stratum: str, family: ScenarioFamily, task: str, family_seed: int, variant: int) -> Scene:
+    def _scene(self, stratum: str, family: ScenarioFamily, task: str, family_seed: int, variant: int) -> Scene:
         """A scene and its episodes; each episode's seed is a stable digest of stratum, scene and index."""
         scene_id = f"{task}/family-{family_seed}/variant-{variant}"
         seeds = [stable_seed("rollout-scenario", stratum, scene_id, k) for k in range(family.episodes_per_scene)]
@@ -242,7 +249,7 @@ class RolloutOutcomes:
                     perturbation=family.perturbation,
                     unsafe_contact_force=family.unsafe_contact_force,
                     obstacle=family.obstacle,
-                    instruction=family.instruction(task, seed),
+                    instruction=family.instruction(task, seed, self.simulator),
                 )
             )
             for seed in seeds
@@ -309,24 +316,20 @@ class RolloutOutcomes:
         """Meta-World's benchmark of every (task, variant family) of the stratum, built here before
         its first rollout (~1 s each): local workers, forked again after new ones, inherit them
         instead of rebuilding them for every batch."""
-        from vlaeval.envs import simulator
-
         if stratum in self._built:
             return
         self._built.add(stratum)
-        built = [simulator().prepare(scene.task, scene.family) for scene in self.scenes(stratum)]
+        built = [self.sim.prepare(scene.task, scene.family) for scene in self.scenes(stratum)]
         if any(built):
             self.executor.restart_workers()  # a local pool re-forks on its next use; Ray workers build their own
 
     def _check_obstacles(self) -> None:
-        from vlaeval.envs import simulator
-
         for stratum, family in self.families.items():
             if family.unsafe_contact_force is None or family.replay:
                 continue
             for task in family.tasks:
                 require(
-                    simulator().has_bodies(task, family.variant_families[0], family.obstacle),
+                    self.sim.has_bodies(task, family.variant_families[0], family.obstacle),
                     f"outcomes.scenarios.{stratum}: task {task} has no body named "
                     f"{', '.join(family.obstacle)} to monitor; use tasks whose scene has that obstacle "
                     "(reach-wall-v3, push-wall-v3, pick-place-wall-v3 have `wall`) or set obstacle=[...]",
@@ -370,7 +373,6 @@ class RolloutOutcomes:
     def _outcomes(self, stratum: str, specs: Sequence[Mapping[str, Any]], cache: Any) -> Dict[str, EpisodeOutcomes]:
         """Per policy (baseline, candidate): the outcomes of the episodes `specs`, from the cache or
         rolled out now -- both policies' missing episodes in one executor call."""
-        from vlaeval.envs import simulator
         from vlaeval.rollouts.engine import RolloutJob, rollout_jobs
         from vlaeval.rollouts.episode_cache import episode_key
 
@@ -381,15 +383,15 @@ class RolloutOutcomes:
         for role, policy in self.policies.items():
             degradation = self.degradations.get(stratum, NO_PERTURBATION) if role == "candidate" else NO_PERTURBATION
             episodes = [episode_from_spec(s, tasks.index(str(s["task"])), degradation) for s in specs]
-            controls = {**self.controls(), "flow": _plain(policy.flow)}
+            controls = {**self.controls(), "flow": to_plain(policy.flow)}
             if policy.bound.cameras:  # what its cameras show depends on the renderer
                 controls["renderer"] = RENDERER_VERSION
-            keys[role] = [episode_key(policy.sha256, e, controls) for e in episodes]
+            keys[role] = [episode_key(policy.sha256, e, controls, self.simulator) for e in episodes]
             found[role] = cache.get_many(keys[role])
             todo = [i for i, key in enumerate(keys[role]) if key not in found[role]]
             if todo:
-                bound = policy.bound.for_instructions([simulator().instruction(t) for t in tasks])
-                jobs.append(RolloutJob(bound, [episodes[i] for i in todo]))
+                bound = policy.bound.for_instructions([self.sim.instruction(t) for t in tasks])
+                jobs.append(RolloutJob(bound, [episodes[i] for i in todo], self.simulator))
                 missing.append((role, todo))
         if jobs:
             started = time.perf_counter()
@@ -425,7 +427,6 @@ class RolloutOutcomes:
         (vlaeval/rollouts/videos.py), into `folder`. This run's are checked to re-run to their
         recorded outcomes; a registry entry's degradation (effects) was the gauntlet's, so its video
         shows what the policies do now."""
-        from vlaeval.envs import simulator
         from vlaeval.rollouts.videos import pick, regression_video, video_name
 
         written = []
@@ -437,9 +438,7 @@ class RolloutOutcomes:
                 "baseline": episode_from_spec(spec, 0, NO_PERTURBATION),
                 "candidate": episode_from_spec(spec, 0, degradation),
             }
-            bound = {
-                role: p.bound.for_instructions([simulator().instruction(task)]) for role, p in self.policies.items()
-            }
+            bound = {role: p.bound.for_instructions([self.sim.instruction(task)]) for role, p in self.policies.items()}
             written.append(
                 regression_video(
                     bound["baseline"],
@@ -447,7 +446,7 @@ class RolloutOutcomes:
                     episodes,
                     folder / video_name(stratum, str(failure["scenario_id"])),
                     title=f"{stratum}: {task}, scene {spec.get('family', 0)}/{spec['variant']}, seed {spec['seed']}",
-                    instruction=str(spec.get("instruction") or simulator().instruction(task)),
+                    instruction=str(spec.get("instruction") or self.sim.instruction(task)),
                     execute_actions=self.execute_actions,
                     max_steps=self.max_steps,
                     expected={"baseline": True, "candidate": False} if failures is None else None,
@@ -469,9 +468,3 @@ class RolloutOutcomes:
             else None,
             "rollouts_per_s": rollouts / self.timing["rollout_s"] if self.timing["rollout_s"] else None,
         }
-
-
-def _plain(node: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(node, resolve=True, enum_to_str=True) if OmegaConf.is_config(node) else node

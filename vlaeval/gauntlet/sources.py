@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
 
 import numpy as np
-from omegaconf import DictConfig
 
+from vlaeval.config import Component, FlowConfig, RolloutConfig, TrackingConfig, TrainConfig
 from vlaeval.errors import UserInputError
 
 REQUIRED_HOOKS = ("describe", "validate", "available_strata", "cluster_sizes")
@@ -97,12 +97,13 @@ class SourceTraits:
 class RunContext:
     """The run's config sections a source that runs policies needs (its constructor's `context`)."""
 
-    model: DictConfig
-    data: DictConfig
-    flow: DictConfig
-    train: DictConfig
-    tracking: DictConfig
-    rollout: DictConfig  # where and how fast episodes run (RolloutConfig)
+    model: Component
+    data: Component
+    flow: FlowConfig
+    train: TrainConfig
+    tracking: TrackingConfig
+    rollout: RolloutConfig  # where and how fast episodes run
+    simulator: str  # where they run: a registered simulator's name (vlaeval/envs)
     cache_dir: str
 
 

@@ -1,18 +1,24 @@
-"""One module per job, each exposing run(cfg) -> result dict, READS (the config sections it reads
-besides job, paths and tracking) and COMPONENTS (the `_target_` config groups it builds); main.py
-dispatches on cfg.job.name. Every module here is a job: code
-the jobs share lives outside this package (vlaeval/runs.py and the library)."""
+"""One module per job, each exposing `run(cfg: <Job>JobConfig)` -- annotated with its typed config,
+a frozen dataclass whose fields are the sections the job reads (vlaeval.config.JobSettings) -- and
+COMPONENTS (the `_target_` config groups it builds); main.py dispatches on cfg.job.name. Every
+module here is a job: code the jobs share lives outside this package (vlaeval/runs.py and the
+library)."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
 from types import ModuleType
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Sequence, Tuple, Type, get_type_hints
 
 from omegaconf import DictConfig
 
+from vlaeval.config import JobSettings
+from vlaeval.config import job_sections as schema_sections
 from vlaeval.errors import UserInputError
+
+if TYPE_CHECKING:
+    from vlaeval.runs import JobResult
 
 
 def available_jobs() -> list[str]:
@@ -27,15 +33,31 @@ def job_module(name: str) -> ModuleType:
     return importlib.import_module(f"vlaeval.jobs.{name}")
 
 
+def job_schema(module: ModuleType) -> Type[JobSettings]:
+    """The job's typed config: the annotation of its `run`'s `cfg` (one source for what it reads)."""
+    schema = get_type_hints(module.run).get("cfg")
+    if not (isinstance(schema, type) and issubclass(schema, JobSettings)):
+        raise TypeError(
+            f"{module.__name__}.run must be annotated with its config dataclass, a subclass of "
+            f"vlaeval.config.JobSettings (def run(cfg: <Job>JobConfig)); it is {schema!r}"
+        )
+    return schema
+
+
+def reads(module: ModuleType) -> Tuple[str, ...]:
+    """The sections a job always reads besides job, paths and tracking (its config's required fields)."""
+    return schema_sections(job_schema(module))
+
+
 def job_sections(module: ModuleType, cfg: DictConfig) -> Tuple[str, ...]:
-    """The sections a job reads: its READS, and the policy sections when its outcome source runs
-    policies (a source whose constructor takes the run context: outcomes=rollout)."""
-    from vlaeval.config import POLICY_SECTIONS
+    """The sections a job reads: its config's required fields, and those it reads when present -- the
+    policy sections when its outcome source runs policies (a source whose constructor takes the run
+    context: outcomes=rollout)."""
     from vlaeval.gauntlet.inputs import accepts_context
 
-    sections = tuple(module.READS)
+    sections = reads(module)
     if "outcomes" in sections and accepts_context(cfg.outcomes):
-        sections += POLICY_SECTIONS
+        sections += schema_sections(job_schema(module), optional=True)
     return sections
 
 
@@ -59,7 +81,7 @@ def check_overrides_are_read(cfg: DictConfig, sections: Sequence[str], overrides
         section = key.split(".", 1)[0].split("@", 1)[0]
         if section in SHARED_SECTIONS or section in sections or section not in cfg or section == "hydra":
             continue
-        readers = [name for name in available_jobs() if section in job_module(name).READS]
+        readers = [name for name in available_jobs() if section in reads(job_module(name))]
         also = "" if "outcomes" not in sections else " (or, for a policy section, an outcome source that runs policies)"
         raise UserInputError(
             f"{override}: job={job} does not read the {section} section, so the override would do nothing; "
@@ -97,12 +119,26 @@ def prepared_config(cfg: DictConfig, overrides: Sequence[str] | None = None) -> 
         from vlaeval.devices import check_device
 
         check_device(str(job_cfg.device))
+    from vlaeval.tracking.store import check_backend
+
+    check_backend(str(job_cfg.tracking.backend))  # before any work, tracked or not: a typo is a typo
+    if "simulator" in job_cfg:  # a name the registry lacks: one line, before any work
+        from vlaeval.envs import check_simulator
+
+        check_simulator(str(job_cfg.simulator))
     complete_components(job_cfg, module.COMPONENTS)
     OmegaConf.set_readonly(job_cfg, True)
     return job_cfg
 
 
-def dispatch(cfg: DictConfig, overrides: Sequence[str] | None = None) -> Dict[str, Any]:
-    """Run the job `cfg.job.name` on its prepared config; `overrides`: what the config was composed
+def typed_config(cfg: DictConfig, overrides: Sequence[str] | None = None) -> JobSettings:
+    """The job's typed config (its run's annotation), made once from its prepared config."""
+    from vlaeval.config import typed_job_config
+
+    return typed_job_config(job_schema(job_module(str(cfg.job.name))), prepared_config(cfg, overrides))
+
+
+def dispatch(cfg: DictConfig, overrides: Sequence[str] | None = None) -> "JobResult[Any]":
+    """Run the job `cfg.job.name` on its typed config; `overrides`: what the config was composed
     with (None: this Hydra run's command line; a nested run, job=reproduce's, passes its own)."""
-    return job_module(str(cfg.job.name)).run(prepared_config(cfg, overrides))
+    return job_module(str(cfg.job.name)).run(typed_config(cfg, overrides))

@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
-from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.audit.ablation import summarise_proposals
@@ -36,7 +36,16 @@ from vlaeval.audit.proposals import (
 from vlaeval.audit.result import AblationResult, AuditResult
 from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
 from vlaeval.choices import AblationProposal, Optimizer
-from vlaeval.config import POLICY_SECTIONS, to_plain
+from vlaeval.config import (
+    AblationConfig,
+    AuditConfig,
+    EstimatorConfig,
+    GateConfig,
+    GradientsConfig,
+    PolicyJobSettings,
+    TrainConfig,
+    to_plain,
+)
 from vlaeval.errors import UserInputError, first_line, require, require_at_least
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.flow import FlowConvention
@@ -52,6 +61,8 @@ from vlaeval.residual.ablation import (
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import read_scores, scoring_settings
 from vlaeval.runs import (
+    JobResult,
+    RunRecord,
     RunReport,
     lineage_tags,
     load_data,
@@ -64,13 +75,10 @@ from vlaeval.runs import (
 
 JOB = "ablation"
 COMPONENTS = ("data", "model")
-# The config sections this job reads besides job, paths and tracking: the only ones it is given,
-# logs and digests (vlaeval.jobs.dispatch).
-READS = ("ablation", "audit", "gate", "estimator", "gradients", "evaluate", *POLICY_SECTIONS)
 RESULT_SCHEMA_VERSION = 1
 
 
-def validate_ablation(cfg: DictConfig) -> None:
+def validate_ablation(cfg: AblationJobConfig) -> None:
     a = cfg.ablation
     proposals = [str(p) for p in a.proposals]
     require(len(proposals) > 0, "ablation.proposals is empty; list some of: " + ", ".join(AblationProposal.values()))
@@ -112,7 +120,7 @@ def validate_ablation(cfg: DictConfig) -> None:
         check_audit_result(read_audit_result(str(a.audit_result)), cfg)
 
 
-def check_audit_result(result: AuditResult, cfg: DictConfig) -> None:
+def check_audit_result(result: AuditResult, cfg: AblationJobConfig) -> None:
     """Refuse, before any work, an audit whose gate failed (unless ablation.allow_failed_gate) or whose
     prediction was made under other settings than this run's: the proposal's alpha, epsilon and gamma,
     the estimator that made the scores, and the gradient subset the second moment is over. The
@@ -126,7 +134,7 @@ def check_audit_result(result: AuditResult, cfg: DictConfig) -> None:
             "licensed for training; fix what failed, or set ablation.allow_failed_gate=true to measure it anyway"
         )
     proposal, score = result.alignment.proposal, result.score_definition
-    audited = {
+    audited: Dict[str, Tuple[Any, Any]] = {
         "audit.alpha": (proposal.alpha, cfg.audit.alpha),
         "audit.percentile_epsilon": (proposal.percentile_epsilon, cfg.audit.percentile_epsilon),
         "audit.proposal_power": (proposal.proposal_power, cfg.audit.proposal_power),
@@ -148,7 +156,7 @@ def check_audit_result(result: AuditResult, cfg: DictConfig) -> None:
         )
 
 
-def check_audited_data(cfg: DictConfig, data: Any) -> None:
+def check_audited_data(cfg: AblationJobConfig, data: Any) -> None:
     """The audit's dataset is this run's (checked once the data is loaded, before the policy)."""
     if cfg.ablation.audit_result is None:
         return
@@ -160,7 +168,7 @@ def check_audited_data(cfg: DictConfig, data: Any) -> None:
     )
 
 
-def check_audited_checkpoint(cfg: DictConfig, handle: Any) -> None:
+def check_audited_checkpoint(cfg: AblationJobConfig, handle: Any) -> None:
     """The audit's checkpoint is this run's (checked once it is loaded, before any scoring)."""
     if cfg.ablation.audit_result is None:
         return
@@ -193,16 +201,16 @@ def read_audit_result(path: str) -> AuditResult:
         ) from None
 
 
-def measure_steps(a: DictConfig) -> List[int]:
+def measure_steps(a: AblationConfig) -> List[int]:
     return sorted(set(range(0, int(a.steps) + 1, int(a.measure_every))) | {int(a.steps)})
 
 
-def heldout_steps(a: DictConfig) -> List[int]:
+def heldout_steps(a: AblationConfig) -> List[int]:
     return sorted(set(range(0, int(a.steps) + 1, int(a.heldout_every))) | {int(a.steps)})
 
 
 def proposals_of(
-    cfg: DictConfig, names: List[str], residual: np.ndarray, build: AnchorGradients
+    cfg: AblationJobConfig, names: List[str], residual: np.ndarray, build: AnchorGradients
 ) -> Dict[str, Proposal]:
     """The proposals compared, under the audit's transform of its score and the ablation's time bins."""
     au, a = cfg.audit, cfg.ablation
@@ -221,7 +229,7 @@ def proposals_of(
 ADAPTIVE = (AblationProposal.adaptive_flow_time, AblationProposal.residual_adaptive_flow_time)
 
 
-def adaptive_sampler(name: str, train: DictConfig) -> Optional[AdaptiveTimeSampler]:
+def adaptive_sampler(name: str, train: TrainConfig) -> Optional[AdaptiveTimeSampler]:
     """A fresh online flow-time sampler (train.time_* settings) for an adaptive proposal, else None."""
     return adaptive_time_sampler(train) if name in ADAPTIVE else None
 
@@ -234,7 +242,7 @@ def ratio_to_uniform(judge: Any, proposal: Proposal) -> float:
     )
 
 
-def audit_prediction(cfg: DictConfig, data: Any, handle: Any, residual: np.ndarray) -> Dict[str, Any]:
+def audit_prediction(cfg: AblationJobConfig, data: Any, handle: Any, residual: np.ndarray) -> Dict[str, Any]:
     """The audit's predicted second-moment ratio for the residual proposal: from the given audit
     result, or computed the audit's way (its gradient artifact's anchors, RMS over its gradient
     seeds, the same transform of the residual) on the cached artifact for this checkpoint."""
@@ -286,7 +294,7 @@ def audit_prediction(cfg: DictConfig, data: Any, handle: Any, residual: np.ndarr
     }
 
 
-def residual_scores(cfg: DictConfig, data: Any, handle: Any) -> tuple:
+def residual_scores(cfg: AblationJobConfig, data: Any, handle: Any) -> tuple:
     """The residual of every training anchor: job=score's merged scores (checked against this
     checkpoint, data and estimator) or scored here, batched as the audit scores."""
     n = len(data.anchors)
@@ -325,13 +333,13 @@ def residual_scores(cfg: DictConfig, data: Any, handle: Any) -> tuple:
     return scores.estimator_residuals.mean(axis=0), runtime
 
 
-def heldout_data(cfg: DictConfig) -> Optional[Any]:
+def heldout_data(cfg: AblationJobConfig) -> Optional[Any]:
     if int(cfg.ablation.heldout_episodes_per_task) == 0:
         return None
     return load_heldout_data(cfg, int(cfg.ablation.heldout_episodes_per_task))
 
 
-def every_anchor_gradients(cfg: DictConfig, policy: Any, anchors: Any, model: Any, keys: List[tuple]) -> Any:
+def every_anchor_gradients(cfg: AblationJobConfig, policy: Any, anchors: Any, model: Any, keys: List[tuple]) -> Any:
     """Per-sample gradients of every anchor of `model` (policy's inputs and flow), one draw per key."""
     return anchor_gradients(
         policy.with_model(model),
@@ -351,7 +359,7 @@ class ProposalJudge:
 
     def __init__(
         self,
-        cfg: DictConfig,
+        cfg: AblationJobConfig,
         policy: Any,
         anchors: Any,
         proposals: Dict[str, Proposal],
@@ -421,7 +429,7 @@ class ProposalJudge:
         }
 
 
-def fine_tuning_settings(cfg: DictConfig) -> FineTuneSettings:
+def fine_tuning_settings(cfg: AblationJobConfig) -> FineTuneSettings:
     a = cfg.ablation
     return FineTuneSettings(
         steps=int(a.steps),
@@ -443,7 +451,7 @@ def fine_tune_every_proposal(
     judge: ProposalJudge,
     measured: List[int],
     held_at: List[int],
-    train: DictConfig,
+    train: TrainConfig,
 ) -> Tuple[List[Dict[str, Any]], List[Any]]:
     """Each proposal fine-tuned from the checkpoint under each seed (the same draws for every
     proposal of a seed), judged at the measured steps and its held-out loss taken at held_at:
@@ -488,7 +496,18 @@ def fine_tune_every_proposal(
     return runs, models
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class AblationJobConfig(PolicyJobSettings):
+    """The sections job=ablation reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    ablation: AblationConfig
+    audit: AuditConfig
+    gate: GateConfig
+    estimator: EstimatorConfig
+    gradients: GradientsConfig
+
+
+def run(cfg: AblationJobConfig) -> JobResult[AblationResult]:
     started_ms = now_ms()
     validate_ablation(cfg)
     a = cfg.ablation
@@ -572,10 +591,10 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         ),
     )
     print_summary(result, published)
-    return published
+    return JobResult(result, published)
 
 
-def closed_loop_success(cfg: DictConfig, data: Any, handle: Any, models: List[Any]) -> Dict[str, Any]:
+def closed_loop_success(cfg: AblationJobConfig, data: Any, handle: Any, models: List[Any]) -> Dict[str, Any]:
     """Every fine-tuned policy and the checkpoint on the same held-out episodes (paired)."""
     from vlaeval.envs import simulator
     from vlaeval.envs.episodes import Episode
@@ -583,10 +602,10 @@ def closed_loop_success(cfg: DictConfig, data: Any, handle: Any, models: List[An
     from vlaeval.rollouts.executors import make_executor
 
     e = cfg.evaluate
-    sim = simulator()
+    sim = simulator(cfg.simulator)
     plan = sim.episode_plan(data.demonstrations.tasks, int(e.episodes_per_task), int(e.seed), sim.held_out_variants)
     episodes = [Episode(p["task"], p["task_index"], p["variant"], p["seed"]) for p in plan]
-    jobs = [RolloutJob(data.bind(m, cfg.flow), episodes) for m in [handle.model.cpu(), *models]]
+    jobs = [RolloutJob(data.bind(m, cfg.flow), episodes, cfg.simulator) for m in [handle.model.cpu(), *models]]
     r = cfg.rollout
     executor = make_executor(str(r.executor), int(r.workers), r.ray_address)
     try:
@@ -633,7 +652,7 @@ def child_run(record: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def print_summary(result: AblationResult, run: Mapping[str, Any]) -> None:
+def print_summary(result: AblationResult, run: RunRecord) -> None:
     measured = result.measure_steps
     first, last = str(measured[0]), str(measured[-1])
     p = result.prediction
@@ -673,8 +692,4 @@ def print_summary(result: AblationResult, run: Mapping[str, Any]) -> None:
             rows,
         )
     )
-    if run.get("result_path"):
-        console.show(
-            f"result: {run['result_path']}"
-            + (f"   mlflow run: {run['mlflow_run_id']}" if run.get("mlflow_run_id") else "")
-        )
+    console.show(run.where())

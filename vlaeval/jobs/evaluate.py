@@ -7,12 +7,11 @@ write the episodes as paired outcomes (paired_outcomes.csv) that outcomes=file r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict
 
-from omegaconf import DictConfig
-
 from vlaeval import console
-from vlaeval.config import POLICY_SECTIONS
+from vlaeval.config import PolicyJobSettings
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.rollouts.engine import evaluate_closed_loop
 from vlaeval.rollouts.evaluation import (
@@ -22,17 +21,21 @@ from vlaeval.rollouts.evaluation import (
     print_evaluation,
     validate_evaluate,
 )
-from vlaeval.runs import RunReport, lineage_tags, load_data_and_policy, now_ms, output_dir, publish
+from vlaeval.runs import JobResult, RunReport, lineage_tags, load_data_and_policy, now_ms, output_dir, publish
 
 JOB = "evaluate"
-# The config sections this job reads besides job, paths and tracking: the only ones it is given,
-# logs and digests (vlaeval.jobs.dispatch).
-READS = ("evaluate", *POLICY_SECTIONS)
 PAIRED_OUTCOMES_FILE = "paired_outcomes.csv"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class EvaluateJobConfig(PolicyJobSettings):
+    """The sections job=evaluate reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    pass
+
+
+def run(cfg: EvaluateJobConfig) -> JobResult[Dict[str, Any]]:
     started_ms = now_ms()
     validate_evaluate(cfg)
     validate_checkpoint_config(cfg.checkpoint)
@@ -44,6 +47,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             cfg.evaluate,
             cfg.rollout,
             lambda done, total, task: update(completed=done, total=total, description=task),
+            simulator=cfg.simulator,
         )
     metrics, checks = evaluation_view(evaluation)
     plot = plot_success(evaluation, output_dir(cfg) / "success_rates.png")
@@ -57,7 +61,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         "evaluation": evaluation,
         "paired_outcomes": str(outcomes_path),
     }
-    result = publish(
+    published = publish(
         cfg,
         RunReport(
             job=JOB,
@@ -73,4 +77,4 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     )
     print_evaluation(evaluation)
     console.show(f"paired outcomes (expert vs policy): {outcomes_path}")
-    return result
+    return JobResult(result, published)

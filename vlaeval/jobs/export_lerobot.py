@@ -10,27 +10,30 @@ pixel error through the codec.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict
 
-from omegaconf import DictConfig
-
 from vlaeval import console
-from vlaeval.config import POLICY_SECTIONS
+from vlaeval.config import ExportConfig, PolicyJobSettings
 from vlaeval.data.cameras import VIDEO_ENCODERS, VideoEncoding, pixel_error
 from vlaeval.data.demonstrations import content_sha256
 from vlaeval.data.lerobot import read_lerobot, write_lerobot
 from vlaeval.errors import require, require_at_least
-from vlaeval.runs import RunReport, load_data, now_ms, output_dir, publish
+from vlaeval.runs import JobResult, RunReport, load_data, now_ms, output_dir, publish
 
 JOB = "export_lerobot"
 COMPONENTS = ("data",)  # `_target_` groups checked against their signatures before run()
-# The config sections this job reads besides job, paths and tracking: the only ones it is given,
-# logs and digests (vlaeval.jobs.dispatch).
-READS = ("export", *POLICY_SECTIONS)
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class ExportJobConfig(PolicyJobSettings):
+    """The sections job=export_lerobot reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    export: ExportConfig
+
+
+def run(cfg: ExportJobConfig) -> JobResult[Dict[str, Any]]:
     started_ms = now_ms()
     e = cfg.export
     require_at_least("export.fps", e.fps, 1)
@@ -63,7 +66,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         "frames": int(demos.observations.shape[0]),
         "tasks": list(demos.instructions),
     }
-    result = publish(
+    published = publish(
         cfg,
         RunReport(
             job=JOB,
@@ -91,4 +94,4 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             f"; {key} as {encoding.info_codec}: PSNR {error.psnr_db:.1f} dB" for key, error in camera_error.items()
         )
     )
-    return result
+    return JobResult(result, published)

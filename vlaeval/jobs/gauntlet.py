@@ -13,15 +13,15 @@ the result, plot the e-processes, log everything to MLflow, print the strata tab
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
-from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_npz
-from vlaeval.config import ClusterOrder, UserInputError, to_plain
+from vlaeval.config import ClusterOrder, OutcomeJobSettings, ReproduceConfig, UserInputError, to_plain
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.inputs import GauntletInputs, gauntlet_inputs, run_context
 from vlaeval.gauntlet.ledger import EvidenceLedger
@@ -33,15 +33,12 @@ from vlaeval.gauntlet.result import GauntletResult
 from vlaeval.gauntlet.scheduler import BatchProgress, run_gauntlet
 from vlaeval.gauntlet.sources import RecordsEpisodes
 from vlaeval.provenance import code_version
-from vlaeval.runs import RunReport, now_ms, output_dir, publish
+from vlaeval.runs import JobResult, RunReport, now_ms, output_dir, publish
 from vlaeval.seqtest import MODE_EXACT
 from vlaeval.tracking import config_sha256
 
 JOB = "gauntlet"
 VIDEO_FOLDER = "videos"  # regression videos, in the run folder and under the MLflow run's artifacts
-# The config sections this job reads besides job, paths and tracking: the only ones it is given,
-# logs and digests (vlaeval.jobs.dispatch).
-READS = ("gauntlet", "strata", "effects", "outcomes", "reproduce")
 RECOMMENDATION_EXIT_CODES = {LAUNCH: 0, NEEDS_REVIEW: 10, DO_NOT_LAUNCH: 11}  # gauntlet.exit_code_from_recommendation
 COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures before run()
 TRAJECTORY_FILE = "trajectories.npz"
@@ -49,7 +46,14 @@ PAIRED_OUTCOMES_FILE = "paired_outcomes.csv"  # rollout gauntlets: outcomes=file
 LEDGER_FOLDER = "gauntlet-ledger"  # under paths.cache_dir: each file stratum's tested evidence
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class GauntletJobConfig(OutcomeJobSettings):
+    """The sections job=gauntlet reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    reproduce: ReproduceConfig
+
+
+def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
     started_ms = now_ms()
     inputs = gauntlet_inputs(
         cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes, run_context(cfg), cfg.reproduce.replay_order_seed
@@ -124,9 +128,8 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             f"{r['registry_entries_added']} new scenarios in the failure registry {r['registry']}"
         )
         console.show(f"paired outcomes (outcomes=file reads them): {r['paired_outcomes']}")
-    if settings.exit_code_from_recommendation:
-        published["exit_code"] = RECOMMENDATION_EXIT_CODES[result.recommendation.recommendation]
-    return published
+    exit_code = RECOMMENDATION_EXIT_CODES[result.recommendation.recommendation]
+    return JobResult(result, published, exit_code if settings.exit_code_from_recommendation else 0)
 
 
 def prepare_policies(inputs: GauntletInputs) -> None:

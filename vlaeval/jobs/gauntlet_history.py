@@ -8,30 +8,37 @@ recommendation's, marking halted runs; then show one run in full: the one `histo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from omegaconf import DictConfig
-
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_json, read_json
+from vlaeval.config import HistoryConfig, JobSettings
 from vlaeval.errors import require, require_at_least
 from vlaeval.gauntlet.recommendation import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW
 from vlaeval.gauntlet.report import print_summary
 from vlaeval.gauntlet.result import GauntletResult
-from vlaeval.runs import RESULT_FILE, output_dir
-from vlaeval.tracking import PENDING_FILE, resolve_uri
+from vlaeval.runs import RESULT_FILE, JobResult, output_dir
+from vlaeval.tracking import PENDING_FILE
+from vlaeval.tracking.store import run_store
 
 JOB = "gauntlet_history"
 # The config sections this job reads besides job, paths and tracking: the only ones it is given,
 # logs and digests (vlaeval.jobs.dispatch).
 COMPONENTS: Tuple[str, ...] = ()  # no `_target_` groups
-READS = ("history",)
 RECOMMENDATIONS = (LAUNCH, DO_NOT_LAUNCH, NEEDS_REVIEW)
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class HistoryJobConfig(JobSettings):
+    """The sections job=gauntlet_history reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    history: HistoryConfig
+
+
+def run(cfg: HistoryJobConfig) -> JobResult[Dict[str, Any]]:
     h = cfg.history
     require_at_least("history.limit", h.limit, 1)
     require(
@@ -41,13 +48,13 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     tracked: List[Dict[str, Any]] = []
     uri = None
     if cfg.tracking.enabled:
-        tracked, uri = mlflow_rows(cfg)
+        tracked, uri = tracked_rows(cfg)
     local = [r for r in local_rows(cfg) if r["run_id"] not in {t["run_id"] for t in tracked}]
     rows = sorted(tracked + local, key=lambda r: r["started"], reverse=True)[: int(h.limit)]
     where = (f"{uri} and " if uri else "") + "local run folders " + ", ".join(h.local_paths)
     if not rows:
         console.show(f"no gauntlet runs in {where} yet: run `python main.py job=gauntlet`")
-        return {"runs": [], "shown": None}
+        return JobResult({"runs": [], "shown": None}, None)
     console.show(
         console.table(
             f"Gauntlet runs in {where} (newest first)",
@@ -91,14 +98,14 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         which = "run" if h.run_id is not None else "latest finished run"
         mlflow_id = f" (mlflow {shown['mlflow_run_id']})" if shown["mlflow_run_id"] else ""
         console.show(f"\n{which} {shown['run_id']}{mlflow_id}:")
-        print_summary(GauntletResult.from_json(result), result)  # a result of any earlier version reads
+        print_summary(GauntletResult.from_json(result))  # a result of any earlier version reads
     history = {
         "tracking_uri": uri,
         "runs": [{k: v for k, v in r.items() if k != "load"} for r in rows],
         "shown": result,
     }
     atomic_write_json(output_dir(cfg) / "history.json", history)
-    return history
+    return JobResult(history, None)
 
 
 def pick(rows: List[Dict[str, Any]], run_id: Optional[str]) -> Optional[Dict[str, Any]]:
@@ -107,42 +114,38 @@ def pick(rows: List[Dict[str, Any]], run_id: Optional[str]) -> Optional[Dict[str
     return next((r for r in rows if r["status"] == "FINISHED"), None)
 
 
-def mlflow_rows(cfg: DictConfig) -> tuple[List[Dict[str, Any]], str]:
-    from vlaeval.tracking.queries import filter_literal, run_json, search_job_runs
-
-    h, filters = cfg.history, []
+def tracked_rows(cfg: HistoryJobConfig) -> tuple[List[Dict[str, Any]], str]:
+    """The gauntlet's runs in the tracking store (tracking.backend), newest first, as table rows."""
+    h, equals = cfg.history, {}
     if h.candidate_version is not None:
-        value = filter_literal(h.candidate_version, "history.candidate_version")
-        filters.append(f"params.`gauntlet.candidate_version` = {value}")
+        equals["params.gauntlet.candidate_version"] = str(h.candidate_version)
     if h.recommendation is not None:
-        filters.append(f"tags.recommendation = {filter_literal(h.recommendation, 'history.recommendation')}")
-    client, runs = search_job_runs(cfg.tracking, "gauntlet", int(cfg.history.limit), " and ".join(filters))
+        equals["tags.recommendation"] = str(h.recommendation)
+    store = run_store(cfg.tracking)
     rows = []
-    for r in runs:
-        metrics, tags, params = r.data.metrics, r.data.tags, r.data.params
-        wall = (r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else None
+    for r in store.runs("gauntlet", int(h.limit), equals):
         rows.append(
             {
-                "run_id": tags.get("vlaeval.run_id", r.info.run_id),
-                "mlflow_run_id": r.info.run_id,
-                "where": "mlflow",
-                "started": _time(r.info.start_time),
-                "status": r.info.status,
-                "candidate_version": params.get("gauntlet.candidate_version", "-"),
-                "recommendation": tags.get("recommendation", "-"),
-                "halted": tags.get("halted") == "true",
-                "units_evaluated": int(metrics["scale.units_evaluated"])
-                if "scale.units_evaluated" in metrics
+                "run_id": r.run_id,
+                "mlflow_run_id": r.store_run_id,
+                "where": store.name,
+                "started": _time(r.start_ms),
+                "status": r.status,
+                "candidate_version": r.params.get("gauntlet.candidate_version", "-"),
+                "recommendation": r.tags.get("recommendation", "-"),
+                "halted": r.tags.get("halted") == "true",
+                "units_evaluated": int(r.metrics["scale.units_evaluated"])
+                if "scale.units_evaluated" in r.metrics
                 else None,
-                "wall_s": None if wall is None else round(wall, 1),
-                "overrides": tags.get("hydra.overrides", ""),
-                "load": lambda r=r: run_json(client, r, RESULT_FILE),
+                "wall_s": None if r.wall_s is None else round(r.wall_s, 1),
+                "overrides": r.tags.get("hydra.overrides", ""),
+                "load": lambda r=r: store.read_json(r, RESULT_FILE),
             }
         )
-    return rows, resolve_uri(cfg.tracking)
+    return rows, store.uri
 
 
-def local_rows(cfg: DictConfig) -> List[Dict[str, Any]]:
+def local_rows(cfg: HistoryJobConfig) -> List[Dict[str, Any]]:
     """Gauntlet results in the local run folders that MLflow does not hold: run with tracking
     disabled, or queued for job=sync (the result and the queue file sit side by side)."""
     rows = []

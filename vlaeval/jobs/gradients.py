@@ -9,28 +9,25 @@ sampling traces and the split-half reliability of the gradient RMS itself; log t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict
 
 import numpy as np
-from omegaconf import DictConfig
 
 from vlaeval import console
-from vlaeval.config import POLICY_SECTIONS
+from vlaeval.config import GradientsConfig, PolicyJobSettings
 from vlaeval.errors import require, require_at_least
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.residual.artifact import build_gradient_artifact
-from vlaeval.runs import RunReport, lineage_tags, load_data_and_policy, now_ms, publish
+from vlaeval.runs import JobResult, RunReport, lineage_tags, load_data_and_policy, now_ms, publish
 
 JOB = "gradients"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
-# The config sections this job reads besides job, paths and tracking: the only ones it is given,
-# logs and digests (vlaeval.jobs.dispatch).
-READS = ("gradients", *POLICY_SECTIONS)
 ARTIFACT_FILE = "gradient_artifact.json"
 
 
-def validate_gradients(cfg: DictConfig) -> None:
+def validate_gradients(cfg: GradientsJobConfig) -> None:
     g = cfg.gradients
     seeds = list(g.seeds)
     require(
@@ -47,7 +44,14 @@ def validate_gradients(cfg: DictConfig) -> None:
     validate_checkpoint_config(cfg.checkpoint)  # device=: checked for every job (vlaeval.devices)
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class GradientsJobConfig(PolicyJobSettings):
+    """The sections job=gradients reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    gradients: GradientsConfig
+
+
+def run(cfg: GradientsJobConfig) -> JobResult[Dict[str, Any]]:
     started_ms = now_ms()
     validate_gradients(cfg)
     data, handle = load_data_and_policy(cfg)
@@ -62,11 +66,12 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         "gradients.seeds": float(len(cfg.gradients.seeds)),
         "timing.gradient_seconds": runtime["elapsed_seconds"],
     }
-    result = publish(
+    result = {"artifact": artifact}
+    published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result={"artifact": artifact},
+            result=result,
             started_ms=started_ms,
             run_name=f"gradients-{handle.sha256[:12]}",
             metrics=metrics,
@@ -82,4 +87,4 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         f"(Spearman-Brown {reliability['spearman_brown']:.3f})"
     )
     console.show(f"artifact: {result['artifact_path']}")
-    return result
+    return JobResult(result, published)

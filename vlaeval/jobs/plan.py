@@ -11,22 +11,26 @@ The gauntlet runs the same plan as its pre-flight.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Dict
 
-from omegaconf import DictConfig
-
 from vlaeval import console
+from vlaeval.config import OutcomeJobSettings
 from vlaeval.gauntlet.inputs import gauntlet_inputs, run_context
-from vlaeval.runs import RunReport, now_ms, publish
+from vlaeval.runs import JobResult, RunReport, now_ms, publish
 
 JOB = "plan"
 COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures before run()
-# The config sections this job reads besides job, paths and tracking: the only ones it is given,
-# logs and digests (vlaeval.jobs.dispatch).
-READS = ("gauntlet", "strata", "effects", "outcomes")
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class PlanJobConfig(OutcomeJobSettings):
+    """The sections job=plan reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    pass
+
+
+def run(cfg: PlanJobConfig) -> JobResult[Dict[str, Any]]:
     started_ms = now_ms()
     inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes, run_context(cfg))
     settings = inputs.settings
@@ -38,11 +42,12 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         key = f"stratum.{row['stratum']}"
         metrics[f"{key}.median_units"] = row["median_units"] if math.isfinite(row["median_units"]) else None
         metrics[f"{key}.decision_probability_within_limit"] = row["decision_probability_within_limit"]
-    result = publish(
+    result = {"plan": plan}
+    published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result={"plan": plan},
+            result=result,
             started_ms=started_ms,
             run_name=f"plan-{settings.candidate_version}",
             metrics=metrics,
@@ -51,7 +56,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         ),
     )
     print_plan(plan)
-    return result
+    return JobResult(result, published)
 
 
 def units(value: float) -> str:

@@ -12,26 +12,32 @@ result.json, then tracked with the videos as artifacts.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from omegaconf import DictConfig
-
 from vlaeval import console
+from vlaeval.config import RegressionsConfig, SourceJobSettings
 from vlaeval.errors import UserInputError, require
 from vlaeval.gauntlet.inputs import accepts_context, build_source, run_context
 from vlaeval.gauntlet.registry import FailureRegistry, registry_path
-from vlaeval.runs import RunReport, now_ms, output_dir, publish
+from vlaeval.runs import JobResult, RunReport, now_ms, output_dir, publish
 
 JOB = "regressions"
 # The config sections this job reads besides job, paths and tracking: the only ones it is given,
 # logs and digests (vlaeval.jobs.dispatch).
 COMPONENTS: Tuple[str, ...] = ()  # no `_target_` groups
-READS = ("outcomes", "regressions")
 VIDEO_FOLDER = "videos"
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class RegressionsJobConfig(SourceJobSettings):
+    """The sections job=regressions reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    regressions: RegressionsConfig
+
+
+def run(cfg: RegressionsJobConfig) -> JobResult[Dict[str, Any]]:
     started_ms = now_ms()
     videos_asked = int(cfg.regressions.videos)
     require(videos_asked >= 0, f"regressions.videos={videos_asked} must be >= 0 (0: list only)")
@@ -63,10 +69,10 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         ),
     )
     show(registry.path, entries, videos)
-    return published
+    return JobResult(result, published)
 
 
-def film_entries(cfg: DictConfig, entries: List[Dict[str, Any]], count: int) -> List[Path]:
+def film_entries(cfg: RegressionsJobConfig, entries: List[Dict[str, Any]], count: int) -> List[Path]:
     """Videos of up to `count` registry entries recorded for outcomes=rollout's baseline and candidate
     (their versions: name @ the checkpoint's digest): the policies are loaded (or trained) as the
     gauntlet loads them."""

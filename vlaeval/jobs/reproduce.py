@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple, cast
 
@@ -20,18 +21,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_json, atomic_write_text, read_json
-from vlaeval.config import VlaevalConfig
+from vlaeval.config import JobSettings, ReproduceConfig, VlaevalConfig
 from vlaeval.errors import UserInputError, first_line, require
 from vlaeval.gauntlet.constants import ORDER_FROM_FRESH_DRAW
 from vlaeval.jobs import dispatch
 from vlaeval.provenance import code_version
-from vlaeval.runs import RESULT_FILE, VOLATILE_METRIC_PREFIXES, output_dir
+from vlaeval.runs import RESULT_FILE, VOLATILE_METRIC_PREFIXES, JobResult, RunRecord, output_dir
 
 JOB = "reproduce"
 # The config sections this job reads besides job, paths and tracking: the only ones it is given,
 # logs and digests (vlaeval.jobs.dispatch).
 COMPONENTS: Tuple[str, ...] = ()  # no `_target_` groups
-READS = ("reproduce",)
 REPRODUCIBLE_JOBS = ("gauntlet", "train", "evaluate", "gradients", "residual_audit")
 TRUSTED_TARGET_PREFIX = "vlaeval."
 COMPARED_TAG_PREFIXES = (
@@ -47,7 +47,14 @@ COMPARED_TAG_PREFIXES = (
 EXIT_NOT_REPRODUCED = 4
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class ReproduceJobConfig(JobSettings):
+    """The sections job=reproduce reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    reproduce: ReproduceConfig
+
+
+def run(cfg: ReproduceJobConfig) -> JobResult[Dict[str, Any]]:
     source = cfg.reproduce.run_id
     require(
         source is not None and str(source).strip() != "",
@@ -69,7 +76,8 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     atomic_write_text(rerun_dir / ".hydra" / "config.yaml", OmegaConf.to_yaml(rerun_cfg))
     rerun = dispatch(rerun_cfg, overrides=[])  # a saved config: its overrides were checked when it first ran
 
-    comparisons = compare(original, rerun)
+    assert rerun.run is not None  # every reproducible job publishes its run
+    comparisons = compare(original, rerun.run)
     all_identical = all(c["verdict"] == "identical" for c in comparisons)
     console.show(
         console.table(
@@ -98,16 +106,16 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         "all_identical": all_identical,
         "data_changed": data_change is not None,
         "comparisons": comparisons,
-        "rerun_result": rerun.get("result_path"),
-        "rerun_mlflow_run_id": rerun.get("mlflow_run_id"),
+        "rerun_result": str(rerun.run.result_path),
+        "rerun_store": rerun.run.store,
+        "rerun_store_run_id": rerun.run.store_run_id,
     }
     report_path = atomic_write_json(output_dir(cfg) / "reproduce.json", report)
-    if rerun.get("mlflow_run_id"):
-        from vlaeval.tracking.queries import annotate_run
+    if rerun.run.store_run_id:
+        from vlaeval.tracking.store import run_store
 
-        annotate_run(
-            cfg.tracking,
-            rerun["mlflow_run_id"],
+        run_store(cfg.tracking).annotate(
+            rerun.run.store_run_id,
             artifacts=[report_path],
             tags={
                 "vlaeval.reproduced_from": str(source),
@@ -115,13 +123,11 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             },
             metrics={"reproduce.identical": float(len(comparisons) - differing), "reproduce.differs": float(differing)},
         )
-    if not all_identical:
-        report["exit_code"] = EXIT_NOT_REPRODUCED
-    return report
+    return JobResult(report, None, 0 if all_identical else EXIT_NOT_REPRODUCED)
 
 
 # ------------------------------------------------------------------ loading
-def load_original(cfg: DictConfig, source: str) -> Tuple[DictConfig, Dict[str, Any]]:
+def load_original(cfg: ReproduceJobConfig, source: str) -> Tuple[DictConfig, Dict[str, Any]]:
     """(saved config, {"metrics": ..., "tags": ...}) from a run directory or an MLflow run."""
     directory = Path(source)
     if directory.is_dir():
@@ -132,13 +138,13 @@ def load_original(cfg: DictConfig, source: str) -> Tuple[DictConfig, Dict[str, A
         metrics = dict(result.get("metrics", {}))
         metrics.update({f"gate.{k}": float(v) for k, v in result.get("checks", {}).items()})
         return _load_yaml(config_path), {"metrics": metrics, "tags": result.get("tags", {})}
-    require(cfg.tracking.enabled, f"{source} is not a directory and tracking is disabled: cannot look up an MLflow run")
-    from vlaeval.tracking.queries import saved_run
+    require(cfg.tracking.enabled, f"{source} is not a directory and tracking is disabled: cannot look up a tracked run")
+    from vlaeval.tracking.store import run_store
 
     with tempfile.TemporaryDirectory() as tmp:
-        path, metrics, tags = saved_run(cfg.tracking, source, Path(tmp))
-        saved = _load_yaml(path)
-    return saved, {"metrics": metrics, "tags": tags}
+        stored = run_store(cfg.tracking).saved_run(source, Path(tmp))
+        saved = _load_yaml(stored.config_path)
+    return saved, {"metrics": dict(stored.metrics), "tags": dict(stored.tags)}
 
 
 def _load_yaml(path: Path) -> DictConfig:
@@ -176,7 +182,9 @@ def refuse_untrusted_targets(saved: DictConfig, trusted: Sequence[str] = ()) -> 
             )
 
 
-def rerun_config(cfg: DictConfig, saved: DictConfig, original_tags: Mapping[str, Any] | None = None) -> DictConfig:
+def rerun_config(
+    cfg: ReproduceJobConfig, saved: DictConfig, original_tags: Mapping[str, Any] | None = None
+) -> DictConfig:
     """The saved config, validated by today's schema, writing into <output>/rerun and tracking
     to where this run tracks; a rollout gauntlet's freshly drawn cluster-order seed (tag
     gauntlet.order_seed) is replayed."""
@@ -215,17 +223,17 @@ def version_warnings(original_tags: Mapping[str, Any]) -> List[str]:
 
 
 # ------------------------------------------------------------------ comparing
-def compare(original: Mapping[str, Any], rerun: Mapping[str, Any]) -> List[Dict[str, Any]]:
-    rerun_metrics = dict(rerun["metrics"])
-    rerun_metrics.update({f"gate.{k}": float(v) for k, v in rerun["checks"].items()})
+def compare(original: Mapping[str, Any], rerun: RunRecord) -> List[Dict[str, Any]]:
+    rerun_metrics = dict(rerun.metrics)
+    rerun_metrics.update({f"gate.{k}": float(v) for k, v in rerun.checks.items()})
     rows = []
     for key in sorted(rerun_metrics):
         if key.startswith(VOLATILE_METRIC_PREFIXES):
             continue
         rows.append(_compare_one(key, original["metrics"].get(key), rerun_metrics[key]))
-    for key in sorted(rerun["tags"]):
+    for key in sorted(rerun.tags):
         if key.startswith(COMPARED_TAG_PREFIXES):
-            rows.append(_compare_one(key, original["tags"].get(key), rerun["tags"][key]))
+            rows.append(_compare_one(key, original["tags"].get(key), rerun.tags[key]))
     return rows
 
 

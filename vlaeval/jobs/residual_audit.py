@@ -14,11 +14,11 @@ to MLflow, print the gate table.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
-from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.artifacts import sha256_file
@@ -28,7 +28,7 @@ from vlaeval.audit.plots import plot_audit, plot_noise_decomposition
 from vlaeval.audit.result import AnchorScore, AuditResult, GateDecision, ScoreDefinition
 from vlaeval.audit.statistics import LeaveOneOut, Repeatability
 from vlaeval.choices import CheckpointKind
-from vlaeval.config import POLICY_SECTIONS
+from vlaeval.config import AuditConfig, EstimatorConfig, GateConfig, GradientsConfig, PolicyJobSettings
 from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.memory import PeakMemory
 from vlaeval.policy.checkpoint import validate_checkpoint_config
@@ -47,17 +47,24 @@ from vlaeval.residual.estimators import (
     score_anchors,
     validate_estimator_config,
 )
-from vlaeval.runs import RunReport, lineage_tags, load_data, load_policy, now_ms, output_dir, publish
+from vlaeval.runs import (
+    JobResult,
+    RunRecord,
+    RunReport,
+    lineage_tags,
+    load_data,
+    load_policy,
+    now_ms,
+    output_dir,
+    publish,
+)
 
 JOB = "residual_audit"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
-# The config sections this job reads besides job, paths and tracking: the only ones it is given,
-# logs and digests (vlaeval.jobs.dispatch).
-READS = ("audit", "gate", "estimator", "gradients", *POLICY_SECTIONS)
 RESULT_SCHEMA_VERSION = 2  # 2: fair training-loss baseline (cross-fitted), attainable oracle
 
 
-def validate_audit(cfg: DictConfig) -> None:
+def validate_audit(cfg: AuditJobConfig) -> None:
     a, g = cfg.audit, cfg.gate
     validate_estimator_config(cfg.estimator)
     require(0.0 <= a.alpha <= 1.0, f"audit.alpha={a.alpha} must be in [0, 1]")
@@ -92,7 +99,7 @@ def sha256_file_or_none(path: Path) -> str | None:
     return sha256_file(path) if path.is_file() else None  # a missing file is reported when it is loaded
 
 
-def given_artifact(cfg: DictConfig, estimator_seeds: List[int]) -> Optional[Tuple[Dict[str, Any], List[Any]]]:
+def given_artifact(cfg: AuditJobConfig, estimator_seeds: List[int]) -> Optional[Tuple[Dict[str, Any], List[Any]]]:
     """The artifact audit.gradient_artifact names, checked before any work (schema, seed separation,
     the checkpoint it was measured on); None when the audit builds its own."""
     given = cfg.audit.gradient_artifact
@@ -107,7 +114,9 @@ def given_artifact(cfg: DictConfig, estimator_seeds: List[int]) -> Optional[Tupl
     return metadata, artifact_anchors
 
 
-def score_the_anchors(cfg: DictConfig, data: Any, handle: Any, anchor_index: np.ndarray) -> Tuple[Any, Dict[str, Any]]:
+def score_the_anchors(
+    cfg: AuditJobConfig, data: Any, handle: Any, anchor_index: np.ndarray
+) -> Tuple[Any, Dict[str, Any]]:
     """Every audited anchor's residual under each estimator seed, and what it cost (time, peak memory)."""
     started = time.perf_counter()
     with (
@@ -139,7 +148,7 @@ def score_the_anchors(cfg: DictConfig, data: Any, handle: Any, anchor_index: np.
 
 
 def audit_statistics(
-    cfg: DictConfig, matrix: np.ndarray, artifact_anchors: List[Any], metadata: Mapping[str, Any]
+    cfg: AuditJobConfig, matrix: np.ndarray, artifact_anchors: List[Any], metadata: Mapping[str, Any]
 ) -> Tuple[Repeatability, Alignment, LeaveOneOut, GateDecision]:
     """Repeatability of the score over estimator seeds, its alignment with the artifact's gradient
     RMS (and the training-loss baseline), leave-one-out robustness, and the gate on all three."""
@@ -173,7 +182,7 @@ def audit_statistics(
     return rep, alignment, robustness, gate
 
 
-def where_the_noise_is(cfg: DictConfig, artifact_anchors: List[Any]) -> Optional[NoiseDecomposition]:
+def where_the_noise_is(cfg: AuditJobConfig, artifact_anchors: List[Any]) -> Optional[NoiseDecomposition]:
     """The artifact's per-draw squared gradient norms split over anchor, flow time, their interaction
     and the rest, when it records each draw's flow time (vlaeval's artifacts do); else None."""
     flow_times = per_seed_flow_times(artifact_anchors)
@@ -184,7 +193,7 @@ def where_the_noise_is(cfg: DictConfig, artifact_anchors: List[Any]) -> Optional
     return noise_decomposition(per_seed_rms**2, levels, bins=int(cfg.audit.decomposition_bins))
 
 
-def score_definition(cfg: DictConfig) -> ScoreDefinition:
+def score_definition(cfg: AuditJobConfig) -> ScoreDefinition:
     kind, seeds = str(cfg.estimator.kind), [int(s) for s in cfg.estimator.seeds]
     return ScoreDefinition(
         name="frozen_flow_matching_residual",
@@ -224,7 +233,17 @@ def anchor_scores(scores: Any, score: np.ndarray, artifact_anchors: List[Any]) -
     )
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class AuditJobConfig(PolicyJobSettings):
+    """The sections job=residual_audit reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    audit: AuditConfig
+    gate: GateConfig
+    estimator: EstimatorConfig
+    gradients: GradientsConfig
+
+
+def run(cfg: AuditJobConfig) -> JobResult[AuditResult]:
     started_ms = now_ms()
     validate_audit(cfg)
     given = given_artifact(cfg, [int(s) for s in cfg.estimator.seeds])
@@ -289,12 +308,10 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         ),
     )
     print_summary(audit, published)
-    if cfg.audit.exit_code_from_gate:
-        published["exit_code"] = gate.exit_code
-    return published
+    return JobResult(audit, published, gate.exit_code if cfg.audit.exit_code_from_gate else 0)
 
 
-def print_summary(audit: AuditResult, run: Mapping[str, Any]) -> None:
+def print_summary(audit: AuditResult, run: RunRecord) -> None:
     """The gate's checks, the headline figures, the baseline comparison and where the result is."""
     gate, definition = audit.gate, audit.score_definition
     console.print_checks(
@@ -342,8 +359,4 @@ def print_summary(audit: AuditResult, run: Mapping[str, Any]) -> None:
         f"status: {gate.status}   eligible for the 500-step ablation: "
         f"{console.styled('PASS' if gate.eligible_for_500_step_ablation else 'FAIL')}"
     )
-    if run.get("result_path"):
-        console.show(
-            f"result: {run['result_path']}"
-            + (f"   mlflow run: {run['mlflow_run_id']}" if run.get("mlflow_run_id") else "")
-        )
+    console.show(run.where())

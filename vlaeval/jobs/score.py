@@ -12,28 +12,33 @@ the same checkpoint, dataset and estimator settings, and write them joined as on
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict
 
 import numpy as np
-from omegaconf import DictConfig
 
 from vlaeval import console
-from vlaeval.config import POLICY_SECTIONS, to_plain
+from vlaeval.config import EstimatorConfig, PolicyJobSettings, ScoreConfig, to_plain
 from vlaeval.errors import require, require_at_least
 from vlaeval.memory import PeakMemory
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import find_shards, merge_shards, scoring_settings, shard_range, write_shard
-from vlaeval.runs import RunReport, lineage_tags, load_data, load_policy, now_ms, output_dir, publish
+from vlaeval.runs import JobResult, RunReport, lineage_tags, load_data, load_policy, now_ms, output_dir, publish
 
 JOB = "score"
 COMPONENTS = ("data", "model")
-# The config sections this job reads besides job, paths and tracking: the only ones it is given,
-# logs and digests (vlaeval.jobs.dispatch).
-READS = ("score", "estimator", *POLICY_SECTIONS)
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class ScoreJobConfig(PolicyJobSettings):
+    """The sections job=score reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    score: ScoreConfig
+    estimator: EstimatorConfig
+
+
+def run(cfg: ScoreJobConfig) -> JobResult[Dict[str, Any]]:
     started_ms = now_ms()
     s = cfg.score
     if s.merge is not None:
@@ -88,7 +93,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         "shard": {"index": int(s.shard_index), "count": int(s.shard_count), "start": start, "stop": stop},
         "runtime": runtime,
     }
-    result = publish(
+    published = publish(
         cfg,
         RunReport(
             job=JOB,
@@ -105,10 +110,10 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         ),
     )
     console.show(f"scored anchors {start}..{stop - 1} of {total} ({positions.size / elapsed:.0f} anchors/s): {sidecar}")
-    return result
+    return JobResult(result, published)
 
 
-def merge(cfg: DictConfig, started_ms: int) -> Dict[str, Any]:
+def merge(cfg: ScoreJobConfig, started_ms: int) -> JobResult[Dict[str, Any]]:
     folder = Path(str(cfg.score.merge))
     require(folder.is_dir(), f"score.merge={folder} is not a folder; give the folder holding the shards (the sweep's)")
     metadata, arrays = merge_shards(find_shards(folder))
@@ -123,7 +128,7 @@ def merge(cfg: DictConfig, started_ms: int) -> Dict[str, Any]:
         {"merged_from": metadata["shards"]},
     )
     result = {"scores": str(sidecar), "settings": metadata["settings"], "merged_from": metadata["shards"]}
-    result = publish(
+    published = publish(
         cfg,
         RunReport(
             job=JOB,
@@ -137,4 +142,4 @@ def merge(cfg: DictConfig, started_ms: int) -> Dict[str, Any]:
         ),
     )
     console.show(f"merged {len(metadata['shards'])} shards: every one of {total} anchors scored once: {sidecar}")
-    return result
+    return JobResult(result, published)

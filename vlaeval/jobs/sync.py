@@ -9,42 +9,48 @@ a partial run a killed upload left behind is deleted first; replace the queue fi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from omegaconf import DictConfig
-
 from vlaeval import console, tracking
 from vlaeval.artifacts import atomic_write_json, read_json
+from vlaeval.config import JobSettings, SyncConfig
 from vlaeval.errors import describe, require
-from vlaeval.runs import output_dir
+from vlaeval.runs import JobResult, output_dir
+from vlaeval.tracking.store import run_store
 
 JOB = "sync"
 # The config sections this job reads besides job, paths and tracking: the only ones it is given,
 # logs and digests (vlaeval.jobs.dispatch).
 COMPONENTS: Tuple[str, ...] = ()  # no `_target_` groups
-READS = ("sync",)
 SYNCED_FILE = "mlflow_synced.json"
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class SyncJobConfig(JobSettings):
+    """The sections job=sync reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    sync: SyncConfig
+
+
+def run(cfg: SyncJobConfig) -> JobResult[Dict[str, Any]]:
     require(
         cfg.tracking.enabled,
         "job=sync uploads to a tracking store: drop tracking=disabled (use tracking=server or tracking.uri=<store>)",
     )
     roots = [Path(str(p)) for p in cfg.sync.paths]
-    uri = tracking.resolve_uri(cfg.tracking)
-    shown_uri = tracking.redact_uri(uri)
-    tracking.configure_http(cfg.tracking)
+    store = run_store(cfg.tracking)
+    shown_uri = store.uri
     queued = sorted(q for root in roots if root.is_dir() for q in root.rglob(tracking.PENDING_FILE))
     rows: List[Dict[str, Any]] = []
     for pending in queued:
         record = read_json(pending)
         row = {"run_dir": str(pending.parent), "experiment": record["experiment"], "record_id": record["record_id"]}
         try:
-            target = tracking.sync_target(record, uri, to_configured=bool(cfg.sync.to_configured_store))
-            row["tracking_uri"] = tracking.redact_uri(target)
-            row["run_id"] = tracking.upload_record(target, record, pending.parent)
+            row["tracking_uri"], row["run_id"] = store.sync(
+                record, pending.parent, to_configured=bool(cfg.sync.to_configured_store)
+            )
             row["status"] = "uploaded"
             atomic_write_json(pending.parent / SYNCED_FILE, row)
             pending.unlink()
@@ -79,4 +85,4 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
             f"{report['failed']} queued run(s) could not be uploaded ({first['run_dir']}: {first['status']}); "
             "they stay queued: run job=sync again once the store is reachable"
         )
-    return report
+    return JobResult(report, None)

@@ -12,19 +12,19 @@ the scripted expert, and log the loss curves and success rates to MLflow.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes
 from vlaeval.audit.statistics import proposal_distribution
 from vlaeval.choices import AnchorSampling
-from vlaeval.config import POLICY_SECTIONS
+from vlaeval.config import AuditConfig, EstimatorConfig, PolicyJobSettings
 from vlaeval.errors import require, require_at_least
 from vlaeval.policy.builtin import PolicySpec, checkpoint_key, train_and_save
 from vlaeval.policy.checkpoint import sidecar_path
@@ -35,16 +35,13 @@ from vlaeval.residual.ablation import mean_loss
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.rollouts.engine import evaluate_closed_loop
 from vlaeval.rollouts.evaluation import evaluation_view, plot_success, print_evaluation, validate_evaluate
-from vlaeval.runs import RunReport, lineage_tags, load_data, load_heldout_data, now_ms, output_dir, publish
+from vlaeval.runs import JobResult, RunReport, lineage_tags, load_data, load_heldout_data, now_ms, output_dir, publish
 
 JOB = "train"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
-# The config sections this job reads besides job, paths and tracking: the only ones it is given,
-# logs and digests (vlaeval.jobs.dispatch).
-READS = ("train", "evaluate", "estimator", "audit", *POLICY_SECTIONS)
 
 
-def validate_train(cfg: DictConfig) -> None:
+def validate_train(cfg: TrainJobConfig) -> None:
     t = cfg.train
     require_at_least("train.steps", t.steps, 1)
     require_at_least("train.batch_size", t.batch_size, 1)
@@ -77,7 +74,7 @@ def validate_train(cfg: DictConfig) -> None:
         )
 
 
-def comparison_extras(cfg: DictConfig, data: Any) -> Optional[Callable[[torch.nn.Module], TrainingExtras]]:
+def comparison_extras(cfg: TrainJobConfig, data: Any) -> Optional[Callable[[torch.nn.Module], TrainingExtras]]:
     """What a training comparison needs from the model training starts from: the residual proposal
     over every anchor (scored by that model; the scoring time charged to the run's clock) and the
     held-out loss along the way. None for a plain run."""
@@ -125,7 +122,15 @@ def comparison_extras(cfg: DictConfig, data: Any) -> Optional[Callable[[torch.nn
     return make
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class TrainJobConfig(PolicyJobSettings):
+    """The sections job=train reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
+
+    estimator: EstimatorConfig
+    audit: AuditConfig
+
+
+def run(cfg: TrainJobConfig) -> JobResult[Dict[str, Any]]:
     started_ms = now_ms()
     validate_train(cfg)
     if cfg.train.evaluate_after:
@@ -167,13 +172,17 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         checks["train.trained_to_the_end"] = False
     elif cfg.train.evaluate_after:
         evaluation = evaluate_closed_loop(
-            data.bind(handle.model, cfg.flow), data.demonstrations.tasks, cfg.evaluate, cfg.rollout
+            data.bind(handle.model, cfg.flow),
+            data.demonstrations.tasks,
+            cfg.evaluate,
+            cfg.rollout,
+            simulator=cfg.simulator,
         )
         result["evaluation"] = evaluation
         eval_metrics, checks = evaluation_view(evaluation)
         metrics.update(eval_metrics)
         plots.append(plot_success(evaluation, out / "success_rates.png"))
-    result = publish(
+    published = publish(
         cfg,
         RunReport(
             job=JOB,
@@ -202,7 +211,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     if "evaluation" in result:
         print_evaluation(result["evaluation"])
     console.show(f"checkpoint: {handle.path} (sha256 {handle.sha256[:16]}...)")
-    return result
+    return JobResult(result, published)
 
 
 def training_view(metrics_train: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from vlaeval.artifacts import sha256_json
 from vlaeval.choices import CheckpointKind
-from vlaeval.config import to_plain
+from vlaeval.config import PolicyJobSettings, to_plain
 from vlaeval.data.anchors import AnchorSet, build_anchors
 from vlaeval.data.demonstrations import Demonstrations
 from vlaeval.errors import UserInputError, require
@@ -108,7 +108,8 @@ class PolicySpec:
     train: Any
 
     @classmethod
-    def of(cls, cfg: DictConfig) -> "PolicySpec":
+    def of(cls, cfg: PolicyJobSettings | DictConfig) -> "PolicySpec":
+        """From a job's typed config, or a composed config (a test's, a notebook's)."""
         return cls(cfg.model, cfg.data, cfg.flow, cfg.train)
 
 
@@ -214,7 +215,7 @@ def train_and_save(
     """Build the model (from train.init_from's weights when given), train it and save it. `extras`
     makes a comparison's additions from the model training starts from (job=train)."""
     model = build_model(spec, data)
-    init_from = spec.train.get("init_from")
+    init_from = spec.train.init_from
     if init_from is not None:
         model.load_state_dict(load_policy(spec, data, Path(str(init_from))).model.state_dict(), strict=True)
     made = extras(model) if extras is not None else None

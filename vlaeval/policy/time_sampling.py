@@ -110,7 +110,7 @@ class AdaptiveTimeSampler:
 
 def time_sampler(train: Any) -> Optional[AdaptiveTimeSampler]:
     """The train section's adaptive sampler, or None for the training distribution itself."""
-    if TimeSampling.parse(train.get("time_sampling", "uniform"), "train.time_sampling") == TimeSampling.uniform:
+    if TimeSampling.parse(train.time_sampling, "train.time_sampling") == TimeSampling.uniform:
         return None
     return adaptive_time_sampler(train)
 
@@ -129,7 +129,7 @@ def adaptive_time_sampler(train: Any) -> AdaptiveTimeSampler:
 
 def validate_time_sampling(train: Any) -> None:
     """One-line errors for the adaptive sampler's settings when train.time_sampling uses it."""
-    if TimeSampling.parse(train.get("time_sampling", "uniform"), "train.time_sampling") == TimeSampling.adaptive:
+    if TimeSampling.parse(train.time_sampling, "train.time_sampling") == TimeSampling.adaptive:
         validate_sampler_settings(train)
 
 

@@ -31,7 +31,7 @@ def flow_draws(
 def make_optimizer(parameters: Any, train: Any) -> torch.optim.Optimizer:
     """AdamW (the built-in recipe) or SGD with heavy-ball momentum, at train.learning_rate."""
     lr, decay = float(train.learning_rate), float(train.weight_decay)
-    if Optimizer.parse(train.get("optimizer", "adamw"), "train.optimizer") == Optimizer.sgd:
+    if Optimizer.parse(train.optimizer, "train.optimizer") == Optimizer.sgd:
         return torch.optim.SGD(parameters, lr=lr, momentum=float(train.momentum), weight_decay=decay)
     return torch.optim.AdamW(parameters, lr=lr, weight_decay=decay)
 
@@ -152,7 +152,7 @@ class WeightAverage:
 def learning_rate_schedule(optimizer: torch.optim.Optimizer, train: Any) -> torch.optim.lr_scheduler.LRScheduler:
     """Linear warmup over train.warmup_steps (from lr / warmup_steps), then a cosine to zero at
     train.steps; a run no longer than the warmup only rises."""
-    steps, warmup = max(int(train.steps), 1), int(train.get("warmup_steps", 0) or 0)
+    steps, warmup = max(int(train.steps), 1), int(train.warmup_steps or 0)
     if warmup <= 0:
         return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
 
@@ -199,8 +199,8 @@ def train_policy(
     it, and timings."""
     extras = extras or TrainingExtras()
     torch.use_deterministic_algorithms(True)
-    draws = int(train.get("draws_per_anchor", 1) or 1)
-    threads = threads_for(step_gflop(policy, anchors, int(train.batch_size), draws), int(train.get("threads", 0) or 0))
+    draws = int(train.draws_per_anchor or 1)
+    threads = threads_for(step_gflop(policy, anchors, int(train.batch_size), draws), int(train.threads or 0))
     with intra_op_threads(threads):
         metrics = _train(policy, anchors, train, progress, extras, draws)
     metrics["threads"] = threads
@@ -251,8 +251,8 @@ def _train(
     model = policy.model
     optimizer = make_optimizer(model.parameters(), train)
     schedule = learning_rate_schedule(optimizer, train)
-    clip = train.get("grad_clip_norm")
-    ema_decay = train.get("ema_decay")
+    clip = train.grad_clip_norm
+    ema_decay = train.ema_decay
     average = WeightAverage(model, float(ema_decay)) if ema_decay is not None else None
     evaluated = average.model if average is not None else model  # what the held-out loss reads
     sampler = time_sampler(train)
@@ -325,20 +325,20 @@ def _heldout(extras: TrainingExtras, model: torch.nn.Module) -> float:
 def validate_training_recipe(train: Any) -> None:
     """One-line errors for the recipe's settings (train.warmup_steps, grad_clip_norm, ema_decay,
     threads, draws_per_anchor)."""
-    warmup = int(train.get("warmup_steps", 0) or 0)
+    warmup = int(train.warmup_steps or 0)
     require(warmup >= 0, f"train.warmup_steps={warmup} must be >= 0 (0: the cosine from the first step)")
-    clip = train.get("grad_clip_norm")
+    clip = train.grad_clip_norm
     require(clip is None or float(clip) > 0, f"train.grad_clip_norm={clip} must be > 0 (null: no clipping)")
     require(
-        int(train.get("threads", 0) or 0) >= 0,
-        f"train.threads={train.get('threads')} must be >= 0 (0: by the model's size)",
+        int(train.threads or 0) >= 0,
+        f"train.threads={train.threads} must be >= 0 (0: by the model's size)",
     )
-    decay = train.get("ema_decay")
+    decay = train.ema_decay
     require(
         decay is None or 0.0 < float(decay) < 1.0,
         f"train.ema_decay={decay} must be in (0, 1) (null: evaluate and save the last weights)",
     )
-    draws, batch = int(train.get("draws_per_anchor", 1)), int(train.batch_size)
+    draws, batch = int(train.draws_per_anchor), int(train.batch_size)
     require(
         draws >= 1 and batch % draws == 0,
         f"train.draws_per_anchor={draws} must be >= 1 and divide train.batch_size={batch}"

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
-from omegaconf import DictConfig
 
 from vlaeval.artifacts import atomic_write_json, sha256_file, sha256_json
-from vlaeval.config import to_plain
+from vlaeval.config import FlowConfig, GradientsConfig, to_plain
 from vlaeval.data.anchors import draw
 from vlaeval.errors import UserInputError, first_line, require, require_file
 from vlaeval.residual.gradients import gradient_measurements, split_half_reliability
@@ -102,7 +101,7 @@ ARTIFACT_JSON_SCHEMA: Dict[str, Any] = {
 
 
 def build_gradient_artifact(
-    gradients: DictConfig, flow: DictConfig, device: str, data: Any, handle: Any
+    gradients: GradientsConfig, flow: FlowConfig, device: str, data: Any, handle: Any
 ) -> Dict[str, Any]:
     """The artifact for the `gradients` and `flow` config sections, on `device`."""
     anchor_index, traces = draw(data.anchors, int(gradients.num_anchors), int(gradients.epoch))
@@ -192,7 +191,7 @@ def gradient_artifact_key(checkpoint_sha256: str, dataset_sha256: str, gradients
 
 
 def cached_gradient_artifact(
-    gradients: DictConfig, flow: DictConfig, device: str, cache_dir: str, data: Any, handle: Any
+    gradients: GradientsConfig, flow: FlowConfig, device: str, cache_dir: str, data: Any, handle: Any
 ) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """(metadata, anchors) of the artifact for this checkpoint, data and gradients config, as
     load_gradient_artifact reads them; built and cached on first use."""

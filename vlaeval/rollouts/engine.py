@@ -23,6 +23,7 @@ import torch
 from vlaeval.artifacts import stable_seed
 from vlaeval.config import RolloutConfig
 from vlaeval.data.cameras import channel_first
+from vlaeval.envs import DEFAULT_SIMULATOR
 from vlaeval.envs import simulator as registered_simulator
 from vlaeval.envs.episodes import Episode, EpisodeDisturbances
 from vlaeval.envs.protocol import Simulator
@@ -85,6 +86,7 @@ class RolloutJob:
 
     policy: BoundPolicy
     episodes: Sequence[Episode]
+    simulator: str = DEFAULT_SIMULATOR  # where they run: a registered simulator's name (vlaeval/envs)
 
 
 def rollout_jobs(
@@ -104,7 +106,7 @@ def rollout_jobs(
     calls, owner = [], []
     for k, job in enumerate(jobs):
         for i in range(0, len(job.episodes), size):
-            calls.append((job.policy, list(job.episodes[i : i + size]), execute_actions, max_steps))
+            calls.append((job.policy, list(job.episodes[i : i + size]), execute_actions, max_steps, job.simulator))
             owner.append(k)
     parts: List[List[EpisodeOutcomes]] = [[] for _ in jobs]
     total, done = sum(len(job.episodes) for job in jobs), 0
@@ -126,15 +128,16 @@ def rollout_episodes(
     workers: int = 1,
     executor: Any = None,
     progress: Optional[Callable[[int, int], None]] = None,
+    simulator: str = DEFAULT_SIMULATOR,
 ) -> EpisodeOutcomes:
-    """One policy's episodes (rollout_jobs with one job), run by `executor` (None: a local pool of
-    `workers` processes, closed on return)."""
+    """One policy's episodes (rollout_jobs with one job) in the simulator named `simulator`, run by
+    `executor` (None: a local pool of `workers` processes, closed on return)."""
     from vlaeval.rollouts.executors import LocalExecutor
 
     runner = executor if executor is not None else LocalExecutor(workers)
     try:
         [out] = rollout_jobs(
-            [RolloutJob(policy, episodes)],
+            [RolloutJob(policy, episodes, simulator)],
             runner,
             execute_actions=execute_actions,
             max_steps=max_steps,
@@ -148,10 +151,21 @@ def rollout_episodes(
 
 
 def rollout_group(
-    policy: BoundPolicy, group: Sequence[Episode], execute_actions: int, max_steps: int
+    policy: BoundPolicy,
+    group: Sequence[Episode],
+    execute_actions: int,
+    max_steps: int,
+    simulator: str = DEFAULT_SIMULATOR,
 ) -> EpisodeOutcomes:
+    """A lockstep group where an executor runs it (the simulator by name: each process makes its own)."""
     with single_threaded_torch():
-        return rollout_lockstep(policy, group, execute_actions=execute_actions, max_steps=max_steps)
+        return rollout_lockstep(
+            policy,
+            group,
+            execute_actions=execute_actions,
+            max_steps=max_steps,
+            simulator=registered_simulator(simulator),
+        )
 
 
 def rollout_lockstep(
@@ -260,14 +274,16 @@ def camera_images(per_episode: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.
     return {key: channel_first(np.stack([images[key] for images in per_episode])) for key in per_episode[0]}
 
 
-def expert_successes(episodes: Sequence[Episode], max_steps: int, simulator: Optional[Simulator] = None) -> np.ndarray:
+def expert_successes(episodes: Sequence[Episode], max_steps: int, simulator: str = DEFAULT_SIMULATOR) -> np.ndarray:
     """The simulator's scripted expert on the same scenes (it needs no network)."""
-    return (simulator or registered_simulator()).expert_successes(episodes, max_steps)
+    return registered_simulator(simulator).expert_successes(episodes, max_steps)
 
 
-def condition_episode(condition: Any, episode: Episode, tasks: Sequence[str]) -> Episode:
+def condition_episode(
+    condition: Any, episode: Episode, tasks: Sequence[str], simulator: str = DEFAULT_SIMULATOR
+) -> Episode:
     """The episode under an evaluation condition: its perturbation, and what its policy is told."""
-    told = episode_instruction(condition.instructions, episode.task, tasks, episode.seed, {})
+    told = episode_instruction(condition.instructions, episode.task, tasks, episode.seed, {}, simulator)
     return dataclasses.replace(episode, perturbation=condition.perturbation, instruction=told)
 
 
@@ -277,19 +293,20 @@ def evaluate_closed_loop(
     evaluate: Any,
     rollout: Any,
     progress: Optional[Callable[[int, int, str], None]] = None,
+    simulator: str = DEFAULT_SIMULATOR,
 ) -> Dict[str, Any]:
     """The held-out evaluation (evaluate.*: episodes per task, their seed, steps, actions per chunk) of
-    `policy` (bound to `tasks`: task k reads instruction k), run where rollout.* says (local processes
-    or Ray), beside the scripted expert on the same episodes."""
+    `policy` (bound to `tasks`: task k reads instruction k) in the simulator named `simulator`, run
+    where rollout.* says (local processes or Ray), beside the scripted expert on the same episodes."""
     from vlaeval.rollouts.executors import make_executor
 
-    sim = registered_simulator()
+    sim = registered_simulator(simulator)
     held_out = sim.held_out_variants
     plan = sim.episode_plan(tasks, int(evaluate.episodes_per_task), int(evaluate.seed), held_out)
     episodes = [Episode(ep["task"], ep["task_index"], ep["variant"], ep["seed"]) for ep in plan]
     conditions = evaluation_conditions(evaluate)
-    jobs = [RolloutJob(policy, episodes)] + [
-        RolloutJob(policy, [condition_episode(c, e, tasks) for e in episodes]) for c in conditions
+    jobs = [RolloutJob(policy, episodes, simulator)] + [
+        RolloutJob(policy, [condition_episode(c, e, tasks, simulator) for e in episodes], simulator) for c in conditions
     ]
     executor = make_executor(str(rollout.executor), int(rollout.workers), rollout.ray_address)
     try:
@@ -304,7 +321,7 @@ def evaluate_closed_loop(
     finally:
         executor.close()
     successes = outcomes[0].success
-    expert = expert_successes(episodes, int(evaluate.max_steps))
+    expert = expert_successes(episodes, int(evaluate.max_steps), simulator)
     rows = {}
     for task in tasks:
         mine = [k for k, e in enumerate(episodes) if e.task == task]

@@ -16,22 +16,25 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from vlaeval.artifacts import sha256_json
+from vlaeval.envs import DEFAULT_SIMULATOR
 from vlaeval.envs.episodes import Episode
 from vlaeval.rollouts.engine import ROLLOUT_ENGINE_VERSION
 from vlaeval.rollouts.outcomes import EpisodeOutcome
 
 
-def episode_key(checkpoint_sha256: str, episode: Episode, controls: Mapping[str, Any]) -> str:
+def episode_key(
+    checkpoint_sha256: str, episode: Episode, controls: Mapping[str, Any], simulator: str = DEFAULT_SIMULATOR
+) -> str:
     """The digest an episode's outcome is cached under (task_index is left out: it indexes an
     instruction table, the task name is what matters), with the simulator's identity (Meta-World:
     its version, under the key it always had)."""
-    from vlaeval.envs import simulator
+    from vlaeval.envs import simulator as registered_simulator
 
     spec = {k: v for k, v in episode.spec().items() if k != "task_index"}
     return sha256_json(
         {
             "engine": ROLLOUT_ENGINE_VERSION,
-            **simulator().cache_identity(),
+            **registered_simulator(simulator).cache_identity(),
             "checkpoint": checkpoint_sha256,
             "episode": spec,
             "controls": dict(controls),

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
-from omegaconf import DictConfig
-
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes, atomic_write_text
 from vlaeval.choices import InstructionMode
+from vlaeval.config import PolicyJobSettings
 from vlaeval.envs.episodes import NO_PERTURBATION, Perturbation
 from vlaeval.errors import require, require_at_least
 from vlaeval.rollouts.language import instruction_mode
@@ -51,10 +50,10 @@ class EvaluationCondition:
 
 def evaluation_conditions(evaluate: Any) -> List[EvaluationCondition]:
     """evaluate.conditions, parsed and checked (one-line errors before any episode runs)."""
-    return [EvaluationCondition.parse(str(k), v) for k, v in dict(evaluate.get("conditions") or {}).items()]
+    return [EvaluationCondition.parse(str(k), v) for k, v in dict(evaluate.conditions or {}).items()]
 
 
-def validate_evaluate(cfg: DictConfig) -> None:
+def validate_evaluate(cfg: PolicyJobSettings) -> None:
     e = cfg.evaluate
     require_at_least("evaluate.episodes_per_task", e.episodes_per_task, 1)
     require(

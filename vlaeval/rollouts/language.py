@@ -19,6 +19,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.choices import InstructionMode
+from vlaeval.envs import DEFAULT_SIMULATOR
 from vlaeval.errors import UserInputError, require
 
 PARAPHRASES: Dict[str, Tuple[str, ...]] = {
@@ -101,15 +102,17 @@ def episode_instruction(
     tasks: Sequence[str],
     seed: int,
     overrides: Mapping[str, Sequence[str]],
+    simulator: str = DEFAULT_SIMULATOR,
 ) -> Optional[str]:
-    """What the episode's policy is told (None: its task's own instruction)."""
+    """What the episode's policy is told (None: its task's own instruction; other_task: another of
+    `tasks`' instructions in the simulator named `simulator`)."""
     if mode == InstructionMode.task:
         return None
     pick = stable_seed("instruction", mode.value, seed)
     if mode == InstructionMode.other_task:
         others = [t for t in dict.fromkeys(tasks) if t != task]
-        from vlaeval.envs import simulator
+        from vlaeval.envs import simulator as registered_simulator
 
-        return simulator().instruction(others[pick % len(others)])
+        return registered_simulator(simulator).instruction(others[pick % len(others)])
     texts = phrasing_table(mode, overrides)[task]
     return texts[pick % len(texts)]

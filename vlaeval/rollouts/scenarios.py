@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from vlaeval.choices import InstructionMode
+from vlaeval.envs import DEFAULT_SIMULATOR
 from vlaeval.envs.episodes import DEFAULT_OBSTACLE, NO_PERTURBATION, Episode, Perturbation
 from vlaeval.errors import require
 from vlaeval.policy.bound import BoundPolicy
@@ -66,9 +67,9 @@ class ScenarioFamily:
             out.pop("phrasings")
         return out
 
-    def instruction(self, task: str, seed: int) -> Optional[str]:
+    def instruction(self, task: str, seed: int, simulator: str = DEFAULT_SIMULATOR) -> Optional[str]:
         """What the episode of `task` with `seed` is told (None: the task's own instruction)."""
-        return episode_instruction(self.instructions, task, self.tasks, seed, dict(self.phrasings))
+        return episode_instruction(self.instructions, task, self.tasks, seed, dict(self.phrasings), simulator)
 
     @classmethod
     def parse(cls, stratum: str, values: Any, default_tasks: Sequence[str]) -> "ScenarioFamily":

@@ -20,8 +20,8 @@ import numpy as np
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.data.cameras import VideoEncoding, write_video
-from vlaeval.data.rendering import SceneCameras, camera_key
 from vlaeval.envs.episodes import Episode
+from vlaeval.envs.rendering import SceneCameras, camera_key
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.rollouts.engine import rollout_lockstep, single_threaded_torch
 

@@ -48,13 +48,13 @@ def search_job_runs(tracking_cfg: Any, job_name: str, limit: int, filter_string:
     return client, list(runs)
 
 
-def run_json(client: Any, run: Any, name: str) -> Optional[Dict[str, Any]]:
+def run_json(client: Any, run_id: str, tags: Mapping[str, str], name: str) -> Optional[Dict[str, Any]]:
     """A JSON artifact of the run (its result), else the copy in the local output dir it names."""
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            return read_json(client.download_artifacts(run.info.run_id, name, tmp))
+            return read_json(client.download_artifacts(run_id, name, tmp))
     except Exception:
-        local = Path(run.data.tags.get("hydra.output_dir", "")) / name
+        local = Path(tags.get("hydra.output_dir", "")) / name
         return read_json(local) if local.is_file() else None
 
 

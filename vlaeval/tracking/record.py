@@ -1,0 +1,31 @@
+"""A published run as every backend records it: backend-neutral, what a job's result carries back to
+its caller (the command line's exit code, job=reproduce's comparison, the summary's last line)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What publishing a run recorded: its unique id, its saved result file, its run in the tracking
+    store (None: tracking off), the gate's checks, the metrics and tags logged."""
+
+    run_id: str
+    job: str
+    result_path: Path
+    store: str  # the tracking backend's name (tracking.backend)
+    store_run_id: Optional[str]  # the backend's id of the run (MLflow's run id)
+    tracked: bool
+    config_sha256: str
+    checks: Mapping[str, bool]
+    metrics: Mapping[str, Optional[float]]
+    tags: Mapping[str, Any]
+
+    def where(self) -> str:
+        """`result: <file>   mlflow run: <id>`: the line a job's summary ends with."""
+        return f"result: {self.result_path}" + (
+            f"   {self.store} run: {self.store_run_id}" if self.store_run_id else ""
+        )
