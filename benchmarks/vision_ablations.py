@@ -252,7 +252,9 @@ def run_arm(name: str, args: Any, cache: str) -> Dict[str, Any]:
     handle = obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data)
     train_s = time.perf_counter() - started
     policy = data.bind(handle.model, cfg.flow)
-    evaluation = evaluate_closed_loop(policy, data.demonstrations.tasks, cfg.evaluate, cfg.rollout)
+    evaluation = evaluate_closed_loop(
+        policy, data.demonstrations.tasks, cfg.evaluate, cfg.rollout
+    ).to_json()  # the result.json layout
     n = sum(t["episodes"] for t in evaluation["per_task"].values())
     k = int(round(evaluation["policy_success_rate"] * n))
     out: Dict[str, Any] = {

@@ -104,7 +104,7 @@ def main() -> None:
             started = time.perf_counter()
             evaluation = evaluate_closed_loop(
                 data.bind(handle.model, cfg.flow), data.demonstrations.tasks, cfg.evaluate, cfg.rollout
-            )
+            ).to_json()  # the result.json layout
             eval_s = time.perf_counter() - started
             speed = anchors_per_second(cfg, data, policy, args.anchors, args.device)
             out[role] = {

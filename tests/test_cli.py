@@ -339,6 +339,9 @@ def test_ctrl_c_is_one_line_and_leaves_nothing_half_written(workdir):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal delivers it: a shell's background job (a CI step, `make test &`) starts
+        # with SIGINT ignored, which the job would inherit and never see the interrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while not list((workdir / "cache").glob("demonstrations/*/arrays.npz")) and time.monotonic() < deadline:

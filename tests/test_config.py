@@ -291,7 +291,7 @@ def test_a_job_is_given_one_prepared_config_typed_cut_and_read_only(job):
 
 def test_every_job_runs_on_its_own_typed_config_made_once_at_dispatch(tmp_path):
     """Each job's run is annotated with its config dataclass (what it reads, and nothing else), each
-    field typed as the schema types that section; dispatch converts once: sections are their
+    field typed as the schema types that section, and returns a JobResult of its own frozen result; dispatch converts once: sections are their
     dataclasses, the job's config is frozen, components stay read-only nodes."""
     import dataclasses
     import typing
@@ -300,6 +300,7 @@ def test_every_job_runs_on_its_own_typed_config_made_once_at_dispatch(tmp_path):
 
     from vlaeval.config import Component, JobSettings, VlaevalConfig
     from vlaeval.jobs import available_jobs, job_module, job_schema, typed_config
+    from vlaeval.runs import JobResult
 
     schema_types = typing.get_type_hints(VlaevalConfig)
     assert len(available_jobs()) == 13
@@ -308,6 +309,10 @@ def test_every_job_runs_on_its_own_typed_config_made_once_at_dispatch(tmp_path):
         schema = job_schema(module)
         assert issubclass(schema, JobSettings) and schema.__dataclass_params__.frozen, job
         assert typing.get_type_hints(module.run)["cfg"] is schema
+        returned = typing.get_type_hints(module.run)["return"]  # JobResult[<its result dataclass>]
+        assert typing.get_origin(returned) is JobResult, (job, returned)
+        (result_type,) = typing.get_args(returned)
+        assert dataclasses.is_dataclass(result_type) and result_type.__dataclass_params__.frozen, (job, result_type)
         for name, hint in typing.get_type_hints(schema).items():
             expected = schema_types[name]
             if expected is typing.Any:  # a `_target_` component

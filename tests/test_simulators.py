@@ -154,6 +154,6 @@ def test_the_simulator_is_chosen_by_name_in_the_config_and_the_evaluation_runs_i
         )
         for w in (1, 2)
     ]
-    assert runs[0]["episodes"] == runs[1]["episodes"] and len(runs[0]["episodes"]) == 4
-    assert [e["variant"] for e in runs[0]["episodes"]] == [5, 6, 7, 8]  # the point world's plan and variants
-    assert runs[0]["expert_success_rate"] == 1.0  # its expert, not Meta-World's
+    assert runs[0] == runs[1] and len(runs[0].episodes) == 4
+    assert [e.variant for e in runs[0].episodes] == [5, 6, 7, 8]  # the point world's plan and variants
+    assert runs[0].expert_success_rate == 1.0 and runs[0].held_out_variants == (5, 10)  # its expert and scenes

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vlaeval.artifacts import atomic_write_json, read_json
-from vlaeval.store import get_or_build
+from vlaeval.store import get_or_build, put
 
 
 def _reader(folder: Path) -> dict:
@@ -58,6 +58,30 @@ def test_an_entry_missing_one_of_its_files_is_built_without_a_warning(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="vlaeval.store"):
         _, built = get_or_build(tmp_path, "things", "c" * 64, ["value.json", "other.json"], _reader, _builder(calls))
     assert built and "rejected" not in caplog.text
+
+
+def test_put_fills_an_entry_the_reader_then_serves_and_keeps_a_good_one(tmp_path, caplog):
+    """store.put is how a job that built an entry's files elsewhere (job=train's checkpoint) fills it:
+    the entry is then read, not built; a complete, verified entry is kept; a damaged one replaced."""
+    built_elsewhere = tmp_path / "run" / "value.json"
+    atomic_write_json(built_elsewhere, {"n": 5, "check": 10})
+    folder, filled = put(tmp_path / "store", "things", "d" * 64, [built_elsewhere], _reader)
+    assert filled and folder == tmp_path / "store" / "things" / ("d" * 64)
+    calls: list = []
+    assert get_or_build(tmp_path / "store", "things", "d" * 64, ["value.json"], _reader, _builder(calls)) == (
+        {"n": 5, "check": 10},
+        False,
+    )
+    assert calls == []
+    other = tmp_path / "other" / "value.json"
+    atomic_write_json(other, {"n": 6, "check": 12})
+    assert put(tmp_path / "store", "things", "d" * 64, [other], _reader) == (folder, False)  # kept
+    assert read_json(folder / "value.json")["n"] == 5
+    (folder / "value.json").write_text('{"n": 5, "check": 9}')  # damaged: replaced, and said so
+    with caplog.at_level(logging.WARNING, logger="vlaeval.store"):
+        assert put(tmp_path / "store", "things", "d" * 64, [other], _reader) == (folder, True)
+    assert read_json(folder / "value.json")["n"] == 6 and "rejected" in caplog.text
+    assert not [p for p in folder.iterdir() if p.name.startswith(".value.json")]  # no temporary left
 
 
 def test_each_cached_kinds_key_holds_the_digests_its_reader_compares():

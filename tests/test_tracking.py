@@ -303,8 +303,11 @@ class FolderStore:
         atomic_write_json(self.root / f"{record['record_id']}.json", entry)
         return str(record["record_id"])
 
+    def destination(self, record, *, to_configured=False):
+        return self.uri
+
     def sync(self, record, base_dir, *, to_configured=False):
-        return self.uri, self.record(record, base_dir, None)
+        return self.record(record, base_dir, None)
 
     def runs(self, job, limit, equals=None):
         from vlaeval.artifacts import read_json
@@ -370,8 +373,8 @@ def test_a_tracking_store_of_ones_own_records_the_run_and_history_reads_it_back(
 
     history = ["job=gauntlet_history", "history.candidate_version=cand-a", f"history.local_paths=[{tmp_path / 'none'}]"]
     shown = dispatch(compose_config([*history, *store_args], output_dir=tmp_path / "history"), []).result
-    assert [(r["candidate_version"], r["where"]) for r in shown["runs"]] == [("cand-a", "folder")]
-    assert shown["shown"]["candidate_version"] == "cand-a"  # its result.json, read through the store
+    assert [(r["candidate_version"], r["where"]) for r in shown.runs] == [("cand-a", "folder")]
+    assert shown.shown is not None and shown.shown["candidate_version"] == "cand-a"  # read through the store
 
     with pytest.raises(UserInputError, match=r"^tracking.backend=wandb is not a registered tracking store"):
         dispatch(compose_config(["job=gauntlet", "tracking.backend=wandb"], output_dir=tmp_path / "x"), [])

@@ -4,6 +4,7 @@ no job imports another job."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -132,6 +133,19 @@ def lineage_tags(handle: Any, data: Any) -> Dict[str, str]:
     """The tags that say which checkpoint and which data a run's numbers come from (job=reproduce
     compares them)."""
     return {"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256}
+
+
+class SavedAsJson:
+    """A job's result dataclass as its result.json holds it: the fields in their order, a None one
+    left out (a field only some runs have), a nested result written by its own to_json()."""
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for name in (f.name for f in dataclasses.fields(self)):  # type: ignore[arg-type]
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value.to_json() if callable(getattr(value, "to_json", None)) else value
+        return out
 
 
 R = TypeVar("R")

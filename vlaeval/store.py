@@ -6,18 +6,22 @@ The rules, the same for every kind: an entry's address is a digest of everything
 (`key`: the caller's sha256 of its config, code version and inputs), under `<root>/<kind>/<key>/`;
 its files are written atomically; a reader verifies what it reads and raises on anything wrong, and
 a rejected entry is reported and rebuilt, never trusted; jobs that want the same entry at the same
-time build it once (a file lock), the others wait and read it.
+time build it once (a file lock), the others wait and read it. `get_or_build` and `put` are the only
+writers of an entry.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import shutil
 from pathlib import Path
-from typing import Callable, Sequence, Tuple, TypeVar
+from typing import BinaryIO, Callable, Sequence, Tuple, TypeVar
 
 from filelock import FileLock
 
+from vlaeval.artifacts import atomic_write_bytes
 from vlaeval.errors import first_line
 
 log = logging.getLogger(__name__)
@@ -47,3 +51,32 @@ def get_or_build(
             except Exception as error:  # a damaged entry is reported and rebuilt, never trusted
                 log.warning("cached %s at %s rejected (%s): rebuilding it", kind, folder, first_line(error))
         return build(folder), True
+
+
+def put(
+    root: str | os.PathLike,
+    kind: str,
+    key: str,
+    sources: Sequence[Path],
+    read: Callable[[Path], object],
+) -> Tuple[Path, bool]:
+    """(entry folder, filled_now): an entry filled with files a job built elsewhere (job=train's
+    checkpoint fills the built-in slot its config names), each copied atomically under the entry's
+    lock. An entry whose files are there and pass `read` is kept as it is; a damaged one is replaced."""
+    folder = entry_folder(root, kind, key)
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(folder / ".lock"):
+        if all((folder / Path(source).name).is_file() for source in sources):
+            try:
+                read(folder)
+                return folder, False
+            except Exception as error:
+                log.warning("cached %s at %s rejected (%s): replacing it", kind, folder, first_line(error))
+        for source in sources:
+            atomic_write_bytes(folder / Path(source).name, functools.partial(_copy_from, Path(source)))
+        return folder, True
+
+
+def _copy_from(source: Path, out: BinaryIO) -> None:
+    with open(source, "rb") as handle:
+        shutil.copyfileobj(handle, out)

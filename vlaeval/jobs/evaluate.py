@@ -8,20 +8,29 @@ write the episodes as paired outcomes (paired_outcomes.csv) that outcomes=file r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict
 
 from vlaeval import console
 from vlaeval.config import PolicyJobSettings
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.rollouts.engine import evaluate_closed_loop
 from vlaeval.rollouts.evaluation import (
+    Evaluation,
     evaluation_view,
     paired_outcomes_csv,
     plot_success,
     print_evaluation,
     validate_evaluate,
 )
-from vlaeval.runs import JobResult, RunReport, lineage_tags, load_data_and_policy, now_ms, output_dir, publish
+from vlaeval.runs import (
+    JobResult,
+    RunReport,
+    SavedAsJson,
+    lineage_tags,
+    load_data_and_policy,
+    now_ms,
+    output_dir,
+    publish,
+)
 
 JOB = "evaluate"
 PAIRED_OUTCOMES_FILE = "paired_outcomes.csv"
@@ -35,7 +44,18 @@ class EvaluateJobConfig(PolicyJobSettings):
     pass
 
 
-def run(cfg: EvaluateJobConfig) -> JobResult[Dict[str, Any]]:
+@dataclass(frozen=True)
+class EvaluateResult(SavedAsJson):
+    """job=evaluate's result: which policy and data, the evaluation, where its paired outcomes are."""
+
+    checkpoint: str
+    checkpoint_sha256: str
+    manifest_sha256: str
+    evaluation: Evaluation
+    paired_outcomes: str
+
+
+def run(cfg: EvaluateJobConfig) -> JobResult[EvaluateResult]:
     started_ms = now_ms()
     validate_evaluate(cfg)
     validate_checkpoint_config(cfg.checkpoint)
@@ -54,18 +74,18 @@ def run(cfg: EvaluateJobConfig) -> JobResult[Dict[str, Any]]:
     # The same episodes as paired outcomes (expert = baseline, policy = candidate) that
     # `job=gauntlet outcomes=file outcomes.path=...` reads: re-analysed without new rollouts.
     outcomes_path = paired_outcomes_csv(evaluation, output_dir(cfg) / PAIRED_OUTCOMES_FILE)
-    result = {
-        "checkpoint": str(handle.path),
-        "checkpoint_sha256": handle.sha256,
-        "manifest_sha256": data.demonstrations.manifest_sha256,
-        "evaluation": evaluation,
-        "paired_outcomes": str(outcomes_path),
-    }
+    result = EvaluateResult(
+        checkpoint=str(handle.path),
+        checkpoint_sha256=handle.sha256,
+        manifest_sha256=data.demonstrations.manifest_sha256,
+        evaluation=evaluation,
+        paired_outcomes=str(outcomes_path),
+    )
     published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result=result,
+            result=result.to_json(),
             started_ms=started_ms,
             run_name=f"evaluate-{handle.sha256[:12]}",
             metrics=metrics,

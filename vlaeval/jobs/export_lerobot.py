@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from vlaeval import console
 from vlaeval.config import ExportConfig, PolicyJobSettings
@@ -20,7 +20,7 @@ from vlaeval.data.cameras import VIDEO_ENCODERS, VideoEncoding, pixel_error
 from vlaeval.data.demonstrations import content_sha256
 from vlaeval.data.lerobot import read_lerobot, write_lerobot
 from vlaeval.errors import require, require_at_least
-from vlaeval.runs import JobResult, RunReport, load_data, now_ms, output_dir, publish
+from vlaeval.runs import JobResult, RunReport, SavedAsJson, load_data, now_ms, output_dir, publish
 
 JOB = "export_lerobot"
 COMPONENTS = ("data",)  # `_target_` groups checked against their signatures before run()
@@ -33,7 +33,22 @@ class ExportJobConfig(PolicyJobSettings):
     export: ExportConfig
 
 
-def run(cfg: ExportJobConfig) -> JobResult[Dict[str, Any]]:
+@dataclass(frozen=True)
+class ExportResult(SavedAsJson):
+    """job=export_lerobot's result: where the dataset went, its digest read back against the source's,
+    each camera's codec error."""
+
+    root: str
+    source_manifest_sha256: str
+    dataset_sha256: str
+    round_trip_identical: bool
+    cameras: Dict[str, Dict[str, Any]]
+    episodes: int
+    frames: int
+    tasks: List[str]
+
+
+def run(cfg: ExportJobConfig) -> JobResult[ExportResult]:
     started_ms = now_ms()
     e = cfg.export
     require_at_least("export.fps", e.fps, 1)
@@ -56,39 +71,39 @@ def run(cfg: ExportJobConfig) -> JobResult[Dict[str, Any]]:
     without_cameras = content_sha256(demos.arrays(), demos.tasks, demos.instructions)
     reread_without_cameras = content_sha256(reread.arrays(), reread.tasks, reread.instructions)
     camera_error = {key: pixel_error(demos.cameras[key], reread.cameras[key]) for key in cameras}  # type: ignore[index]
-    result = {
-        "root": str(root.resolve()),
-        "source_manifest_sha256": demos.manifest_sha256,
-        "dataset_sha256": reread.manifest_sha256,
-        "round_trip_identical": reread_without_cameras == without_cameras,
-        "cameras": {key: {"codec": encoding.info_codec, **error.as_dict()} for key, error in camera_error.items()},
-        "episodes": int(demos.episode_length.size),
-        "frames": int(demos.observations.shape[0]),
-        "tasks": list(demos.instructions),
-    }
+    result = ExportResult(
+        root=str(root.resolve()),
+        source_manifest_sha256=demos.manifest_sha256,
+        dataset_sha256=reread.manifest_sha256,
+        round_trip_identical=reread_without_cameras == without_cameras,
+        cameras={key: {"codec": encoding.info_codec, **error.as_dict()} for key, error in camera_error.items()},
+        episodes=int(demos.episode_length.size),
+        frames=int(demos.observations.shape[0]),
+        tasks=list(demos.instructions),
+    )
     published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result=result,
+            result=result.to_json(),
             started_ms=started_ms,
             run_name=f"export-lerobot-{demos.manifest_sha256[:12]}",
             metrics={
-                "export.episodes": result["episodes"],
-                "export.frames": result["frames"],
+                "export.episodes": result.episodes,
+                "export.frames": result.frames,
                 **{f"export.{key}.psnr_db": error.psnr_db for key, error in camera_error.items()},
             },
             checks={
-                "round_trip_identical": result["round_trip_identical"],
+                "round_trip_identical": result.round_trip_identical,
                 **{f"{key}.within_codec_error": error.within_codec_error for key, error in camera_error.items()},
             },
             tags={"data.manifest_sha256": demos.manifest_sha256},
         ),
     )
     console.show(
-        f"wrote {result['episodes']} episodes ({result['frames']} frames) as a LeRobotDataset v3.0 at {root}; "
+        f"wrote {result.episodes} episodes ({result.frames} frames) as a LeRobotDataset v3.0 at {root}; "
         f"read back with data=lerobot data.root={root}: content digest {reread.manifest_sha256[:16]}... "
-        f"({'identical to' if result['round_trip_identical'] else 'DIFFERENT from'} the source's"
+        f"({'identical to' if result.round_trip_identical else 'DIFFERENT from'} the source's"
         f"{' besides the cameras' if cameras else ''})"
         + "".join(
             f"; {key} as {encoding.info_codec}: PSNR {error.psnr_db:.1f} dB" for key, error in camera_error.items()

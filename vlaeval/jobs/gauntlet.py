@@ -86,20 +86,21 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
     )
     cache = ArrayCache(cfg.paths.cache_dir, enabled=settings.use_cache, namespace="gauntlet-units")
     ledger = EvidenceLedger(Path(cfg.paths.cache_dir) / LEDGER_FOLDER) if settings.evidence_ledger else None
-    result, videos = evaluate_strata(inputs, cache, lineage, ledger, output_dir(cfg))
+    out = output_dir(cfg)
+    result, videos = evaluate_strata(inputs, cache, lineage, ledger, out)
     extra: List[Tuple[Path, Optional[str]]] = []
     rollouts = None
     if inputs.source.records_episodes:
-        rollouts = record_rollouts(inputs.source.episodes(), result, output_dir(cfg))
+        rollouts = record_rollouts(inputs.source.episodes(), result, out)
         rollouts["videos"] = [str(v) for v in videos]
         extra.append((Path(rollouts["paired_outcomes"]), None))
     result = result.with_job_record(preflight=preflight, notices=inputs.resolved.notices, rollouts=rollouts)
     for path in result.cache["corrupt_entries"]:
         console.print_error(f"corrupt cache entry {path} was detected and recomputed")
 
-    plots = [plot_trajectories(result, output_dir(cfg) / "gauntlet_trajectories.png")] if settings.plot else []
+    plots = [plot_trajectories(result, out / "gauntlet_trajectories.png")] if settings.plot else []
     view = result.tracking_view()
-    trajectories, result = save_trajectories(result, output_dir(cfg) / TRAJECTORY_FILE)
+    trajectories, result = save_trajectories(result, out / TRAJECTORY_FILE)
     published = publish(
         cfg,
         RunReport(
@@ -117,7 +118,7 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
         ),
     )
     if ledger is not None:  # after the result is saved: what this run tested, for the runs that continue it
-        ledger.record_result(result.strata, str(output_dir(cfg)))
+        ledger.record_result(result.strata, str(out))
     print_summary(result, published)
     if result.rollouts is not None:
         r = result.rollouts

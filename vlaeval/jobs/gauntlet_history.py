@@ -38,7 +38,20 @@ class HistoryJobConfig(JobSettings):
     history: HistoryConfig
 
 
-def run(cfg: HistoryJobConfig) -> JobResult[Dict[str, Any]]:
+@dataclass(frozen=True)
+class HistoryResult:
+    """job=gauntlet_history's result (history.json): the runs listed, newest first, where they were
+    found (None: tracking off), and the result of the run shown in full (None: none)."""
+
+    tracking_uri: Optional[str]
+    runs: List[Dict[str, Any]]
+    shown: Optional[Dict[str, Any]]
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"tracking_uri": self.tracking_uri, "runs": self.runs, "shown": self.shown}
+
+
+def run(cfg: HistoryJobConfig) -> JobResult[HistoryResult]:
     h = cfg.history
     require_at_least("history.limit", h.limit, 1)
     require(
@@ -54,7 +67,7 @@ def run(cfg: HistoryJobConfig) -> JobResult[Dict[str, Any]]:
     where = (f"{uri} and " if uri else "") + "local run folders " + ", ".join(h.local_paths)
     if not rows:
         console.show(f"no gauntlet runs in {where} yet: run `python main.py job=gauntlet`")
-        return JobResult({"runs": [], "shown": None}, None)
+        return JobResult(HistoryResult(uri, [], None), None)
     console.show(
         console.table(
             f"Gauntlet runs in {where} (newest first)",
@@ -99,12 +112,8 @@ def run(cfg: HistoryJobConfig) -> JobResult[Dict[str, Any]]:
         mlflow_id = f" (mlflow {shown['mlflow_run_id']})" if shown["mlflow_run_id"] else ""
         console.show(f"\n{which} {shown['run_id']}{mlflow_id}:")
         print_summary(GauntletResult.from_json(result))  # a result of any earlier version reads
-    history = {
-        "tracking_uri": uri,
-        "runs": [{k: v for k, v in r.items() if k != "load"} for r in rows],
-        "shown": result,
-    }
-    atomic_write_json(output_dir(cfg) / "history.json", history)
+    history = HistoryResult(uri, [{k: v for k, v in r.items() if k != "load"} for r in rows], result)
+    atomic_write_json(output_dir(cfg) / "history.json", history.to_json())
     return JobResult(history, None)
 
 

@@ -20,7 +20,16 @@ from vlaeval.errors import require, require_at_least
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.residual.artifact import build_gradient_artifact
-from vlaeval.runs import JobResult, RunReport, lineage_tags, load_data_and_policy, now_ms, publish
+from vlaeval.runs import (
+    JobResult,
+    RunReport,
+    SavedAsJson,
+    lineage_tags,
+    load_data_and_policy,
+    now_ms,
+    output_dir,
+    publish,
+)
 
 JOB = "gradients"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
@@ -51,7 +60,15 @@ class GradientsJobConfig(PolicyJobSettings):
     gradients: GradientsConfig
 
 
-def run(cfg: GradientsJobConfig) -> JobResult[Dict[str, Any]]:
+@dataclass(frozen=True)
+class GradientsResult(SavedAsJson):
+    """job=gradients' result: the gradient artifact (vlaeval/residual/artifact.py; also written on its
+    own as gradient_artifact.json, which audit.gradient_artifact reads)."""
+
+    artifact: Dict[str, Any]
+
+
+def run(cfg: GradientsJobConfig) -> JobResult[GradientsResult]:
     started_ms = now_ms()
     validate_gradients(cfg)
     data, handle = load_data_and_policy(cfg)
@@ -66,12 +83,12 @@ def run(cfg: GradientsJobConfig) -> JobResult[Dict[str, Any]]:
         "gradients.seeds": float(len(cfg.gradients.seeds)),
         "timing.gradient_seconds": runtime["elapsed_seconds"],
     }
-    result = {"artifact": artifact}
+    result = GradientsResult(artifact)
     published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result=result,
+            result=result.to_json(),
             started_ms=started_ms,
             run_name=f"gradients-{handle.sha256[:12]}",
             metrics=metrics,
@@ -86,5 +103,5 @@ def run(cfg: GradientsJobConfig) -> JobResult[Dict[str, Any]]:
         f"split-half reliability of gradient RMS {reliability['split_half_spearman']:.3f} "
         f"(Spearman-Brown {reliability['spearman_brown']:.3f})"
     )
-    console.show(f"artifact: {result['artifact_path']}")
+    console.show(f"artifact: {output_dir(cfg) / ARTIFACT_FILE}")
     return JobResult(result, published)

@@ -17,7 +17,7 @@ from typing import Any, Dict
 from vlaeval import console
 from vlaeval.config import OutcomeJobSettings
 from vlaeval.gauntlet.inputs import gauntlet_inputs, run_context
-from vlaeval.runs import JobResult, RunReport, now_ms, publish
+from vlaeval.runs import JobResult, RunReport, SavedAsJson, now_ms, publish
 
 JOB = "plan"
 COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures before run()
@@ -30,7 +30,14 @@ class PlanJobConfig(OutcomeJobSettings):
     pass
 
 
-def run(cfg: PlanJobConfig) -> JobResult[Dict[str, Any]]:
+@dataclass(frozen=True)
+class PlanResult(SavedAsJson):
+    """job=plan's result: the planner's simulation of every stratum (vlaeval/gauntlet/planning.py)."""
+
+    plan: Dict[str, Any]
+
+
+def run(cfg: PlanJobConfig) -> JobResult[PlanResult]:
     started_ms = now_ms()
     inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes, run_context(cfg))
     settings = inputs.settings
@@ -42,12 +49,12 @@ def run(cfg: PlanJobConfig) -> JobResult[Dict[str, Any]]:
         key = f"stratum.{row['stratum']}"
         metrics[f"{key}.median_units"] = row["median_units"] if math.isfinite(row["median_units"]) else None
         metrics[f"{key}.decision_probability_within_limit"] = row["decision_probability_within_limit"]
-    result = {"plan": plan}
+    result = PlanResult(plan)
     published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result=result,
+            result=result.to_json(),
             started_ms=started_ms,
             run_name=f"plan-{settings.candidate_version}",
             metrics=metrics,

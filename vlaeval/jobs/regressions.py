@@ -21,7 +21,7 @@ from vlaeval.config import RegressionsConfig, SourceJobSettings
 from vlaeval.errors import UserInputError, require
 from vlaeval.gauntlet.inputs import accepts_context, build_source, run_context
 from vlaeval.gauntlet.registry import FailureRegistry, registry_path
-from vlaeval.runs import JobResult, RunReport, now_ms, output_dir, publish
+from vlaeval.runs import JobResult, RunReport, SavedAsJson, now_ms, output_dir, publish
 
 JOB = "regressions"
 # The config sections this job reads besides job, paths and tracking: the only ones it is given,
@@ -37,7 +37,17 @@ class RegressionsJobConfig(SourceJobSettings):
     regressions: RegressionsConfig
 
 
-def run(cfg: RegressionsJobConfig) -> JobResult[Dict[str, Any]]:
+@dataclass(frozen=True)
+class RegressionsResult(SavedAsJson):
+    """job=regressions' result: the failure registry's scenarios and the videos filmed of them."""
+
+    registry: str
+    entries: List[Dict[str, Any]]
+    count: int
+    videos: List[str]
+
+
+def run(cfg: RegressionsJobConfig) -> JobResult[RegressionsResult]:
     started_ms = now_ms()
     videos_asked = int(cfg.regressions.videos)
     require(videos_asked >= 0, f"regressions.videos={videos_asked} must be >= 0 (0: list only)")
@@ -50,17 +60,12 @@ def run(cfg: RegressionsJobConfig) -> JobResult[Dict[str, Any]]:
     registry = FailureRegistry(registry_path(explicit, cfg.tracking, str(cfg.paths.cache_dir)))
     entries = registry.entries()
     videos = film_entries(cfg, entries, videos_asked) if videos_asked and entries else []
-    result = {
-        "registry": str(registry.path),
-        "entries": entries,
-        "count": len(entries),
-        "videos": [str(v) for v in videos],
-    }
+    result = RegressionsResult(str(registry.path), entries, len(entries), [str(v) for v in videos])
     published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result=result,
+            result=result.to_json(),
             started_ms=started_ms,
             run_name=f"regressions ({len(entries)} scenarios)",
             metrics={"regressions.count": float(len(entries)), "regressions.videos": float(len(videos))},

@@ -11,11 +11,12 @@ the job exits 4 when the run did not reproduce.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple, cast
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -54,7 +55,23 @@ class ReproduceJobConfig(JobSettings):
     reproduce: ReproduceConfig
 
 
-def run(cfg: ReproduceJobConfig) -> JobResult[Dict[str, Any]]:
+@dataclass(frozen=True)
+class ReproduceResult:
+    """job=reproduce's report (reproduce.json): each compared metric and tag, then and now, and where
+    the re-run's result went (its run in the tracking store: None when tracking is off)."""
+
+    source: str
+    job: str
+    warnings: List[str]
+    all_identical: bool
+    data_changed: bool
+    comparisons: List[Dict[str, Any]]
+    rerun_result: str
+    rerun_store: str
+    rerun_store_run_id: Optional[str]
+
+
+def run(cfg: ReproduceJobConfig) -> JobResult[ReproduceResult]:
     source = cfg.reproduce.run_id
     require(
         source is not None and str(source).strip() != "",
@@ -99,18 +116,18 @@ def run(cfg: ReproduceJobConfig) -> JobResult[Dict[str, Any]]:
         f"{len(comparisons) - differing} identical, {differing} differ"
         + ("" if all_identical else "  <- NOT reproduced (exit code 4)")
     )
-    report = {
-        "source": str(source),
-        "job": job_name,
-        "warnings": warnings,
-        "all_identical": all_identical,
-        "data_changed": data_change is not None,
-        "comparisons": comparisons,
-        "rerun_result": str(rerun.run.result_path),
-        "rerun_store": rerun.run.store,
-        "rerun_store_run_id": rerun.run.store_run_id,
-    }
-    report_path = atomic_write_json(output_dir(cfg) / "reproduce.json", report)
+    report = ReproduceResult(
+        source=str(source),
+        job=job_name,
+        warnings=warnings,
+        all_identical=all_identical,
+        data_changed=data_change is not None,
+        comparisons=comparisons,
+        rerun_result=str(rerun.run.result_path),
+        rerun_store=rerun.run.store,
+        rerun_store_run_id=rerun.run.store_run_id,
+    )
+    report_path = atomic_write_json(output_dir(cfg) / "reproduce.json", dataclasses.asdict(report))
     if rerun.run.store_run_id:
         from vlaeval.tracking.store import run_store
 

@@ -275,10 +275,11 @@ def run(cfg: AuditJobConfig) -> JobResult[AuditResult]:
     plots = []
     if cfg.audit.plot:
         gradient_rms = np.array([anchor["gradient_rms"] for anchor in artifact_anchors])
-        path = output_dir(cfg) / "residual_audit.png"
+        out = output_dir(cfg)
+        path = out / "residual_audit.png"
         plots.append(plot_audit(score, gradient_rms, matrix, alignment, robustness, path))
         if decomposition is not None:
-            plots.append(plot_noise_decomposition(decomposition, output_dir(cfg) / "noise_decomposition.png"))
+            plots.append(plot_noise_decomposition(decomposition, out / "noise_decomposition.png"))
     audit = AuditResult(
         schema_version=RESULT_SCHEMA_VERSION,
         checkpoint=str(handle.path),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -24,7 +24,17 @@ from vlaeval.errors import require, require_at_least
 from vlaeval.memory import PeakMemory
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import find_shards, merge_shards, scoring_settings, shard_range, write_shard
-from vlaeval.runs import JobResult, RunReport, lineage_tags, load_data, load_policy, now_ms, output_dir, publish
+from vlaeval.runs import (
+    JobResult,
+    RunReport,
+    SavedAsJson,
+    lineage_tags,
+    load_data,
+    load_policy,
+    now_ms,
+    output_dir,
+    publish,
+)
 
 JOB = "score"
 COMPONENTS = ("data", "model")
@@ -38,7 +48,19 @@ class ScoreJobConfig(PolicyJobSettings):
     estimator: EstimatorConfig
 
 
-def run(cfg: ScoreJobConfig) -> JobResult[Dict[str, Any]]:
+@dataclass(frozen=True)
+class ScoreResult(SavedAsJson):
+    """job=score's result: the scores file, what decided the scores, and either the shard of anchors
+    scored with its runtime or the shards a merge joined (score.merge)."""
+
+    scores: str
+    settings: Dict[str, Any]
+    shard: Optional[Dict[str, int]] = None
+    runtime: Optional[Dict[str, Any]] = None
+    merged_from: Optional[List[Dict[str, Any]]] = None
+
+
+def run(cfg: ScoreJobConfig) -> JobResult[ScoreResult]:
     started_ms = now_ms()
     s = cfg.score
     if s.merge is not None:
@@ -87,17 +109,17 @@ def run(cfg: ScoreJobConfig) -> JobResult[Dict[str, Any]]:
         scores.estimator_residuals,
         {"runtime": runtime},
     )
-    result = {
-        "scores": str(sidecar),
-        "settings": settings,
-        "shard": {"index": int(s.shard_index), "count": int(s.shard_count), "start": start, "stop": stop},
-        "runtime": runtime,
-    }
+    result = ScoreResult(
+        scores=str(sidecar),
+        settings=settings,
+        shard={"index": int(s.shard_index), "count": int(s.shard_count), "start": start, "stop": stop},
+        runtime=runtime,
+    )
     published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result=result,
+            result=result.to_json(),
             started_ms=started_ms,
             run_name=f"score {s.shard_index}/{s.shard_count} {handle.sha256[:8]}",
             metrics={
@@ -113,7 +135,7 @@ def run(cfg: ScoreJobConfig) -> JobResult[Dict[str, Any]]:
     return JobResult(result, published)
 
 
-def merge(cfg: ScoreJobConfig, started_ms: int) -> JobResult[Dict[str, Any]]:
+def merge(cfg: ScoreJobConfig, started_ms: int) -> JobResult[ScoreResult]:
     folder = Path(str(cfg.score.merge))
     require(folder.is_dir(), f"score.merge={folder} is not a folder; give the folder holding the shards (the sweep's)")
     metadata, arrays = merge_shards(find_shards(folder))
@@ -127,12 +149,12 @@ def merge(cfg: ScoreJobConfig, started_ms: int) -> JobResult[Dict[str, Any]]:
         arrays["estimator_residuals"],
         {"merged_from": metadata["shards"]},
     )
-    result = {"scores": str(sidecar), "settings": metadata["settings"], "merged_from": metadata["shards"]}
+    result = ScoreResult(scores=str(sidecar), settings=metadata["settings"], merged_from=metadata["shards"])
     published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result=result,
+            result=result.to_json(),
             started_ms=started_ms,
             run_name=f"score merge {len(metadata['shards'])} shards",
             metrics={"score.anchors": float(total), "score.shards": float(len(metadata["shards"]))},

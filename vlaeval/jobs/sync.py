@@ -17,7 +17,7 @@ from vlaeval import console, tracking
 from vlaeval.artifacts import atomic_write_json, read_json
 from vlaeval.config import JobSettings, SyncConfig
 from vlaeval.errors import describe, require
-from vlaeval.runs import JobResult, output_dir
+from vlaeval.runs import JobResult, SavedAsJson, output_dir
 from vlaeval.tracking.store import run_store
 
 JOB = "sync"
@@ -34,7 +34,18 @@ class SyncJobConfig(JobSettings):
     sync: SyncConfig
 
 
-def run(cfg: SyncJobConfig) -> JobResult[Dict[str, Any]]:
+@dataclass(frozen=True)
+class SyncResult(SavedAsJson):
+    """job=sync's report (sync.json): each queued run found, where it went and how it ended."""
+
+    tracking_uri: str
+    searched: List[str]
+    runs: List[Dict[str, Any]]
+    uploaded: int
+    failed: int
+
+
+def run(cfg: SyncJobConfig) -> JobResult[SyncResult]:
     require(
         cfg.tracking.enabled,
         "job=sync uploads to a tracking store: drop tracking=disabled (use tracking=server or tracking.uri=<store>)",
@@ -48,23 +59,23 @@ def run(cfg: SyncJobConfig) -> JobResult[Dict[str, Any]]:
         record = read_json(pending)
         row = {"run_dir": str(pending.parent), "experiment": record["experiment"], "record_id": record["record_id"]}
         try:
-            row["tracking_uri"], row["run_id"] = store.sync(
-                record, pending.parent, to_configured=bool(cfg.sync.to_configured_store)
-            )
+            to_configured = bool(cfg.sync.to_configured_store)
+            row["tracking_uri"] = store.destination(record, to_configured=to_configured)
+            row["run_id"] = store.sync(record, pending.parent, to_configured=to_configured)
             row["status"] = "uploaded"
             atomic_write_json(pending.parent / SYNCED_FILE, row)
             pending.unlink()
         except Exception as error:
             row["status"] = f"failed: {describe(error)}"
         rows.append(row)
-    report = {
-        "tracking_uri": shown_uri,
-        "searched": [str(r) for r in roots],
-        "runs": rows,
-        "uploaded": sum(r["status"] == "uploaded" for r in rows),
-        "failed": sum(r["status"] != "uploaded" for r in rows),
-    }
-    atomic_write_json(output_dir(cfg) / "sync.json", report)
+    report = SyncResult(
+        tracking_uri=shown_uri,
+        searched=[str(r) for r in roots],
+        runs=rows,
+        uploaded=sum(r["status"] == "uploaded" for r in rows),
+        failed=sum(r["status"] != "uploaded" for r in rows),
+    )
+    atomic_write_json(output_dir(cfg) / "sync.json", report.to_json())
     console.show(
         console.table(
             f"Queued runs synced to {shown_uri}",
@@ -76,13 +87,12 @@ def run(cfg: SyncJobConfig) -> JobResult[Dict[str, Any]]:
         )
     )
     console.show(
-        f"{report['uploaded']} uploaded, {report['failed']} failed, of {len(rows)} queued under "
-        f"{', '.join(report['searched'])}"
+        f"{report.uploaded} uploaded, {report.failed} failed, of {len(rows)} queued under {', '.join(report.searched)}"
     )
-    if report["failed"]:
+    if report.failed:
         first = next(r for r in rows if r["status"] != "uploaded")
         raise tracking.TrackingError(
-            f"{report['failed']} queued run(s) could not be uploaded ({first['run_dir']}: {first['status']}); "
+            f"{report.failed} queued run(s) could not be uploaded ({first['run_dir']}: {first['status']}); "
             "they stay queued: run job=sync again once the store is reachable"
         )
     return JobResult(report, None)

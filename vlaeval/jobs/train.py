@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
 from vlaeval import console
-from vlaeval.artifacts import atomic_write_bytes
 from vlaeval.audit.statistics import proposal_distribution
 from vlaeval.choices import AnchorSampling
 from vlaeval.config import AuditConfig, EstimatorConfig, PolicyJobSettings
 from vlaeval.errors import require, require_at_least
-from vlaeval.policy.builtin import PolicySpec, checkpoint_key, train_and_save
+from vlaeval.policy.builtin import PolicyData, PolicyHandle, PolicySpec, checkpoint_key, load_policy, train_and_save
 from vlaeval.policy.checkpoint import sidecar_path
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.time_sampling import validate_time_sampling
@@ -34,8 +32,19 @@ from vlaeval.policy.training import TrainingExtras, validate_training_recipe
 from vlaeval.residual.ablation import mean_loss
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.rollouts.engine import evaluate_closed_loop
-from vlaeval.rollouts.evaluation import evaluation_view, plot_success, print_evaluation, validate_evaluate
-from vlaeval.runs import JobResult, RunReport, lineage_tags, load_data, load_heldout_data, now_ms, output_dir, publish
+from vlaeval.rollouts.evaluation import Evaluation, evaluation_view, plot_success, print_evaluation, validate_evaluate
+from vlaeval.runs import (
+    JobResult,
+    RunReport,
+    SavedAsJson,
+    lineage_tags,
+    load_data,
+    load_heldout_data,
+    now_ms,
+    output_dir,
+    publish,
+)
+from vlaeval.store import put
 
 JOB = "train"
 COMPONENTS = ("data", "model")  # `_target_` groups checked against their signatures before run()
@@ -130,7 +139,21 @@ class TrainJobConfig(PolicyJobSettings):
     audit: AuditConfig
 
 
-def run(cfg: TrainJobConfig) -> JobResult[Dict[str, Any]]:
+@dataclass(frozen=True)
+class TrainResult(SavedAsJson):
+    """job=train's result: the checkpoint, the data it learned from, the training's metrics and
+    curves, and the held-out evaluation (None: not asked for, or the training diverged)."""
+
+    checkpoint: str
+    checkpoint_sha256: str
+    manifest_sha256: str
+    dataset: Dict[str, Any]
+    train: Dict[str, Any]
+    parameters: int
+    evaluation: Optional[Evaluation] = None
+
+
+def run(cfg: TrainJobConfig) -> JobResult[TrainResult]:
     started_ms = now_ms()
     validate_train(cfg)
     if cfg.train.evaluate_after:
@@ -145,23 +168,13 @@ def run(cfg: TrainJobConfig) -> JobResult[Dict[str, Any]]:
             lambda step, loss: update(completed=step, description=f"training loss {loss:.4f}"),
             comparison_extras(cfg, data),
         )
-    # The run's checkpoint also fills the builtin cache slot for this config, when the slot's key
-    # describes it (a residual proposal depends on the estimator and audit settings too).
     diverged = handle.sidecar["metrics"].get("diverged_at_step")
     if cfg.train.anchor_sampling == AnchorSampling.uniform and diverged is None:
-        slot = cfg.paths.cache_dir + f"/checkpoints/{checkpoint_key(PolicySpec.of(cfg), data)}"
-        _copy_checkpoint(handle.path, slot)
+        fill_builtin_slot(cfg, data, handle)
     metrics_train = handle.sidecar["metrics"]
-    result: Dict[str, Any] = {
-        "checkpoint": str(handle.path),
-        "checkpoint_sha256": handle.sha256,
-        "manifest_sha256": data.demonstrations.manifest_sha256,
-        "dataset": data.demonstrations.manifest,
-        "train": metrics_train,
-        "parameters": sum(p.numel() for p in handle.model.parameters()),
-    }
+    parameters = sum(p.numel() for p in handle.model.parameters())
     metrics, history = training_view(metrics_train)
-    metrics.update({"data.steps": data.demonstrations.manifest["steps"], "model.parameters": result["parameters"]})
+    metrics.update({"data.steps": data.demonstrations.manifest["steps"], "model.parameters": parameters})
     checks: Dict[str, bool] = {}
     plots = []
     if diverged is not None:  # a learning-rate grid's too-high end: a result, not a crash of the sweep
@@ -170,7 +183,8 @@ def run(cfg: TrainJobConfig) -> JobResult[Dict[str, Any]]:
             f"{cfg.train.learning_rate} is too high for train.optimizer={cfg.train.optimizer}; not evaluated"
         )
         checks["train.trained_to_the_end"] = False
-    elif cfg.train.evaluate_after:
+    evaluation = None
+    if diverged is None and cfg.train.evaluate_after:
         evaluation = evaluate_closed_loop(
             data.bind(handle.model, cfg.flow),
             data.demonstrations.tasks,
@@ -178,15 +192,23 @@ def run(cfg: TrainJobConfig) -> JobResult[Dict[str, Any]]:
             cfg.rollout,
             simulator=cfg.simulator,
         )
-        result["evaluation"] = evaluation
         eval_metrics, checks = evaluation_view(evaluation)
         metrics.update(eval_metrics)
         plots.append(plot_success(evaluation, out / "success_rates.png"))
+    result = TrainResult(
+        checkpoint=str(handle.path),
+        checkpoint_sha256=handle.sha256,
+        manifest_sha256=data.demonstrations.manifest_sha256,
+        dataset=data.demonstrations.manifest,
+        train=metrics_train,
+        parameters=parameters,
+        evaluation=evaluation,
+    )
     published = publish(
         cfg,
         RunReport(
             job=JOB,
-            result=result,
+            result=result.to_json(),
             started_ms=started_ms,
             run_name=f"train-{handle.sha256[:12]}",
             metrics=metrics,
@@ -199,7 +221,7 @@ def run(cfg: TrainJobConfig) -> JobResult[Dict[str, Any]]:
     )
     final = metrics_train["final_loss"]
     console.show(
-        f"trained {result['parameters']:,} parameters for {metrics_train['steps']} steps in "
+        f"trained {parameters:,} parameters for {metrics_train['steps']} steps in "
         f"{metrics_train['train_seconds']:.1f} s: final loss "
         + (f"{final:.4f}" if final is not None else f"none (diverged at step {diverged})")
         + (
@@ -208,10 +230,24 @@ def run(cfg: TrainJobConfig) -> JobResult[Dict[str, Any]]:
             else ""
         )
     )
-    if "evaluation" in result:
-        print_evaluation(result["evaluation"])
+    if evaluation is not None:
+        print_evaluation(evaluation)
     console.show(f"checkpoint: {handle.path} (sha256 {handle.sha256[:16]}...)")
     return JobResult(result, published)
+
+
+def fill_builtin_slot(cfg: TrainJobConfig, data: PolicyData, handle: PolicyHandle) -> None:
+    """The run's checkpoint also fills the built-in cache slot for this config (store.put), when the
+    slot's key describes it: uniform anchor sampling (a residual proposal depends on the estimator
+    and audit settings too) and a training that did not diverge."""
+    spec = PolicySpec.of(cfg)
+    put(
+        cfg.paths.cache_dir,
+        "checkpoints",
+        checkpoint_key(spec, data),
+        [handle.path, sidecar_path(handle.path)],
+        read=lambda folder: load_policy(spec, data, folder / handle.path.name),
+    )
 
 
 def training_view(metrics_train: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -235,12 +271,3 @@ def training_view(metrics_train: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[s
         for k in range(sampling["bins"]):
             history[f"train.time_bin_probability.{k:02d}"] = [(step, p[k]) for step, p in sampling["history"]]
     return metrics, history
-
-
-def _write_all(data: bytes, handle: BinaryIO) -> None:
-    handle.write(data)
-
-
-def _copy_checkpoint(path: Path, slot: str) -> None:
-    for source in (path, sidecar_path(path)):
-        atomic_write_bytes(Path(slot) / Path(source).name, partial(_write_all, Path(source).read_bytes()))

@@ -31,7 +31,7 @@ from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import sample_actions
 from vlaeval.policy.protocol import uses_loss_level
 from vlaeval.policy.threads import intra_op_threads
-from vlaeval.rollouts.evaluation import evaluation_conditions
+from vlaeval.rollouts.evaluation import Evaluation, evaluation_conditions
 from vlaeval.rollouts.language import episode_instruction
 from vlaeval.rollouts.outcomes import EpisodeOutcomes
 
@@ -294,7 +294,7 @@ def evaluate_closed_loop(
     rollout: Any,
     progress: Optional[Callable[[int, int, str], None]] = None,
     simulator: str = DEFAULT_SIMULATOR,
-) -> Dict[str, Any]:
+) -> Evaluation:
     """The held-out evaluation (evaluate.*: episodes per task, their seed, steps, actions per chunk) of
     `policy` (bound to `tasks`: task k reads instruction k) in the simulator named `simulator`, run
     where rollout.* says (local processes or Ray), beside the scripted expert on the same episodes."""
@@ -322,33 +322,4 @@ def evaluate_closed_loop(
         executor.close()
     successes = outcomes[0].success
     expert = expert_successes(episodes, int(evaluate.max_steps), simulator)
-    rows = {}
-    for task in tasks:
-        mine = [k for k, e in enumerate(episodes) if e.task == task]
-        rows[task] = {
-            "policy_success_rate": float(np.mean(successes[mine])),
-            "expert_success_rate": float(np.mean(expert[mine])),
-            "episodes": len(mine),
-            "policy_successes": [bool(x) for x in successes[mine]],
-            "expert_successes": [bool(x) for x in expert[mine]],
-        }
-    return {
-        "per_task": rows,
-        "episodes": [
-            {"task": e.task, "variant": e.variant, "seed": e.seed, "policy": bool(p), "expert": bool(x)}
-            for e, p, x in zip(episodes, successes, expert)
-        ],
-        "policy_success_rate": float(np.mean(successes)),
-        "expert_success_rate": float(np.mean(expert)),
-        "conditions": {
-            c.name: {
-                "policy_success_rate": float(np.mean(out.success)),
-                "drop": float(np.mean(successes) - np.mean(out.success)),
-                "per_task": {t: float(np.mean(out.success[[e.task == t for e in episodes]])) for t in tasks},
-                "changed": c.describe(),
-            }
-            for c, out in zip(conditions, outcomes[1:])
-        },
-        "held_out_variants": [held_out.start, held_out.stop],
-        "rollout": "lockstep: one batched policy call per control step for every episode that needs a chunk",
-    }
+    return Evaluation.of(tasks, episodes, successes, expert, list(zip(conditions, outcomes[1:])), held_out)

@@ -3,9 +3,12 @@ job=train share them)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+import numpy as np
 
 from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes, atomic_write_text
@@ -48,6 +51,99 @@ class EvaluationCondition:
         return ", ".join(changed)
 
 
+@dataclass(frozen=True)
+class TaskSuccess:
+    """One task's held-out episodes: the policy's and the scripted expert's success on each."""
+
+    policy_success_rate: float
+    expert_success_rate: float
+    episodes: int
+    policy_successes: Tuple[bool, ...]
+    expert_successes: Tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class EvaluatedEpisode:
+    task: str
+    variant: int
+    seed: int
+    policy: bool
+    expert: bool
+
+
+@dataclass(frozen=True)
+class ConditionSuccess:
+    """The policy on the same episodes under a condition, and its drop from the clean run."""
+
+    policy_success_rate: float
+    drop: float
+    per_task: Mapping[str, float]
+    changed: str
+
+
+LOCKSTEP = "lockstep: one batched policy call per control step for every episode that needs a chunk"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A closed-loop evaluation on held-out episodes, beside the scripted expert on the same ones
+    (vlaeval/rollouts/engine.py: evaluate_closed_loop); `to_json` is its result.json layout."""
+
+    per_task: Mapping[str, TaskSuccess]
+    episodes: Tuple[EvaluatedEpisode, ...]
+    policy_success_rate: float
+    expert_success_rate: float
+    conditions: Mapping[str, ConditionSuccess]
+    held_out_variants: Tuple[int, int]
+    rollout: str = LOCKSTEP
+
+    @classmethod
+    def of(
+        cls,
+        tasks: Sequence[str],
+        episodes: Sequence[Any],
+        successes: np.ndarray,
+        expert: np.ndarray,
+        conditions: Sequence[Tuple[EvaluationCondition, Any]],
+        held_out: range,
+    ) -> "Evaluation":
+        """From the episodes and their successes (policy, expert, each condition's outcomes)."""
+        per_task = {}
+        for task in tasks:
+            mine = [k for k, e in enumerate(episodes) if e.task == task]
+            per_task[task] = TaskSuccess(
+                float(np.mean(successes[mine])),
+                float(np.mean(expert[mine])),
+                len(mine),
+                tuple(bool(x) for x in successes[mine]),
+                tuple(bool(x) for x in expert[mine]),
+            )
+        return cls(
+            per_task=per_task,
+            episodes=tuple(
+                EvaluatedEpisode(e.task, e.variant, e.seed, bool(p), bool(x))
+                for e, p, x in zip(episodes, successes, expert)
+            ),
+            policy_success_rate=float(np.mean(successes)),
+            expert_success_rate=float(np.mean(expert)),
+            conditions={
+                c.name: ConditionSuccess(
+                    float(np.mean(out.success)),
+                    float(np.mean(successes) - np.mean(out.success)),
+                    {t: float(np.mean(out.success[[e.task == t for e in episodes]])) for t in tasks},
+                    c.describe(),
+                )
+                for c, out in conditions
+            },
+            held_out_variants=(held_out.start, held_out.stop),
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["held_out_variants"] = list(self.held_out_variants)
+        return out
+
+
 def evaluation_conditions(evaluate: Any) -> List[EvaluationCondition]:
     """evaluate.conditions, parsed and checked (one-line errors before any episode runs)."""
     return [EvaluationCondition.parse(str(k), v) for k, v in dict(evaluate.conditions or {}).items()]
@@ -74,46 +170,43 @@ def validate_rollout(rollout: Any) -> None:
     require_at_least("rollout.workers", rollout.workers, 1)
 
 
-def evaluation_view(evaluation: Dict[str, Any]) -> Tuple[Dict[str, float], Dict[str, bool]]:
+def evaluation_view(evaluation: Evaluation) -> Tuple[Dict[str, float], Dict[str, bool]]:
     metrics = {
-        "eval.policy_success_rate": evaluation["policy_success_rate"],
-        "eval.expert_success_rate": evaluation["expert_success_rate"],
+        "eval.policy_success_rate": evaluation.policy_success_rate,
+        "eval.expert_success_rate": evaluation.expert_success_rate,
     }
-    for task, row in evaluation["per_task"].items():
-        metrics[f"eval.{task}.policy_success_rate"] = row["policy_success_rate"]
-        metrics[f"eval.{task}.expert_success_rate"] = row["expert_success_rate"]
-    for name, row in evaluation.get("conditions", {}).items():
-        metrics[f"eval.condition.{name}.policy_success_rate"] = row["policy_success_rate"]
-        metrics[f"eval.condition.{name}.drop"] = row["drop"]
+    for task, row in evaluation.per_task.items():
+        metrics[f"eval.{task}.policy_success_rate"] = row.policy_success_rate
+        metrics[f"eval.{task}.expert_success_rate"] = row.expert_success_rate
+    for name, condition in evaluation.conditions.items():
+        metrics[f"eval.condition.{name}.policy_success_rate"] = condition.policy_success_rate
+        metrics[f"eval.condition.{name}.drop"] = condition.drop
     return metrics, {}
 
 
-def print_evaluation(evaluation: Dict[str, Any]) -> None:
+def print_evaluation(evaluation: Evaluation) -> None:
     rows = [
-        (task, f"{r['policy_success_rate']:.2f}", f"{r['expert_success_rate']:.2f}", r["episodes"])
-        for task, r in evaluation["per_task"].items()
+        (task, f"{r.policy_success_rate:.2f}", f"{r.expert_success_rate:.2f}", r.episodes)
+        for task, r in evaluation.per_task.items()
     ]
     rows.append(
         (
             "all",
-            f"{evaluation['policy_success_rate']:.2f}",
-            f"{evaluation['expert_success_rate']:.2f}",
-            sum(r["episodes"] for r in evaluation["per_task"].values()),
+            f"{evaluation.policy_success_rate:.2f}",
+            f"{evaluation.expert_success_rate:.2f}",
+            sum(r.episodes for r in evaluation.per_task.values()),
         )
     )
     console.show(
         console.table("Closed-loop success on held-out episodes", ["task", "policy", "expert", "episodes"], rows)
     )
-    conditions = evaluation.get("conditions", {})
+    conditions = evaluation.conditions
     if conditions:
         console.show(
             console.table(
                 "The same episodes under each condition",
                 ["condition", "policy", "drop from clean", "what changed"],
-                [
-                    (name, f"{c['policy_success_rate']:.2f}", f"{c['drop']:+.2f}", c["changed"])
-                    for name, c in conditions.items()
-                ],
+                [(name, f"{c.policy_success_rate:.2f}", f"{c.drop:+.2f}", c.changed) for name, c in conditions.items()],
             )
         )
 
@@ -142,35 +235,34 @@ def write_paired_outcomes(rows: Sequence[Mapping[str, Any]], path: Path, extra_c
     return atomic_write_text(path, text.getvalue())
 
 
-def paired_outcomes_csv(evaluation: Dict[str, Any], path: Path) -> Path:
+def paired_outcomes_csv(evaluation: Evaluation, path: Path) -> Path:
     """Write the evaluation's episodes as stratum, scenario_id, cluster_id, baseline, candidate."""
     rows = []
-    for e in evaluation["episodes"]:
-        scene = f"{e['task']}/variant-{e['variant']}"
+    for e in evaluation.episodes:
+        scene = f"{e.task}/variant-{e.variant}"
         rows.append(
             {
                 "stratum": EVALUATION_STRATUM,
-                "scenario_id": f"{scene}/seed-{e['seed']}",
+                "scenario_id": f"{scene}/seed-{e.seed}",
                 "cluster_id": scene,
-                "baseline": bool(e["expert"]),
-                "candidate": bool(e["policy"]),
+                "baseline": e.expert,
+                "candidate": e.policy,
             }
         )
     return write_paired_outcomes(rows, path)
 
 
-def plot_success(evaluation: Dict[str, Any], path: Path) -> Path:
+def plot_success(evaluation: Evaluation, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    tasks = list(evaluation["per_task"])
+    tasks = list(evaluation.per_task)
     x = np.arange(len(tasks))
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(tasks)), 4))
-    ax.bar(x - 0.2, [evaluation["per_task"][t]["policy_success_rate"] for t in tasks], 0.4, label="policy")
-    ax.bar(x + 0.2, [evaluation["per_task"][t]["expert_success_rate"] for t in tasks], 0.4, label="scripted expert")
+    ax.bar(x - 0.2, [evaluation.per_task[t].policy_success_rate for t in tasks], 0.4, label="policy")
+    ax.bar(x + 0.2, [evaluation.per_task[t].expert_success_rate for t in tasks], 0.4, label="scripted expert")
     ax.set_xticks(x, tasks, rotation=20, ha="right")
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("success rate (held-out episodes)")

@@ -5,7 +5,7 @@ user's values (vlaeval.tracking.queries: filter_literal)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from vlaeval import tracking
 from vlaeval.tracking import queries
@@ -23,10 +23,13 @@ class MlflowStore:
     def record(self, record: Mapping[str, Any], base_dir: Path, result_path: Path) -> str:
         return tracking.record_run(self.settings, dict(record), base_dir, result_path)
 
-    def sync(self, record: Mapping[str, Any], base_dir: Path, *, to_configured: bool = False) -> Tuple[str, str]:
+    def destination(self, record: Mapping[str, Any], *, to_configured: bool = False) -> str:
+        return tracking.redact_uri(tracking.sync_target(record, self._uri, to_configured=to_configured))
+
+    def sync(self, record: Mapping[str, Any], base_dir: Path, *, to_configured: bool = False) -> str:
         tracking.configure_http(self.settings)
         target = tracking.sync_target(record, self._uri, to_configured=to_configured)
-        return tracking.redact_uri(target), tracking.upload_record(target, dict(record), base_dir)
+        return tracking.upload_record(target, dict(record), base_dir)
 
     def runs(self, job: str, limit: int, equals: Optional[Mapping[str, str]] = None) -> List[StoredRun]:
         filters = []

@@ -56,8 +56,8 @@ class SavedRun:
 class RunStore(Protocol):
     """A tracking backend. `record` publishes one run's record (spooling it beside the result while it
     uploads: a store that cannot be reached raises vlaeval.tracking.TrackingError and leaves it queued);
-    `sync` uploads a queued record to the store it was queued for (or this one: `to_configured`) and
-    returns (that store, shown without its password; the run's id); `runs` lists a job's runs newest
+    `destination` is the store a queued record goes to (the one it was queued for, or this one:
+    `to_configured`), shown without its password, and `sync` uploads it there, returning the run's id; `runs` lists a job's runs newest
     first whose params or tags equal `equals` ({"params.<key>" or "tags.<key>": value}); `read_json`
     reads a JSON artifact of a listed run; `saved_run` fetches a run by id; `annotate` adds tags,
     metrics and files to a finished run."""
@@ -67,7 +67,9 @@ class RunStore(Protocol):
 
     def record(self, record: Mapping[str, Any], base_dir: Path, result_path: Path) -> str: ...
 
-    def sync(self, record: Mapping[str, Any], base_dir: Path, *, to_configured: bool = False) -> Tuple[str, str]: ...
+    def destination(self, record: Mapping[str, Any], *, to_configured: bool = False) -> str: ...
+
+    def sync(self, record: Mapping[str, Any], base_dir: Path, *, to_configured: bool = False) -> str: ...
 
     def runs(self, job: str, limit: int, equals: Optional[Mapping[str, str]] = None) -> List[StoredRun]: ...
 
@@ -85,7 +87,7 @@ class RunStore(Protocol):
     ) -> None: ...
 
 
-MEMBERS = ("name", "uri", "record", "sync", "runs", "read_json", "saved_run", "annotate")
+MEMBERS = ("name", "uri", "record", "destination", "sync", "runs", "read_json", "saved_run", "annotate")
 
 
 def check_backend(name: str) -> None:
