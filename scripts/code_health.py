@@ -74,9 +74,9 @@ def any_parameters(root: Path) -> int:
 CEILINGS = {
     "functions returning Dict[str, Any] besides serialisers": 67,
     "string-key subscripts": 829,
-    "parameters annotated Any": 192,
+    "parameters annotated Any": 166,
     "lines in the longest function": 89,
-    "blocks of cyclomatic complexity above 15 (radon)": 24,
+    "blocks of cyclomatic complexity above 15 (radon)": 21,
     "largest cyclomatic complexity (radon)": 28,
 }
 

@@ -507,6 +507,11 @@ def to_plain(cfg: Any) -> Any:
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
+# The tracking section as a job's typed config holds it, or as Hydra's callbacks see the composed
+# config (a sweep's parent run).
+TrackingSection = TrackingConfig | DictConfig
+
+
 # A `_target_` component's config (data, model, outcomes), kept as its read-only node: its keys are
 # its target's arguments (checked against the signature before the job starts), built with
 # hydra.utils.instantiate; there is no dataclass to convert it to.

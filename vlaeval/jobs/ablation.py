@@ -48,6 +48,7 @@ from vlaeval.config import (
 )
 from vlaeval.errors import UserInputError, first_line, require, require_at_least
 from vlaeval.memory import PeakMemory
+from vlaeval.policy.builtin import PolicyData, PolicyHandle
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.time_sampling import AdaptiveTimeSampler, adaptive_time_sampler, validate_sampler_settings
 from vlaeval.residual.ablation import (
@@ -156,7 +157,7 @@ def check_audit_result(result: AuditResult, cfg: AblationJobConfig) -> None:
         )
 
 
-def check_audited_data(cfg: AblationJobConfig, data: Any) -> None:
+def check_audited_data(cfg: AblationJobConfig, data: PolicyData) -> None:
     """The audit's dataset is this run's (checked once the data is loaded, before the policy)."""
     if cfg.ablation.audit_result is None:
         return
@@ -168,7 +169,7 @@ def check_audited_data(cfg: AblationJobConfig, data: Any) -> None:
     )
 
 
-def check_audited_checkpoint(cfg: AblationJobConfig, handle: Any) -> None:
+def check_audited_checkpoint(cfg: AblationJobConfig, handle: PolicyHandle) -> None:
     """The audit's checkpoint is this run's (checked once it is loaded, before any scoring)."""
     if cfg.ablation.audit_result is None:
         return
@@ -242,7 +243,9 @@ def ratio_to_uniform(judge: Any, proposal: Proposal) -> float:
     )
 
 
-def audit_prediction(cfg: AblationJobConfig, data: Any, handle: Any, residual: np.ndarray) -> Dict[str, Any]:
+def audit_prediction(
+    cfg: AblationJobConfig, data: PolicyData, handle: PolicyHandle, residual: np.ndarray
+) -> Dict[str, Any]:
     """The audit's predicted second-moment ratio for the residual proposal: from the given audit
     result, or computed the audit's way (its gradient artifact's anchors, RMS over its gradient
     seeds, the same transform of the residual) on the cached artifact for this checkpoint."""
@@ -294,7 +297,7 @@ def audit_prediction(cfg: AblationJobConfig, data: Any, handle: Any, residual: n
     }
 
 
-def residual_scores(cfg: AblationJobConfig, data: Any, handle: Any) -> tuple:
+def residual_scores(cfg: AblationJobConfig, data: PolicyData, handle: PolicyHandle) -> tuple:
     """The residual of every training anchor: job=score's merged scores (checked against this
     checkpoint, data and estimator) or scored here, batched as the audit scores."""
     n = len(data.anchors)
@@ -594,7 +597,9 @@ def run(cfg: AblationJobConfig) -> JobResult[AblationResult]:
     return JobResult(result, published)
 
 
-def closed_loop_success(cfg: AblationJobConfig, data: Any, handle: Any, models: List[Any]) -> Dict[str, Any]:
+def closed_loop_success(
+    cfg: AblationJobConfig, data: PolicyData, handle: PolicyHandle, models: List[Any]
+) -> Dict[str, Any]:
     """Every fine-tuned policy and the checkpoint on the same held-out episodes (paired)."""
     from vlaeval.envs import simulator
     from vlaeval.envs.episodes import Episode

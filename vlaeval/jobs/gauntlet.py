@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -64,24 +64,15 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
     preflight = run_preflight(inputs)
     prepare_policies(inputs)
 
-    plain = to_plain(cfg)
     code = code_version()
-    shuffled = settings.cluster_order == ClusterOrder.shuffled
-    order_free = shuffled and inputs.source.traits.holds_outcomes and settings.test_mode == MODE_EXACT
+    order_seed, order_statement = cluster_order(inputs)
     lineage = build_lineage(
         candidate_version=settings.candidate_version,
         baseline_version=settings.baseline_version,
         data_source=inputs.source.describe(),
-        seeds={"gauntlet": settings.seed, "cluster_order": inputs.order.seed if shuffled and not order_free else None},
-        cluster_order=(
-            f"order-free: the average over {settings.orders} fixed orders of each order's e-value, seeded from "
-            "each stratum's clusters (their canonical digest)"
-            if order_free
-            else f"shuffled: a random permutation of each stratum's clusters, seed from {inputs.order.basis}"
-            if shuffled
-            else "as_given: the source's order, declared random by the user (gauntlet.cluster_order=as_given)"
-        ),
-        config_sha256=config_sha256(plain),
+        seeds={"gauntlet": settings.seed, "cluster_order": order_seed},
+        cluster_order=order_statement,
+        config_sha256=config_sha256(to_plain(cfg)),
         require_clean_code=settings.require_clean_code,
     )
     cache = ArrayCache(cfg.paths.cache_dir, enabled=settings.use_cache, namespace="gauntlet-units")
@@ -121,16 +112,37 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
         ledger.record_result(result.strata, str(out))
     print_summary(result, published)
     if result.rollouts is not None:
-        r = result.rollouts
-        console.show(
-            f"rollouts: {r['episodes_run']:,} run, {r['episodes_from_cache']:,} from the cache; "
-            f"{r['episode_pairs_evaluated']:,} episode pairs of {r['episode_pairs_full_evaluation']:,} a full "
-            f"evaluation runs ({r['rollouts_saved_by_early_stop']:,} rollouts saved by early stopping); "
-            f"{r['registry_entries_added']} new scenarios in the failure registry {r['registry']}"
-        )
-        console.show(f"paired outcomes (outcomes=file reads them): {r['paired_outcomes']}")
+        print_rollouts(result.rollouts)
     exit_code = RECOMMENDATION_EXIT_CODES[result.recommendation.recommendation]
     return JobResult(result, published, exit_code if settings.exit_code_from_recommendation else 0)
+
+
+def cluster_order(inputs: GauntletInputs) -> Tuple[Optional[int], str]:
+    """The run's cluster-order seed (None: no order is drawn) and what the lineage says of the order."""
+    settings = inputs.settings
+    shuffled = settings.cluster_order == ClusterOrder.shuffled
+    if shuffled and inputs.source.traits.holds_outcomes and settings.test_mode == MODE_EXACT:
+        return None, (
+            f"order-free: the average over {settings.orders} fixed orders of each order's e-value, seeded from "
+            "each stratum's clusters (their canonical digest)"
+        )
+    if shuffled:
+        return (
+            inputs.order.seed,
+            f"shuffled: a random permutation of each stratum's clusters, seed from {inputs.order.basis}",
+        )
+    return None, "as_given: the source's order, declared random by the user (gauntlet.cluster_order=as_given)"
+
+
+def print_rollouts(r: Mapping[str, Any]) -> None:
+    """What the rollouts cost and saved, where their pairs and new failures went."""
+    console.show(
+        f"rollouts: {r['episodes_run']:,} run, {r['episodes_from_cache']:,} from the cache; "
+        f"{r['episode_pairs_evaluated']:,} episode pairs of {r['episode_pairs_full_evaluation']:,} a full "
+        f"evaluation runs ({r['rollouts_saved_by_early_stop']:,} rollouts saved by early stopping); "
+        f"{r['registry_entries_added']} new scenarios in the failure registry {r['registry']}"
+    )
+    console.show(f"paired outcomes (outcomes=file reads them): {r['paired_outcomes']}")
 
 
 def prepare_policies(inputs: GauntletInputs) -> None:

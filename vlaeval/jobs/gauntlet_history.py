@@ -68,53 +68,50 @@ def run(cfg: HistoryJobConfig) -> JobResult[HistoryResult]:
     if not rows:
         console.show(f"no gauntlet runs in {where} yet: run `python main.py job=gauntlet`")
         return JobResult(HistoryResult(uri, [], None), None)
-    console.show(
-        console.table(
-            f"Gauntlet runs in {where} (newest first)",
-            [
-                "run id",
-                "mlflow run",
-                "started",
-                "status",
-                "candidate",
-                "recommendation",
-                "halted",
-                "units",
-                "wall s",
-                "overrides",
-            ],
-            [
-                (
-                    r["run_id"],
-                    r["mlflow_run_id"] or r["where"],
-                    r["started"],
-                    r["status"],
-                    r["candidate_version"],
-                    r["recommendation"],
-                    "HALTED" if r["halted"] else "",
-                    r["units_evaluated"],
-                    r["wall_s"],
-                    r["overrides"],
-                )
-                for r in rows
-            ],
-        )
-    )
+    show_runs(rows, where)
     shown = pick(rows, h.run_id)
     if h.run_id is not None:
         require(
             shown is not None,
             f"history.run_id={h.run_id} is not among the listed gauntlet runs; check the id or raise history.limit",
         )
-    result = shown["load"]() if shown is not None else None
-    if shown is not None and result is not None:
-        which = "run" if h.run_id is not None else "latest finished run"
-        mlflow_id = f" (mlflow {shown['mlflow_run_id']})" if shown["mlflow_run_id"] else ""
-        console.show(f"\n{which} {shown['run_id']}{mlflow_id}:")
-        print_summary(GauntletResult.from_json(result))  # a result of any earlier version reads
+    result = show_run(shown, "run" if h.run_id is not None else "latest finished run")
     history = HistoryResult(uri, [{k: v for k, v in r.items() if k != "load"} for r in rows], result)
     atomic_write_json(output_dir(cfg) / "history.json", history.to_json())
     return JobResult(history, None)
+
+
+COLUMNS = ["run id", "mlflow run", "started", "status", "candidate", "recommendation", "halted", "units", "wall s"]
+
+
+def show_runs(rows: List[Dict[str, Any]], where: str) -> None:
+    """The table of runs, newest first."""
+    table = [
+        (
+            r["run_id"],
+            r["mlflow_run_id"] or r["where"],
+            r["started"],
+            r["status"],
+            r["candidate_version"],
+            r["recommendation"],
+            "HALTED" if r["halted"] else "",
+            r["units_evaluated"],
+            r["wall_s"],
+            r["overrides"],
+        )
+        for r in rows
+    ]
+    console.show(console.table(f"Gauntlet runs in {where} (newest first)", [*COLUMNS, "overrides"], table))
+
+
+def show_run(shown: Optional[Dict[str, Any]], which: str) -> Optional[Dict[str, Any]]:
+    """The picked run's saved result, its full report printed (None: no run, or its result is gone)."""
+    result = shown["load"]() if shown is not None else None
+    if shown is not None and result is not None:
+        mlflow_id = f" (mlflow {shown['mlflow_run_id']})" if shown["mlflow_run_id"] else ""
+        console.show(f"\n{which} {shown['run_id']}{mlflow_id}:")
+        print_summary(GauntletResult.from_json(result))  # a result of any earlier version reads
+    return result
 
 
 def pick(rows: List[Dict[str, Any]], run_id: Optional[str]) -> Optional[Dict[str, Any]]:

@@ -15,6 +15,7 @@ from vlaeval.artifacts import atomic_write_json, sha256_file, sha256_json
 from vlaeval.config import FlowConfig, GradientsConfig, to_plain
 from vlaeval.data.anchors import draw
 from vlaeval.errors import UserInputError, first_line, require, require_file
+from vlaeval.policy.builtin import PolicyData, PolicyHandle
 from vlaeval.residual.gradients import gradient_measurements, split_half_reliability
 from vlaeval.store import get_or_build
 
@@ -101,7 +102,7 @@ ARTIFACT_JSON_SCHEMA: Dict[str, Any] = {
 
 
 def build_gradient_artifact(
-    gradients: GradientsConfig, flow: FlowConfig, device: str, data: Any, handle: Any
+    gradients: GradientsConfig, flow: FlowConfig, device: str, data: PolicyData, handle: PolicyHandle
 ) -> Dict[str, Any]:
     """The artifact for the `gradients` and `flow` config sections, on `device`."""
     anchor_index, traces = draw(data.anchors, int(gradients.num_anchors), int(gradients.epoch))
@@ -173,7 +174,9 @@ def content_digest(artifact: Dict[str, Any]) -> str:
     return sha256_json({k: v for k, v in artifact.items() if k != "content_sha256"})
 
 
-def gradient_artifact_key(checkpoint_sha256: str, dataset_sha256: str, gradients: Any, flow: Any) -> str:
+def gradient_artifact_key(
+    checkpoint_sha256: str, dataset_sha256: str, gradients: GradientsConfig, flow: FlowConfig
+) -> str:
     """The content-store key of a built artifact: every digest its reader compares (the checkpoint's,
     check_checkpoint; the dataset's, recover_anchors) and the settings that decide its numbers. Two
     datasets can train a policy to the same weights (a state policy ignores a camera): the dataset's
@@ -191,7 +194,7 @@ def gradient_artifact_key(checkpoint_sha256: str, dataset_sha256: str, gradients
 
 
 def cached_gradient_artifact(
-    gradients: GradientsConfig, flow: FlowConfig, device: str, cache_dir: str, data: Any, handle: Any
+    gradients: GradientsConfig, flow: FlowConfig, device: str, cache_dir: str, data: PolicyData, handle: PolicyHandle
 ) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """(metadata, anchors) of the artifact for this checkpoint, data and gradients config, as
     load_gradient_artifact reads them; built and cached on first use."""

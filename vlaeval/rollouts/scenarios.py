@@ -90,12 +90,6 @@ class ScenarioFamily:
         require(force is None or float(force) > 0, f"{where}.unsafe_contact_force={force} must be > 0 newtons")
         require(len(tasks) > 0 or replay, f"{where}.tasks is empty; list Meta-World tasks")
         mode = instruction_mode(values.get("instructions", "task"), f"{where}.instructions")
-        phrasings = values.get("phrasings") or {}
-        require(
-            isinstance(phrasings, Mapping) and all(not isinstance(v, str) for v in phrasings.values()),
-            f'{where}.phrasings must map a task to a list of instructions, e.g. {{reach-v3: ["touch the target"]}}',
-        )
-        check_phrasings(where, mode, tasks, phrasings)
         return cls(
             tasks=tasks,
             variants=(variants[0], variants[1]),
@@ -106,8 +100,20 @@ class ScenarioFamily:
             obstacle=tuple(str(b) for b in values.get("obstacle", DEFAULT_OBSTACLE)),
             replay=replay,
             instructions=mode,
-            phrasings=tuple((str(t), tuple(str(x) for x in texts)) for t, texts in phrasings.items()),
+            phrasings=family_phrasings(where, mode, tasks, values.get("phrasings") or {}),
         )
+
+
+def family_phrasings(
+    where: str, mode: InstructionMode, tasks: Sequence[str], phrasings: Any
+) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+    """A family's own phrasings ({task: [instruction, ...]}), checked against its instruction mode."""
+    require(
+        isinstance(phrasings, Mapping) and all(not isinstance(v, str) for v in phrasings.values()),
+        f'{where}.phrasings must map a task to a list of instructions, e.g. {{reach-v3: ["touch the target"]}}',
+    )
+    check_phrasings(where, mode, tasks, phrasings)
+    return tuple((str(t), tuple(str(x) for x in texts)) for t, texts in phrasings.items())
 
 
 @dataclass(frozen=True)

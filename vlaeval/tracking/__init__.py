@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, S
 from filelock import FileLock
 
 from vlaeval.artifacts import atomic_write_json, sha256_json
+from vlaeval.config import TrackingSection
 from vlaeval.errors import describe, first_line
 
 PARENT_RUN_FILE = ".vlaeval_parent_run.json"
@@ -49,11 +50,11 @@ def default_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
-def resolve_uri(tracking_cfg: Any) -> str:
+def resolve_uri(tracking_cfg: TrackingSection) -> str:
     return tracking_cfg.uri or default_uri()
 
 
-def experiment_name(tracking_cfg: Any, job_name: str) -> str:
+def experiment_name(tracking_cfg: TrackingSection, job_name: str) -> str:
     return f"{tracking_cfg.experiment_prefix}-{job_name}"
 
 
@@ -244,7 +245,7 @@ def _finite(value: float) -> bool:
     return value == value and value not in (float("inf"), float("-inf"))
 
 
-def configure_http(tracking_cfg: Any) -> None:
+def configure_http(tracking_cfg: TrackingSection) -> None:
     """Bound how long a dead server can stall a job: MLflow's defaults (7 retries, exponential
     backoff, 120 s timeouts) wait minutes before failing. Values the user exported win."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(int(tracking_cfg.http_max_retries)))
@@ -253,7 +254,7 @@ def configure_http(tracking_cfg: Any) -> None:
 
 
 def build_record(
-    tracking_cfg: Any,
+    tracking_cfg: TrackingSection,
     job_name: str,
     *,
     run_name: str,
@@ -429,7 +430,7 @@ def upload_child(
     return run.info.run_id
 
 
-def record_run(tracking_cfg: Any, record: Dict[str, Any], base_dir: Path, result_path: Path) -> str:
+def record_run(tracking_cfg: TrackingSection, record: Dict[str, Any], base_dir: Path, result_path: Path) -> str:
     """Spool the record beside the result, upload it, and drop the spool once the run is
     FINISHED. If the store is unreachable or dies mid-run, the spool stays and the TrackingError
     says how to upload it later (job=sync): nothing is lost."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from vlaeval import tracking
+from vlaeval.config import TrackingSection
 from vlaeval.tracking import queries
 from vlaeval.tracking.store import SavedRun, StoredRun
 
@@ -15,7 +16,7 @@ from vlaeval.tracking.store import SavedRun, StoredRun
 class MlflowStore:
     name = "mlflow"
 
-    def __init__(self, tracking_cfg: Any) -> None:
+    def __init__(self, tracking_cfg: TrackingSection) -> None:
         self.settings = tracking_cfg
         self._uri = tracking.resolve_uri(tracking_cfg)
         self.uri = tracking.redact_uri(self._uri)

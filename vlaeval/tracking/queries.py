@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from vlaeval.artifacts import read_json
+from vlaeval.config import TrackingSection
 from vlaeval.errors import UserInputError, first_line
 from vlaeval.tracking import ensure_store, experiment_name, resolve_uri
 
 
-def client_for(tracking_cfg: Any) -> Tuple[Any, str]:
+def client_for(tracking_cfg: TrackingSection) -> Tuple[Any, str]:
     from mlflow.tracking import MlflowClient
 
     uri = resolve_uri(tracking_cfg)
@@ -35,7 +36,9 @@ def filter_literal(value: str, setting: str) -> str:
     )
 
 
-def search_job_runs(tracking_cfg: Any, job_name: str, limit: int, filter_string: str = "") -> Tuple[Any, List[Any]]:
+def search_job_runs(
+    tracking_cfg: TrackingSection, job_name: str, limit: int, filter_string: str = ""
+) -> Tuple[Any, List[Any]]:
     """(client, runs) of a job's experiment, newest first, sweep parents left out."""
     client, _ = client_for(tracking_cfg)
     experiment = client.get_experiment_by_name(experiment_name(tracking_cfg, job_name))
@@ -58,7 +61,7 @@ def run_json(client: Any, run_id: str, tags: Mapping[str, str], name: str) -> Op
         return read_json(local) if local.is_file() else None
 
 
-def saved_run(tracking_cfg: Any, run_id: str, into: Path) -> Tuple[Path, Dict[str, float], Dict[str, str]]:
+def saved_run(tracking_cfg: TrackingSection, run_id: str, into: Path) -> Tuple[Path, Dict[str, float], Dict[str, str]]:
     """(path of the run's hydra/config.yaml downloaded into `into`, its metrics, its tags)."""
     from mlflow.exceptions import MlflowException
 
@@ -81,7 +84,7 @@ def saved_run(tracking_cfg: Any, run_id: str, into: Path) -> Tuple[Path, Dict[st
 
 
 def annotate_run(
-    tracking_cfg: Any,
+    tracking_cfg: TrackingSection,
     run_id: str,
     *,
     tags: Optional[Mapping[str, str]] = None,

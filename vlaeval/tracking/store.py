@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
+from vlaeval.config import TrackingSection
+
 # name -> (module, class): imported on first use (a backend imports its client library then).
 RUN_STORES: Dict[str, Tuple[str, str]] = {"mlflow": ("vlaeval.tracking.mlflow_store", "MlflowStore")}
 
@@ -101,7 +103,7 @@ def check_backend(name: str) -> None:
         )
 
 
-def run_store(tracking_cfg: Any) -> RunStore:
+def run_store(tracking_cfg: TrackingSection) -> RunStore:
     """The store `tracking.backend` names, made for these tracking settings and checked against the
     protocol (a member it lacks is one line, naming it)."""
     from vlaeval.errors import UserInputError

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from vlaeval.artifacts import atomic_write_json, atomic_write_text
+from vlaeval.config import TrackingSection
 from vlaeval.tracking import (
     PARENT_RUN_FILE,
     RunLogger,
@@ -37,7 +38,7 @@ def swept_keys(overrides: Sequence[str], sweeper_params: Mapping[str, Any]) -> L
 
 
 def open_sweep_parent(
-    tracking_cfg: Any,
+    tracking_cfg: TrackingSection,
     job_name: str,
     sweep_dir: Path,
     overrides: Sequence[str],
@@ -82,7 +83,7 @@ def open_sweep_parent(
 
 
 def record_failed_job(
-    tracking_cfg: Any,
+    tracking_cfg: TrackingSection,
     job_name: str,
     *,
     error: str,
