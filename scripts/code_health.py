@@ -72,9 +72,9 @@ def any_parameters(root: Path) -> int:
 # Ceilings `make lint` holds (`--check`): the figures may fall, never rise. Lower one with the change
 # that lowers its figure (issue "a typed core" sets the goal of 30 for dict-returning functions).
 CEILINGS = {
-    "functions returning Dict[str, Any] besides serialisers": 67,
-    "string-key subscripts": 829,
-    "parameters annotated Any": 166,
+    "functions returning Dict[str, Any] besides serialisers": 66,
+    "string-key subscripts": 824,
+    "parameters annotated Any": 165,
     "lines in the longest function": 89,
     "blocks of cyclomatic complexity above 15 (radon)": 21,
     "largest cyclomatic complexity (radon)": 28,

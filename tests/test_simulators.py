@@ -49,8 +49,13 @@ class PointEnvironments:
     def unsafe(self, k: int) -> bool:
         return self.limits[k] is not None and self.points[k][0] > 0.9
 
-    def scene(self, k: int) -> Any:
-        return (self.points[k], self.goals[k])
+    def frame(self, k: int, size: int) -> np.ndarray:
+        """The point (white) and its goal (green) seen from above."""
+        image = np.zeros((size, size, 3), dtype=np.uint8)
+        for where, color in ((self.goals[k], (0, 255, 0)), (self.points[k], (255, 255, 255))):
+            x, y = np.clip(((np.asarray(where) + 1) / 2 * (size - 1)).round().astype(int), 0, size - 1)
+            image[y, x] = color
+        return image
 
     def close(self) -> None:
         self.points.clear()
@@ -59,6 +64,7 @@ class PointEnvironments:
 class PointSimulator:
     name = "point"
     variants_per_task = 10
+    renderer_version = 0
     held_out_variants = range(5, 10)
 
     def cache_identity(self) -> Dict[str, Any]:
@@ -94,9 +100,9 @@ def test_metaworld_implements_the_protocol_and_an_unknown_name_is_one_line():
     assert isinstance(sim, Simulator) and missing_members(sim) == [] and sim is simulator()
     assert "reach-v3" in sim.tasks() and sim.instruction("reach-v3") == "reach the red goal position"
     assert isinstance(sim.environments(), Environments)
-    assert missing_members(object()) == ["name", "variants_per_task", "held_out_variants", "cache_identity", "tasks",
-                                         "instruction", "episode_plan", "environments", "expert_successes", "prepare",
-                                         "has_bodies"]  # fmt: skip
+    assert missing_members(object()) == ["name", "variants_per_task", "held_out_variants", "renderer_version",
+                                         "cache_identity", "tasks", "instruction", "episode_plan", "environments",
+                                         "expert_successes", "prepare", "has_bodies"]  # fmt: skip
     with pytest.raises(
         UserInputError, match=r"^simulator=libero is not a registered simulator; choose one of metaworld "
     ):
@@ -157,3 +163,30 @@ def test_the_simulator_is_chosen_by_name_in_the_config_and_the_evaluation_runs_i
     assert runs[0] == runs[1] and len(runs[0].episodes) == 4
     assert [e.variant for e in runs[0].episodes] == [5, 6, 7, 8]  # the point world's plan and variants
     assert runs[0].expert_success_rate == 1.0 and runs[0].held_out_variants == (5, 10)  # its expert and scenes
+
+
+def test_a_simulator_of_ones_own_is_filmed_through_its_own_view(monkeypatch, tmp_path):
+    """A regression video asks the simulator for its view of the scene (Environments.frame): the
+    point world is filmed as it draws itself -- the point moves from frame to frame, the goal stays --
+    and the side-by-side MP4 is written."""
+    import vlaeval.envs
+    from vlaeval.rollouts.videos import VIDEO_SIZE, film, regression_video
+
+    monkeypatch.setitem(SIMULATORS, "point", (__name__, "PointSimulator"))
+    monkeypatch.setattr(vlaeval.envs, "_MADE", {})
+    torch.manual_seed(0)
+    model = TinyVLA(["reach"], 4, 2, 4, encoder_hidden=16, conditioning_dim=8, head_hidden=16, head_layers=2)
+    bound = bind_policy(model, ["reach"], FlowConfig(sampling_steps=3))
+    episode = Episode("reach-point", 0, 7, 3, perturbation=Perturbation(action_noise=1.0))
+    filmed = film(bound, episode, execute_actions=2, max_steps=6, simulator="point")
+    assert filmed.frames.shape == (filmed.steps + 1, VIDEO_SIZE, VIDEO_SIZE, 3) and filmed.steps == 6
+    white = [tuple(np.argwhere(f.sum(axis=2) == 765)[0]) for f in filmed.frames]
+    green = {
+        tuple(np.argwhere((f[..., 1] == 255) & (f[..., 0] == 0))[0]) for f in filmed.frames if (f[..., 0] == 0).any()
+    }
+    assert len(set(white)) > 1 and len(green) == 1  # the point moved; the goal did not
+    path = regression_video(
+        bound, bound, {"baseline": episode, "candidate": episode}, tmp_path / "v.mp4",
+        title="point", instruction="reach the point", execute_actions=2, max_steps=6, simulator="point",
+    )  # fmt: skip
+    assert path.is_file() and path.stat().st_size > 1000

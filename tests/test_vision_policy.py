@@ -180,20 +180,14 @@ def test_a_policy_reading_two_frames_sees_the_previous_step_and_the_present_one(
     # Between calls too: with 2 actions per call, the second call's past is the frame after step 1,
     # rendered by the same camera at the same size as a watcher sees it.
     from vlaeval.data.cameras import channel_first
-    from vlaeval.envs.rendering import SceneCameras
 
     after_step: Dict[int, List[np.ndarray]] = {0: [], 1: []}
-    renderers: Dict[int, Any] = {}
 
-    def watch(k, env):
-        if k not in renderers:
-            renderers[k] = SceneCameras(env.unwrapped.model, ["corner"], 32)
-        after_step[k].append(renderers[k].render(env.unwrapped.data)[CORNER])
+    def watch(k, envs):  # Meta-World's video view is the corner camera: what this policy reads
+        after_step[k].append(envs.frame(k, 32))
 
     skipping = seeing_policy(history=2)
     rollout_lockstep(skipping, episodes, execute_actions=2, max_steps=4, watch=watch)
-    for renderer in renderers.values():
-        renderer.close()
     later = skipping.model.seen[1][CORNER][:2]
     for k in (0, 1):  # after_step[k][0] is the opening frame, [1] the frame after step 1
         assert torch.equal(later[k, :3], torch.from_numpy(channel_first(after_step[k][1][None])[0]))

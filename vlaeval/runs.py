@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from vlaeval import tracking
 from vlaeval.artifacts import atomic_write_json
 from vlaeval.config import JobSettings, PolicyJobSettings, to_plain
+from vlaeval.provenance import CodeVersion, code_version
 from vlaeval.tracking.record import RunRecord
 from vlaeval.tracking.store import run_store
 
@@ -186,15 +187,13 @@ class RunReport:
     artifact_file: Optional[str] = None
     gate_pass: Optional[bool] = None
     children: Sequence[Dict[str, Any]] = ()
-    code: Optional[Mapping[str, Any]] = None
+    code: Optional[CodeVersion] = None
 
 
 def publish(cfg: JobSettings, report: RunReport) -> RunRecord:
     """Write the result locally (atomic) first, then log the run to MLflow (spooled for job=sync
     if the store cannot be reached). Every result carries a unique run id (`run_id`, tag
     `vlaeval.run_id`), tracked or not."""
-    from vlaeval.provenance import code_version
-
     job_name, result, started_ms = report.job, report.result, report.started_ms
     checks, history, children = report.checks, report.history, report.children
     code = code_version() if report.code is None else report.code

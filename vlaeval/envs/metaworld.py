@@ -16,8 +16,9 @@ import numpy as np
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.envs.episodes import Episode, camera_offset
-from vlaeval.envs.rendering import CAMERA_PREFIX, METAWORLD_CAMERAS, SceneCameras
+from vlaeval.envs.rendering import CAMERA_PREFIX, METAWORLD_CAMERAS, RENDERER_VERSION, SceneCameras, camera_key
 
+VIDEO_CAMERA = "corner"  # what a video shows: the view a person reads best, the whole arm and table
 VARIANTS_PER_TASK = 50
 TRAIN_VARIANTS = range(0, 25)
 HELD_OUT_VARIANTS = range(25, 50)
@@ -182,6 +183,7 @@ class SceneEnvironments:
 
         self.envs: List[Any] = []
         self.renderers: List[Any] = []
+        self.video_renderers: Dict[Tuple[int, int], Any] = {}  # (episode, size): a video's view
         self.monitors: List[Tuple[List[int], Optional[float]]] = []
         self.cameras = [str(c)[len(CAMERA_PREFIX) :] if str(c).startswith(CAMERA_PREFIX) else str(c) for c in cameras]
         for feature, camera in zip(cameras, self.cameras):
@@ -221,12 +223,15 @@ class SceneEnvironments:
         bodies, limit = self.monitors[k]
         return bool(bodies) and obstacle_contact_force(self.envs[k], bodies) > float(limit or 0.0)
 
-    def scene(self, k: int) -> Any:
-        return self.envs[k]
+    def frame(self, k: int, size: int) -> np.ndarray:
+        if (k, size) not in self.video_renderers:
+            self.video_renderers[k, size] = SceneCameras(self.envs[k].unwrapped.model, [VIDEO_CAMERA], size)
+        return self.video_renderers[k, size].render(self.envs[k].unwrapped.data)[camera_key(VIDEO_CAMERA)]
 
     def close(self) -> None:
-        for renderer in self.renderers:
+        for renderer in [*self.renderers, *self.video_renderers.values()]:
             renderer.close()
+        self.video_renderers.clear()
         for env in self.envs:
             env.close()
         self.envs.clear()
@@ -242,6 +247,7 @@ class MetaWorldSimulator:
     name = "metaworld"
     variants_per_task = VARIANTS_PER_TASK
     held_out_variants = HELD_OUT_VARIANTS
+    renderer_version = RENDERER_VERSION
 
     def cache_identity(self) -> Dict[str, str]:
         import metaworld

@@ -49,8 +49,9 @@ class Environments(Protocol):
         """Whether episode k's monitored obstacle is now pushed harder than its unsafe_contact_force."""
         ...
 
-    def scene(self, k: int) -> Any:
-        """The simulator's own handle of episode k (what a watcher films)."""
+    def frame(self, k: int, size: int) -> np.ndarray:
+        """A person's view of episode k's scene now, uint8 (size, size, 3): what a regression video
+        shows (vlaeval/rollouts/videos.py); it only reads the scene."""
         ...
 
     def close(self) -> None: ...
@@ -61,6 +62,7 @@ class Simulator(Protocol):
     name: str
     variants_per_task: int
     held_out_variants: range
+    renderer_version: int  # what its camera images depend on besides the scene (a camera policy's episode keys)
 
     def cache_identity(self) -> Mapping[str, Any]: ...
 
@@ -83,7 +85,7 @@ class Simulator(Protocol):
 
 def missing_members(simulator: object) -> List[str]:
     """What an object lacks of the Simulator protocol (empty when it implements all of it)."""
-    members = ["name", "variants_per_task", "held_out_variants"]
+    members = ["name", "variants_per_task", "held_out_variants", "renderer_version"]
     methods = [
         "cache_identity",
         "tasks",

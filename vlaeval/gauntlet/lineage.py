@@ -31,9 +31,9 @@ def build_lineage(
         problems.append("candidate and baseline versions are identical")
     if not data_source.get("sha256"):
         problems.append("data source has no content digest")
-    if require_clean_code and code["git_sha"] is None:
+    if require_clean_code and code.git_sha is None:
         problems.append("code version is not pinned to a git commit")
-    if require_clean_code and code["git_dirty"]:
+    if require_clean_code and code.git_dirty:
         problems.append("code has uncommitted changes")
     return {
         "candidate_version": candidate_version,
@@ -41,7 +41,7 @@ def build_lineage(
         "data_source": dict(data_source),
         "seeds": dict(seeds),
         "cluster_order": cluster_order,
-        "code": code,
+        "code": code.to_json(),
         "config_sha256": config_sha256,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "problems": problems,

@@ -31,7 +31,6 @@ import numpy as np
 from vlaeval.artifacts import sha256_json, stable_seed
 from vlaeval.config import StratumConfig, to_plain
 from vlaeval.envs.episodes import NO_PERTURBATION, Episode, Perturbation
-from vlaeval.envs.rendering import RENDERER_VERSION
 from vlaeval.errors import UserInputError, require, require_at_least, require_file
 from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes
 from vlaeval.gauntlet.registry import FailureRegistry, registry_path
@@ -385,7 +384,7 @@ class RolloutOutcomes:
             episodes = [episode_from_spec(s, tasks.index(str(s["task"])), degradation) for s in specs]
             controls = {**self.controls(), "flow": to_plain(policy.flow)}
             if policy.bound.cameras:  # what its cameras show depends on the renderer
-                controls["renderer"] = RENDERER_VERSION
+                controls["renderer"] = self.sim.renderer_version
             keys[role] = [episode_key(policy.sha256, e, controls, self.simulator) for e in episodes]
             found[role] = cache.get_many(keys[role])
             todo = [i for i, key in enumerate(keys[role]) if key not in found[role]]
@@ -449,6 +448,7 @@ class RolloutOutcomes:
                     instruction=str(spec.get("instruction") or self.sim.instruction(task)),
                     execute_actions=self.execute_actions,
                     max_steps=self.max_steps,
+                    simulator=self.simulator,
                     expected={"baseline": True, "candidate": False} if failures is None else None,
                 )
             )

@@ -230,8 +230,8 @@ def version_warnings(original_tags: Mapping[str, Any]) -> List[str]:
     code = code_version()
     out = []
     for tag, now, label in (
-        ("git.sha", code["git_sha"], "git sha"),
-        ("vlaeval.version", code["vlaeval_version"], "vlaeval version"),
+        ("git.sha", code.git_sha, "git sha"),
+        ("vlaeval.version", code.vlaeval_version, "vlaeval version"),
     ):
         then = original_tags.get(tag)
         if then is not None and now is not None and str(then) != str(now):

@@ -26,7 +26,7 @@ from vlaeval.data.cameras import channel_first
 from vlaeval.envs import DEFAULT_SIMULATOR
 from vlaeval.envs import simulator as registered_simulator
 from vlaeval.envs.episodes import Episode, EpisodeDisturbances
-from vlaeval.envs.protocol import Simulator
+from vlaeval.envs.protocol import Environments, Simulator
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import sample_actions
 from vlaeval.policy.protocol import uses_loss_level
@@ -175,14 +175,14 @@ def rollout_lockstep(
     execute_actions: int,
     max_steps: int,
     progress: Optional[Callable[[int, int], None]] = None,
-    watch: Optional[Callable[[int, Any], None]] = None,
+    watch: Optional[Callable[[int, Environments], None]] = None,
     simulator: Optional[Simulator] = None,
 ) -> EpisodeOutcomes:
     """Run every episode to success, an unsafe event, termination or `max_steps`, all in lockstep:
     at each control step the episodes whose action queue is empty get new chunks from one batched
-    policy call. Returns each episode's outcome (success: reached the goal with no unsafe event). `watch(k, env)` is called with episode k's environment when
-    it opens and after each of its steps (vlaeval/rollouts/videos.py films episodes with it); it
-    must not change the environment. `simulator`: where the episodes run (None: the registry's
+    policy call. Returns each episode's outcome (success: reached the goal with no unsafe event).
+    `watch(k, envs)` is called with the environments when episode k opens and after each of its steps
+    (vlaeval/rollouts/videos.py films episode k with envs.frame); it must not change them. `simulator`: where the episodes run (None: the registry's
     default, vlaeval/envs/__init__.py); the engine talks to it and to the bound policy only."""
     policy.model.eval()
     n = len(episodes)
@@ -197,7 +197,7 @@ def rollout_lockstep(
         seen = FrameHistory(policy.frames, n)  # a policy reading several frames: what it saw at each step
         for k in range(n):
             if watch is not None:
-                watch(k, envs.scene(k))
+                watch(k, envs)
             if seen.kept:
                 seen.start(k, disturbances[k].observe_images(envs.images(k)))
         generators = [torch.Generator().manual_seed(stable_seed("rollout", e.seed) % (2**63)) for e in episodes]
@@ -226,7 +226,7 @@ def rollout_lockstep(
                 observations[i] = disturbances[i].observe(obs)
                 steps[i] += 1
                 if watch is not None:
-                    watch(i, envs.scene(i))
+                    watch(i, envs)
                 if seen.kept:  # every step's frame, whether or not the policy is called then
                     seen.add(i, disturbances[i].observe_images(envs.images(i)))
                 if envs.unsafe(i):

@@ -14,18 +14,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.data.cameras import VideoEncoding, write_video
+from vlaeval.envs import DEFAULT_SIMULATOR
+from vlaeval.envs import simulator as registered_simulator
 from vlaeval.envs.episodes import Episode
-from vlaeval.envs.rendering import SceneCameras, camera_key
+from vlaeval.envs.protocol import Environments
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.rollouts.engine import rollout_lockstep, single_threaded_torch
 
-VIDEO_CAMERA = "corner"  # the view a person reads best: the whole arm and table
 VIDEO_SIZE = 192  # pixels a side: large enough to see the objects the policy's 64x64 view barely shows
 VIDEO_FPS = 20
 CAPTION_HEIGHT = 28
@@ -40,24 +41,26 @@ class FilmedEpisode:
     steps: int
 
 
-def film(policy: BoundPolicy, episode: Episode, *, execute_actions: int, max_steps: int) -> FilmedEpisode:
+def film(
+    policy: BoundPolicy, episode: Episode, *, execute_actions: int, max_steps: int, simulator: str = DEFAULT_SIMULATOR
+) -> FilmedEpisode:
     """Run `episode` again with `policy` (alone: an episode's outcome does not depend on what shares
-    its lockstep group), rendering VIDEO_CAMERA at VIDEO_SIZE after every step."""
+    its lockstep group), the simulator's view of its scene (Environments.frame) at VIDEO_SIZE after
+    every step."""
     frames: List[np.ndarray] = []
-    renderers: Dict[int, SceneCameras] = {}
 
-    def watch(k: int, env: Any) -> None:
-        if k not in renderers:
-            renderers[k] = SceneCameras(env.unwrapped.model, [VIDEO_CAMERA], VIDEO_SIZE)
-        frames.append(renderers[k].render(env.unwrapped.data)[camera_key(VIDEO_CAMERA)])
+    def watch(k: int, envs: Environments) -> None:
+        frames.append(envs.frame(k, VIDEO_SIZE))
 
-    try:
-        with single_threaded_torch():
-            out = rollout_lockstep(policy, [episode], execute_actions=execute_actions, max_steps=max_steps, watch=watch)
-    finally:
-        for renderer in renderers.values():
-            renderer.close()
-    [outcome] = out
+    with single_threaded_torch():
+        [outcome] = rollout_lockstep(
+            policy,
+            [episode],
+            execute_actions=execute_actions,
+            max_steps=max_steps,
+            watch=watch,
+            simulator=registered_simulator(simulator),
+        )
     return FilmedEpisode(np.stack(frames), outcome.success, outcome.unsafe, outcome.steps)
 
 
@@ -116,6 +119,7 @@ def regression_video(
     instruction: str,
     execute_actions: int,
     max_steps: int,
+    simulator: str = DEFAULT_SIMULATOR,
     expected: Optional[Mapping[str, bool]] = None,
 ) -> Path:
     """One paired episode filmed for each policy (`episodes`: baseline's and candidate's, the same
@@ -123,7 +127,7 @@ def regression_video(
     `expected` (each role's recorded success), a re-run that disagrees is refused: the video would
     not show the episode that was counted."""
     filmed = {
-        role: film(policy, episodes[role], execute_actions=execute_actions, max_steps=max_steps)
+        role: film(policy, episodes[role], execute_actions=execute_actions, max_steps=max_steps, simulator=simulator)
         for role, policy in (("baseline", baseline), ("candidate", candidate))
     }
     for role, success in (expected or {}).items():

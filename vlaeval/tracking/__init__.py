@@ -21,6 +21,7 @@ from filelock import FileLock
 from vlaeval.artifacts import atomic_write_json, sha256_json
 from vlaeval.config import TrackingSection
 from vlaeval.errors import describe, first_line
+from vlaeval.provenance import CodeVersion
 
 PARENT_RUN_FILE = ".vlaeval_parent_run.json"
 # A run that could not reach the tracking store waits here, beside its result, for job=sync.
@@ -510,14 +511,14 @@ def gate_tags(checks: Mapping[str, bool], passed: Optional[bool] = None) -> Dict
 
 
 def standard_tags(
-    plain_cfg: Mapping[str, Any], code: Mapping[str, Any], extra: Optional[Mapping[str, Any]] = None
+    plain_cfg: Mapping[str, Any], code: CodeVersion, extra: Optional[Mapping[str, Any]] = None
 ) -> Dict[str, Any]:
     runtime = hydra_runtime()
     tags = {
         "vlaeval.run_kind": "job",
-        "vlaeval.version": code.get("vlaeval_version"),
-        "git.sha": code.get("git_sha"),
-        "git.dirty": None if code.get("git_dirty") is None else str(code["git_dirty"]).lower(),
+        "vlaeval.version": code.vlaeval_version,
+        "git.sha": code.git_sha,
+        "git.dirty": None if code.git_dirty is None else str(code.git_dirty).lower(),
         "config.sha256": config_sha256(plain_cfg),
         "hydra.output_dir": plain_cfg.get("paths", {}).get("output_dir"),
         "hydra.sweep_dir": runtime.get("sweep_dir"),
