@@ -63,18 +63,14 @@ def put(
     """(entry folder, filled_now): an entry filled with files a job built elsewhere (job=train's
     checkpoint fills the built-in slot its config names), each copied atomically under the entry's
     lock. An entry whose files are there and pass `read` is kept as it is; a damaged one is replaced."""
-    folder = entry_folder(root, kind, key)
-    folder.mkdir(parents=True, exist_ok=True)
-    with FileLock(folder / ".lock"):
-        if all((folder / Path(source).name).is_file() for source in sources):
-            try:
-                read(folder)
-                return folder, False
-            except Exception as error:
-                log.warning("cached %s at %s rejected (%s): replacing it", kind, folder, first_line(error))
+
+    def fill(folder: Path) -> object:
         for source in sources:
             atomic_write_bytes(folder / Path(source).name, functools.partial(_copy_from, Path(source)))
-        return folder, True
+        return None
+
+    _, filled = get_or_build(root, kind, key, [Path(source).name for source in sources], read=read, build=fill)
+    return entry_folder(root, kind, key), filled
 
 
 def _copy_from(source: Path, out: BinaryIO) -> None:
