@@ -42,10 +42,11 @@ from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import UserInputError
 from vlaeval.gauntlet import ArrayCache, StratumOutcomes, run_gauntlet
 from vlaeval.gauntlet.outcomes import FileOutcomes
+from vlaeval.gauntlet.result import Lineage
 from vlaeval.seqtest.units import success_rate_interval
 
 ALPHA, DELTA = 0.05, 0.02
-LINEAGE = {"valid": True, "problems": []}
+LINEAGE = Lineage(valid=True)
 SCENE_EFFECT = 0.10
 
 

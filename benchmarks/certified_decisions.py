@@ -52,6 +52,7 @@ from vlaeval.choices import DataLabel, TestMode
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.gauntlet import ArrayCache, StratumOutcomes, SyntheticOutcomes, run_gauntlet
 from vlaeval.gauntlet.outcomes import cluster_permutation
+from vlaeval.gauntlet.result import Lineage
 from vlaeval.seqtest import size_adaptive_cap
 from vlaeval.seqtest.simulation import (
     NEVER,
@@ -70,7 +71,7 @@ from vlaeval.seqtest.units import success_rate_interval
 ALPHA, DELTA, CAT = 0.05, 0.02, 0.05
 ALARM = ALPHA / 7  # the default strata: 6 REGRESSION alarms + 1 halt
 CAT_ALPHA = min(ALPHA / 2, ALARM)
-LINEAGE = {"valid": True, "problems": []}
+LINEAGE = Lineage(valid=True)
 
 
 def decided(times: Mapping[str, np.ndarray], kind: str) -> int:

@@ -26,11 +26,12 @@ from benchlib import REPO, compose_default, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json, atomic_write_text, sha256_json
 from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.outcomes import synthetic_paired_outcomes
+from vlaeval.gauntlet.result import Lineage
 from vlaeval.gauntlet.scheduler import priority_order
 from vlaeval.seqtest import DECISION_INSUFFICIENT, PairedSequentialTest
 from vlaeval.seqtest.state import ExactSettings, TestSettings
 
-LINEAGE = {"valid": True, "problems": []}
+LINEAGE = Lineage(valid=True)
 
 
 def load(overrides):

@@ -68,9 +68,10 @@ def adaptive_run(cfg: Any, data: Any, bins: int, floor: float) -> Dict[str, Any]
     spec = PolicySpec(cfg.model, cfg.data, cfg.flow, train)
     model = build_model(spec, data)
     metrics = train_policy(data.bind(model, cfg.flow), data.anchors, train)
+    assert metrics.time_sampling is not None, "trained with the adaptive sampler"
     return {
         "policy": data.bind(model, cfg.flow),
-        "probabilities": np.asarray(metrics["time_sampling"]["probabilities"]),
+        "probabilities": np.asarray(metrics.time_sampling["probabilities"]),
     }
 
 

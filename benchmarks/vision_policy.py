@@ -54,7 +54,7 @@ def anchors_per_second(cfg: Any, data: Any, policy: Any, anchors: int, device: s
 
     train = OmegaConf.merge(cfg.train, {"steps": 20, "log_every": 20})
     metrics = train_policy(policy.with_model(copy.deepcopy(policy.model)), data.anchors, train)
-    steps_per_second = 20 / float(metrics["train_seconds"])
+    steps_per_second = 20 / float(metrics.train_seconds)
     index, _ = draw(data.anchors, anchors, 0)
     scoring = scoring_anchors_per_second(cfg, policy, data.anchors, index)
     g = cfg.gradients

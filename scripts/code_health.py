@@ -70,10 +70,10 @@ def any_parameters(root: Path) -> int:
 
 
 # Ceilings `make lint` holds (`--check`): the figures may fall, never rise. Lower one with the change
-# that lowers its figure (issue "a typed core" sets the goal of 30 for dict-returning functions).
+# that lowers its figure (issue "a typed core" set the goal of 30 for dict-returning functions; met).
 CEILINGS = {
-    "functions returning Dict[str, Any] besides serialisers": 66,
-    "string-key subscripts": 824,
+    "functions returning Dict[str, Any] besides serialisers": 29,
+    "string-key subscripts": 663,
     "parameters annotated Any": 165,
     "lines in the longest function": 89,
     "blocks of cyclomatic complexity above 15 (radon)": 21,

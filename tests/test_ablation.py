@@ -160,12 +160,12 @@ def test_fine_tuning_is_seeded_and_moves_only_the_trainable_subset(small):
         fine_tune(data.bind(handle.model, cfg.flow), data.anchors, proposal, FineTuneSettings(seed=s, **settings))
         for s in (0, 0, 1)
     ]
-    params = [torch.cat([p.detach().reshape(-1) for p in r["model"].parameters()]) for r in runs]
+    params = [torch.cat([p.detach().reshape(-1) for p in r.model.parameters()]) for r in runs]
     assert torch.equal(params[0], params[1])
     assert not torch.equal(params[0], params[2])
-    assert runs[0]["train_loss_curve"] == runs[1]["train_loss_curve"]
+    assert runs[0].train_loss_curve == runs[1].train_loss_curve
     base = dict(handle.model.named_parameters())
-    for name, p in runs[0]["model"].named_parameters():
+    for name, p in runs[0].model.named_parameters():
         moved = not torch.equal(p.detach(), base[name].detach())
         assert moved == name.startswith("action_head"), name
     # The checkpoint itself is untouched.
@@ -229,6 +229,12 @@ def test_small_ablation_end_to_end_logs_a_parent_and_a_child_per_proposal_and_se
         assert 0.3 < summary[name]["final_heldout_loss"]["mean"] < 5.0
         assert 0.0 <= summary[name]["success_rate"]["mean"] <= 1.0
     assert 0.5 < first["prediction"]["predicted_ratio"] < 1.2
+    from vlaeval.audit.result import AblationResult
+
+    typed = AblationResult.from_json(first)  # its parts typed, and written back as the file holds them
+    assert typed.to_json() == {k: first[k] for k in typed.to_json()}
+    assert all(r.success is not None and len(r.measurements) == 3 for r in typed.runs)
+    assert typed.prediction.predicted_ratio == first["prediction"]["predicted_ratio"]
     assert first["anchors"] == 332 and first["heldout_anchors"] > 0
 
     client = MlflowClient(tracking_uri=sqlite_uri(db))
@@ -347,9 +353,9 @@ def test_a_correct_prediction_is_called_consistent_at_its_level(seeds, predictio
         realized = truth + spread * rng.standard_normal(seeds)
         predicted = truth + prediction_sd * rng.standard_normal()
         verdict = prediction_agreement(realized, predicted, prediction_sd)
-        consistent += verdict["consistent"]
-        ignoring_sd += prediction_agreement(realized, predicted, None)["consistent"]
-        normal += abs(verdict["t"]) <= scipy_stats.norm.ppf(0.975)
+        consistent += verdict.consistent
+        ignoring_sd += prediction_agreement(realized, predicted, None).consistent
+        normal += abs(verdict.t) <= scipy_stats.norm.ppf(0.975)
     assert abs(consistent / reps - 0.95) < 0.015, consistent / reps
     if prediction_sd > 0:
         assert ignoring_sd / reps < 0.92, ignoring_sd / reps
@@ -380,7 +386,7 @@ def test_an_adaptive_proposal_is_judged_as_it_stands_at_each_step(small):
             on_step=lambda step, model, proposal: seen.append((step, proposal.time_bin_probabilities)),
             time_sampler=sampler,
         )
-        return tuned["model"], seen, sampler
+        return tuned.model, seen, sampler
 
     model, seen, sampler = run(AdaptiveTimeSampler(bins=8, decay=0.5, floor=0.2, warmup_steps=2))
     assert np.allclose(seen[0][1], 1 / 8) and np.allclose(seen[1][1], sampler.probabilities())

@@ -17,7 +17,7 @@ PACKAGE = REPO / "vlaeval"
 # modules of one package import each other). The same table is drawn in docs/architecture.md.
 LAYERS: List[Set[str]] = [
     {"vlaeval"},  # the package's __init__: its version only
-    {"errors", "choices", "artifacts", "provenance", "console", "memory"},
+    {"errors", "choices", "artifacts", "provenance", "console", "memory", "records"},
     {"store", "devices"},
     {"seqtest", "audit"},
     {"components"},

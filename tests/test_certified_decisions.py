@@ -28,6 +28,7 @@ from vlaeval.gauntlet import ArrayCache, FileOutcomes, SyntheticOutcomes, run_ga
 from vlaeval.gauntlet.constants import ORDER_FROM_FRESH_DRAW, run_order_seed
 from vlaeval.gauntlet.outcomes import cluster_permutation
 from vlaeval.gauntlet.planning import plan_gauntlet
+from vlaeval.gauntlet.result import Lineage
 from vlaeval.seqtest import PairedSequentialTest, drift_diagnostic, size_adaptive_cap
 from vlaeval.seqtest.simulation import (
     NEVER,
@@ -42,7 +43,7 @@ from vlaeval.seqtest.units import success_rate_interval
 
 ALPHA, DELTA, CAT = 0.05, 0.02, 0.05
 ALARM = ALPHA / 7  # the default strata's Bonferroni alarm level: 6 REGRESSION alarms + 1 halt
-LINEAGE = {"valid": True, "problems": []}
+LINEAGE = Lineage(valid=True)
 
 
 def cp_lower(k: int, n: int) -> float:
@@ -184,7 +185,7 @@ def test_the_sequential_test_bets_with_the_running_minimum_exactly_as_simulated(
         test.update(x[0, part], n[0, part])
     first = min(expected["pass"][0], expected["regression"][0])
     assert test.state.decided_at_cluster == (None if first == NEVER else first)
-    assert "running minimum" in test.state.settings["bet_cap_rule"]
+    assert "running minimum" in test.state.settings.bet_cap_rule
     with pytest.raises(ValueError, match="larger than max_cluster_size=200"):
         test.update(np.array([0.0]), np.array([201]))
 
@@ -547,14 +548,14 @@ def test_pre_flight_advice_never_widens_the_margin_after_the_data(tmp_path):
     outcome_table(strata).to_csv(path, index=False)
     cfg = compose_config(["strata=small", "outcomes=file", f"outcomes.path={path}", "gauntlet.margin_delta=0.005"])
     plan = gauntlet_inputs_of(cfg).plan()
-    assert plan["warnings"] and not any("widen" in w or "wider margin" in w for w in plan["warnings"])
-    assert all("the margin is fixed in advance" in w and "a new test" in w for w in plan["warnings"])
-    rows = {r["stratum"]: r for r in plan["strata"]}
-    stuck = [r for r in rows.values() if r["decision_probability_within_limit"] < 0.5]
-    assert stuck and all(r["likely_outcome"] == "INSUFFICIENT" for r in stuck)
+    assert plan.warnings and not any("widen" in w or "wider margin" in w for w in plan.warnings)
+    assert all("the margin is fixed in advance" in w and "a new test" in w for w in plan.warnings)
+    stuck = [r for r in plan.strata if r.decision_probability_within_limit < 0.5]
+    assert stuck and all(r.likely_outcome == "INSUFFICIENT" and r.observed is not None for r in stuck)
     settings, strata, _ = typed_gauntlet(compose_config(["gauntlet.margin_delta=0.005"]))
     synthetic = plan_gauntlet(settings, strata, assumed_effect=0.0, replications=40)
-    assert any("choose a wider margin before any outcome" in w for w in synthetic["warnings"])
+    assert any("choose a wider margin before any outcome" in w for w in synthetic.warnings)
+    assert not synthetic.from_outcomes
 
 
 def test_file_strata_with_likely_typos_are_refused_unless_accepted(tmp_path):

@@ -20,9 +20,10 @@ from vlaeval.gauntlet import (
     validate_gauntlet,
 )
 from vlaeval.gauntlet import outcomes as outcomes_module
+from vlaeval.gauntlet.result import Lineage
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION, cluster_offsets
 
-VALID_LINEAGE = {"valid": True, "problems": []}
+VALID_LINEAGE = Lineage(valid=True)
 DETERMINISTIC_KEYS = ("scale", "processed_order", "not_evaluated", "halted", "events", "recommendation")
 
 
@@ -150,7 +151,7 @@ def test_undecided_stratum_needs_review():
 
 
 def test_invalid_lineage_is_never_valid_for_launch():
-    result, _ = gauntlet(lineage={"valid": False, "problems": ["candidate and baseline versions are identical"]})
+    result, _ = gauntlet(lineage=Lineage(problems=("candidate and baseline versions are identical",)))
     assert result["recommendation"]["recommendation"] == DO_NOT_LAUNCH
     assert not result["valid_for_launch"]
 

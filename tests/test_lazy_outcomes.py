@@ -11,8 +11,9 @@ import numpy as np
 from helpers.configs import compose_config, typed_gauntlet
 from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.outcomes import cluster_permutation, synthetic_paired_outcomes
+from vlaeval.gauntlet.result import Lineage
 
-LINEAGE = {"valid": True, "problems": []}
+LINEAGE = Lineage(valid=True)
 
 
 class CountingSource(SyntheticOutcomes):

@@ -21,6 +21,7 @@ from helpers.configs import compose_config, typed_gauntlet
 from vlaeval.config import UserInputError
 from vlaeval.gauntlet import ArrayCache, FileOutcomes, StratumOutcomes, run_gauntlet
 from vlaeval.gauntlet.ledger import EvidenceLedger, cluster_keys
+from vlaeval.gauntlet.result import Lineage
 from vlaeval.seqtest import size_adaptive_cap
 from vlaeval.seqtest.order_free import OrderFreeTest
 from vlaeval.seqtest.simulation import (
@@ -34,7 +35,7 @@ from vlaeval.seqtest.simulation import (
 from vlaeval.seqtest.state import DEFAULT_ORDERS, OrderFreeSettings, TestSettings
 
 ALPHA, DELTA = 0.05, 0.02
-LINEAGE = {"valid": True, "problems": []}
+LINEAGE = Lineage(valid=True)
 
 
 def allowed(reps: int, level: float = ALPHA) -> float:

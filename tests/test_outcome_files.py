@@ -15,6 +15,7 @@ from helpers.reliability import record_outcome
 from vlaeval.config import UserInputError
 from vlaeval.gauntlet import ArrayCache, FileOutcomes, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.outcomes import OutcomeRequest, synthetic_paired_outcomes
+from vlaeval.gauntlet.result import Lineage
 
 
 @pytest.fixture
@@ -41,13 +42,13 @@ def test_file_gauntlet_matches_the_same_outcomes_in_memory(tmp_path, small, suff
     validate_gauntlet(settings, strata, {})
     source.validate(strata, {})
     cache = ArrayCache(tmp_path, enabled=False)
-    result = run_gauntlet(settings, strata, {}, source, cache, {"valid": True, "problems": []}).to_json()
+    result = run_gauntlet(settings, strata, {}, source, cache, Lineage(valid=True)).to_json()
     assert source.describe()["sha256"] and source.describe()["kind"] == "file"
     for s in result["strata"]:
         expected = synthetic_paired_outcomes(s["stratum"], strata[s["stratum"]], 0.0, 11)
         assert s["units_available"] == expected.units
         assert s["cache"] == "file"
-    in_memory = run_gauntlet(settings, strata, {}, HeldSynthetic(), cache, {"valid": True, "problems": []}).to_json()
+    in_memory = run_gauntlet(settings, strata, {}, HeldSynthetic(), cache, Lineage(valid=True)).to_json()
     labels = ("cache", "data_label")  # where the outcomes came from
     strip = lambda r: [{k: v for k, v in s.items() if k not in labels} for s in r["strata"]]  # noqa: E731
     assert strip(result) == strip(in_memory)
@@ -215,7 +216,7 @@ def test_absent_strata_that_are_not_required_do_not_block_launch(tmp_path, small
         {},
         inputs.source,
         ArrayCache(tmp_path, enabled=False),
-        {"valid": True, "problems": []},
+        Lineage(valid=True),
         absent=inputs.resolved.absent,
         required_absent=inputs.required_absent,
     ).to_json()
@@ -292,7 +293,7 @@ def test_a_stratum_read_in_one_batch_is_recorded_cluster_by_cluster(tmp_path):
         {},
         source,
         ArrayCache(tmp_path, enabled=False),
-        {"valid": True, "problems": []},
+        Lineage(valid=True),
     ).to_json()
     s = result["strata"][0]
     tr = s["trajectory"]

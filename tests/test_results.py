@@ -11,7 +11,16 @@ from rich.console import Console
 
 from helpers.configs import REPO, compose_config, gauntlet_inputs_of
 from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet
-from vlaeval.gauntlet.result import GauntletResult, StratumResult
+from vlaeval.gauntlet.result import (
+    CacheUse,
+    GauntletPlan,
+    GauntletResult,
+    Lineage,
+    RolloutCost,
+    RolloutsRecord,
+    StratumResult,
+)
+from vlaeval.records import JsonRecord
 
 # result.json files written by earlier versions (the first gauntlet, and the one before typed results).
 OLD_RESULTS = sorted((REPO / "tests" / "data").glob("gauntlet_result_*.json"))
@@ -27,7 +36,7 @@ def halted():
         inputs.effects,
         SyntheticOutcomes(),
         ArrayCache("/none", enabled=False),
-        {"valid": True, "problems": []},
+        Lineage(valid=True),
         order_seed=inputs.order,
     )
 
@@ -38,6 +47,51 @@ def test_a_result_round_trips_through_its_json(halted):
     assert again.to_json() == data
     assert again.recommendation == halted.recommendation and again.scale == halted.scale
     assert [s.decision for s in again.strata] == [s.decision for s in halted.strata]
+
+
+def test_a_results_parts_are_typed_and_round_trip_with_what_the_job_adds(halted):
+    """The pre-flight plan and the rollouts' record (added by job=gauntlet), the lineage, the cache's
+    use and the multiplicity statement: typed in the result, the same JSON written and read back."""
+    from vlaeval.gauntlet.planning import plan_gauntlet
+
+    inputs = gauntlet_inputs_of(compose_config(["strata=small"]))
+    plan = plan_gauntlet(inputs.settings, inputs.strata, assumed_effect=0.0, replications=20)
+    cost = RolloutCost(1.5, 10, 2, 400, 6, 400 / 1.5, None)
+    rollouts = RolloutsRecord(cost, "paired.csv", "registry.jsonl", 1, 6, 12, 12, ("video.mp4",))
+    full = halted.with_job_record(preflight=plan, notices=["a notice"], rollouts=rollouts)
+    data = json.loads(json.dumps(full.to_json()))
+    assert data["rollouts"]["rollouts_per_s"] is None and data["rollouts"]["videos"] == ["video.mp4"]
+    assert list(data["rollouts"])[:2] == ["rollout_s", "episodes_run"]  # the cost first, as it always was
+    assert data["preflight"]["ok"] == plan.ok and data["lineage"]["valid"] is True
+    again = GauntletResult.from_json(data)
+    assert again.to_json() == data
+    assert isinstance(again.preflight, GauntletPlan) and again.preflight.warnings == plan.warnings
+    assert [r.stratum for r in again.preflight.strata] == [r.stratum for r in plan.strata]
+    assert again.rollouts == rollouts and isinstance(again.cache, CacheUse) and again.lineage.valid
+    assert again.multiplicity.alarm_alpha == halted.multiplicity.alarm_alpha
+    view = full.tracking_view()
+    assert view.metrics["rollouts.episodes_run"] == 10 and view.metrics["preflight.ok"] == float(plan.ok)
+
+
+def test_a_json_record_writes_its_fields_in_order_and_reads_older_and_newer_files():
+    from dataclasses import dataclass
+    from typing import Optional
+
+    @dataclass(frozen=True)
+    class Row(JsonRecord):
+        WRITTEN_WHEN_NONE = ("estimate",)
+
+        name: str
+        estimate: Optional[float] = None
+        note: Optional[str] = None
+        values: tuple = ()
+
+    row = Row("a", values=(1, 2))
+    assert list(row.to_json().items()) == [("name", "a"), ("estimate", None), ("values", [1, 2])]
+    assert Row.from_json({"name": "a", "values": (1, 2), "added_later": 1}) == row  # a newer file's key
+    assert Row.from_json({"name": "b"}) == Row("b")  # an older file without the later fields
+    with pytest.raises(TypeError):
+        Row.from_json({"estimate": 1.0})  # a required field missing is refused, not defaulted
 
 
 def test_typed_fields_say_what_happened(halted):

@@ -11,6 +11,7 @@ even that bound exceeds alpha, so the assertions can fail (the negative controls
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -23,6 +24,7 @@ from helpers.processes import run_main
 from vlaeval.gauntlet import NEEDS_REVIEW, ArrayCache, FileOutcomes, SyntheticOutcomes, run_gauntlet, validate_gauntlet
 from vlaeval.gauntlet.outcomes import cluster_permutation, synthetic_paired_outcomes
 from vlaeval.gauntlet.planning import plan_gauntlet
+from vlaeval.gauntlet.result import Lineage
 from vlaeval.seqtest import (
     BET_RULES,
     CATASTROPHIC,
@@ -46,7 +48,7 @@ from vlaeval.seqtest.simulation import (
 from vlaeval.seqtest.state import AsymptoticSettings, ExactSettings, TestSettings
 
 ALPHA, DELTA, REPS = 0.05, 0.02, 2000
-VALID_LINEAGE = {"valid": True, "problems": []}
+VALID_LINEAGE = Lineage(valid=True)
 
 
 def cp_lower(k: int, n: int) -> float:
@@ -491,31 +493,33 @@ def test_default_configs_pass_their_own_preflight():
     for overrides in ([], ["strata=small"]):
         settings, strata, _ = typed_gauntlet(compose_config(overrides))
         plan = plan_gauntlet(settings, strata, assumed_effect=0.0, replications=200)
-        assert plan["ok"], plan["warnings"]
-        assert all(r["decision_probability_within_limit"] >= 0.9 for r in plan["strata"])
+        assert plan.ok, plan.warnings
+        assert all(r.decision_probability_within_limit >= 0.9 for r in plan.strata)
 
 
 def test_plan_warns_when_a_stratum_cannot_decide():
     settings, strata, _ = typed_gauntlet(compose_config(["gauntlet.margin_delta=0.005"]))
     plan = plan_gauntlet(settings, strata, assumed_effect=0.0, replications=100)
-    assert not plan["ok"]
-    assert any(w.startswith("nominal:") for w in plan["warnings"])
+    assert not plan.ok
+    assert any(w.startswith("nominal:") for w in plan.warnings)
     # Planned clusters agree with a real gauntlet run of the same stratum (within simulation noise).
-    row = next(r for r in plan["strata"] if r["stratum"] == "safety_critical")
-    assert 500 < row["median_clusters"] < 800
+    row = next(r for r in plan.strata if r.stratum == "safety_critical")
+    assert 500 < row.median_clusters < 800
+    # result.json's layout is the record's: written and read back whole
+    assert type(plan).from_json(json.loads(json.dumps(plan.to_json()))) == plan
 
 
 def test_the_planners_regression_floor_uses_the_alarm_level():
     settings, strata, _ = typed_gauntlet(compose_config(["strata=small"]))
     worse = plan_gauntlet(settings, strata, assumed_effect=-0.06, replications=40)
-    row = worse["strata"][0]
-    assert row["expected_decision"] == "REGRESSION" and worse["alarm_alpha"] == pytest.approx(ALPHA / 7)
+    row = worse.strata[0]
+    assert row.expected_decision == "REGRESSION" and worse.alarm_alpha == pytest.approx(ALPHA / 7)
     from vlaeval.seqtest.simulation import information_floor
 
     reference = realistic_cluster_means(np.random.default_rng(0), 1, 20_000, 20, -0.06, base_rate=0.9)[0]
     at_alarm = information_floor(reference, DELTA, ALPHA / 7)
     at_alpha = information_floor(reference, DELTA, ALPHA)
-    assert row["floor_clusters"] == pytest.approx(at_alarm, rel=0.1) and row["floor_clusters"] > 1.3 * at_alpha
+    assert row.floor_clusters == pytest.approx(at_alarm, rel=0.1) and row.floor_clusters > 1.3 * at_alpha
 
 
 def test_job_plan_and_preflight_error_from_the_command_line(workdir):

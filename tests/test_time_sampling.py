@@ -135,16 +135,16 @@ def test_adaptive_training_is_seeded_moves_its_bins_and_differs_from_uniform(tin
     a, metrics = trained(cfg, data)
     b, again = trained(cfg, data)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
-    assert metrics["loss_curve"] == again["loss_curve"]
-    sampling = metrics["time_sampling"]
+    assert metrics.loss_curve == again.loss_curve
+    sampling = metrics.time_sampling
     p = np.asarray(sampling["probabilities"])
     assert p.size == 8 and abs(p.sum() - 1) < 1e-12 and p.max() / p.min() > 1.1  # the loss varies with t
     assert sampling["max_weight"] <= 1 / cfg.train.time_floor + 1e-12
-    assert [step for step, _ in sampling["history"]] == [step for step, _ in metrics["loss_curve"]]
+    assert [step for step, _ in sampling["history"]] == [step for step, _ in metrics.loss_curve]
     uniform, _ = trained(cfg, data, time_sampling="uniform")
     assert not all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), uniform.state_dict().values()))
     sgd, sgd_metrics = trained(cfg, data, optimizer="sgd", learning_rate=0.05)
-    assert np.isfinite(sgd_metrics["final_loss"])
+    assert np.isfinite(sgd_metrics.final_loss)
     assert not all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), sgd.state_dict().values()))
     assert checkpoint_key(PolicySpec.of(cfg), data) != checkpoint_key(
         PolicySpec(cfg.model, cfg.data, cfg.flow, OmegaConf.merge(cfg.train, {"time_sampling": "uniform"})), data
@@ -206,7 +206,7 @@ def test_a_comparison_run_draws_anchors_from_its_proposal_and_measures_held_out_
         )
         metrics = train_policy(data.bind(model, cfg.flow), data.anchors, spec.train, extras=extras)
         runs[name] = (model, metrics)
-    curve = runs["proposal"][1]["heldout_curve"]
+    curve = runs["proposal"][1].heldout_curve
     assert [step for step, _, _ in curve] == [0, 10, 20, 30, 40]
     clocks = [clock for _, clock, _ in curve]
     assert clocks[0] == 12.5 and all(b > a for a, b in zip(clocks, clocks[1:]))

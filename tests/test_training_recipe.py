@@ -6,6 +6,7 @@ cached under; bad settings are one-line errors."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -101,7 +102,7 @@ def test_the_moving_average_is_what_the_model_keeps_and_the_heldout_loss_reads(t
         )
     finally:
         handle.remove()
-    assert len(online) == 12 and metrics["weights"] == "ema"
+    assert len(online) == 12 and metrics.weights == "ema"
     for step, weights in enumerate(online, start=1):
         decay = min(0.9, (1 + step) / (10 + step))
         average = [a + (1 - decay) * (w - a) for a, w in zip(average, weights)]
@@ -203,7 +204,7 @@ def test_a_run_with_draws_per_anchor_is_seeded_and_one_draw_is_the_run_it_was(ti
         model = build_model(spec, data)
         metrics = train_policy(data.bind(model, cfg.flow), data.anchors, spec.train)
         weights = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
-        runs.setdefault(draws, []).append((weights, metrics["final_loss"], checkpoint_key(spec, data)))
+        runs.setdefault(draws, []).append((weights, metrics.final_loss, checkpoint_key(spec, data)))
     (before,), (one,), twice = runs[None], runs[1], runs[2]
     assert np.array_equal(before[0], one[0]) and before[2] == one[2]
     assert np.array_equal(twice[0][0], twice[1][0]) and twice[0][2] == twice[1][2]
@@ -331,11 +332,26 @@ def test_locate_trains_its_own_curve_and_off_keeps_the_model_and_its_key(tiny_vi
     assert checkpoint_key(PolicySpec.of(located), data) != key
     trained = build_model(PolicySpec.of(located), data)
     metrics = train_policy(data.bind(trained, located.flow), data.anchors, located.train)
-    assert [s for s, _ in metrics["auxiliary_curve"]] == [s for s, _ in metrics["loss_curve"]] == [2, 4, 6]
-    assert all(math.isfinite(v) and v > 0 for _, v in metrics["auxiliary_curve"])
-    assert metrics["final_auxiliary_loss"] == metrics["auxiliary_curve"][-1][1]
+    assert metrics.auxiliary_curve is not None
+    assert [s for s, _ in metrics.auxiliary_curve] == [s for s, _ in metrics.loss_curve] == [2, 4, 6]
+    assert all(math.isfinite(v) and v > 0 for _, v in metrics.auxiliary_curve)
+    # the sidecar's layout: the auxiliary loss's final value beside its curve; read back whole
+    assert list(metrics.to_json())[:8] == [
+        "weights",
+        "loss_curve",
+        "final_loss",
+        "train_seconds",
+        "steps",
+        "diverged_at_step",
+        "auxiliary_curve",
+        "final_auxiliary_loss",
+    ]
+    saved = json.loads(json.dumps(metrics.to_json()))
+    assert type(metrics).from_json(saved).loss_curve == metrics.loss_curve
+    assert json.loads(json.dumps(type(metrics).from_json(saved).to_json())) == saved
+    assert metrics.final_auxiliary_loss == metrics.auxiliary_curve[-1][1]
     from vlaeval.jobs.train import training_view
 
     headline, curves = training_view(metrics)  # what MLflow shows: its own curve beside the loss
-    assert curves["train.auxiliary_loss"] == metrics["auxiliary_curve"]
-    assert headline["train.final_auxiliary_loss"] == metrics["final_auxiliary_loss"]
+    assert curves["train.auxiliary_loss"] == list(metrics.auxiliary_curve)
+    assert headline["train.final_auxiliary_loss"] == metrics.final_auxiliary_loss

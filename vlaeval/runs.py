@@ -17,7 +17,8 @@ from vlaeval import tracking
 from vlaeval.artifacts import atomic_write_json
 from vlaeval.config import JobSettings, PolicyJobSettings, to_plain
 from vlaeval.provenance import CodeVersion, code_version
-from vlaeval.tracking.record import RunRecord
+from vlaeval.records import JsonRecord
+from vlaeval.tracking.record import ChildRun, RunRecord
 from vlaeval.tracking.store import run_store
 
 RESULT_FILE = "result.json"
@@ -101,13 +102,13 @@ def sweep_run_name(run_name: str, gate: Optional[bool] = None) -> str:
     values of the keys the parent recorded as swept), so children are told apart -- and their
     outcome seen -- in the MLflow runs table without ticking a column; a single run keeps its name."""
     runtime = tracking.hydra_runtime()
-    if runtime.get("job_num") is None:
+    if runtime.job_num is None:
         return tracking.clip_run_name(run_name)
-    overrides = [o for o in runtime.get("overrides", []) if tracking.override_key(o) != "sweep"]
-    swept = (tracking.read_parent_run(runtime.get("sweep_dir")) or {}).get("swept_keys")
+    overrides = [o for o in runtime.overrides if tracking.override_key(o) != "sweep"]
+    swept = (tracking.read_parent_run(runtime.sweep_dir) or {}).get("swept_keys")
     if swept:
         overrides = [o for o in overrides if tracking.override_key(o) in swept]
-    return sweep_child_label(run_name, int(runtime["job_num"]), overrides, gate)
+    return sweep_child_label(run_name, runtime.job_num, overrides, gate)
 
 
 def sweep_child_label(run_name: str, job_num: int, overrides: Sequence[str], gate: Optional[bool] = None) -> str:
@@ -136,17 +137,9 @@ def lineage_tags(handle: Any, data: Any) -> Dict[str, str]:
     return {"checkpoint.sha256": handle.sha256, "data.manifest_sha256": data.demonstrations.manifest_sha256}
 
 
-class SavedAsJson:
+class SavedAsJson(JsonRecord):
     """A job's result dataclass as its result.json holds it: the fields in their order, a None one
     left out (a field only some runs have), a nested result written by its own to_json()."""
-
-    def to_json(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {}
-        for name in (f.name for f in dataclasses.fields(self)):  # type: ignore[arg-type]
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value.to_json() if callable(getattr(value, "to_json", None)) else value
-        return out
 
 
 R = TypeVar("R")
@@ -186,7 +179,7 @@ class RunReport:
     artifacts: Sequence[Tuple[Path, Optional[str]]] = ()
     artifact_file: Optional[str] = None
     gate_pass: Optional[bool] = None
-    children: Sequence[Dict[str, Any]] = ()
+    children: Sequence[ChildRun] = ()
     code: Optional[CodeVersion] = None
 
 
@@ -222,8 +215,8 @@ def publish(cfg: JobSettings, report: RunReport) -> RunRecord:
         artifacts.append((artifact_path, None))
     child_records = []
     for child in children:
-        child_path = atomic_write_json(out / "children" / f"{_slug(child['name'])}.json", child["result"])
-        child_records.append({**child, "artifacts": [(child_path, None)]})
+        child_path = atomic_write_json(out / "children" / f"{_slug(child.name)}.json", dict(child.result))
+        child_records.append(dataclasses.replace(child, artifacts=[(child_path, None)]))
     result_path = atomic_write_json(out / RESULT_FILE, result)
     artifacts.insert(0, (result_path, None))
     store_run_id = None

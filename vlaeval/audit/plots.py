@@ -86,7 +86,7 @@ def plot_ablation(result: AblationResult, path: Path) -> Path:
     names = list(result.summary)
     colors = {name: f"C{k}" for k, name in enumerate(names)}
     for name in names:
-        curves = [r["heldout_loss"] for r in result.runs if r["proposal"] == name and r["heldout_loss"]]
+        curves = [r.heldout_loss for r in result.runs if r.proposal == name and r.heldout_loss]
         if curves:
             steps = np.array([s for s, _ in curves[0]])
             values = np.array([[v for _, v in c] for c in curves])
@@ -105,9 +105,7 @@ def plot_ablation(result: AblationResult, path: Path) -> Path:
         x = np.arange(len(measured)) + offset[k]
         ax[1].errorbar(x, mean, yerr=[mean - low, high - mean], fmt="o", capsize=3, color=colors[name], label=name)
     ax[1].axhline(1.0, color="black", linewidth=1)
-    ax[1].axhline(
-        result.prediction["predicted_ratio"], color="red", linestyle="--", label="audit's prediction (residual)"
-    )
+    ax[1].axhline(result.prediction.predicted_ratio, color="red", linestyle="--", label="audit's prediction (residual)")
     ax[1].set_xticks(np.arange(len(measured)), [str(s) for s in measured])
     ax[1].set(title="realized second-moment ratio vs uniform (95% across seeds)", xlabel="step", ylabel="ratio")
     ax[1].legend(fontsize=8)

@@ -25,6 +25,7 @@ import numpy as np
 from scipy import stats
 
 from vlaeval.audit.statistics import proposal_distribution, require_proposal_scores
+from vlaeval.records import JsonRecord
 
 
 @dataclass(frozen=True)
@@ -189,9 +190,25 @@ def seed_interval(values: Sequence[float], level: float = 0.95) -> Interval:
     return Interval(mean, mean - half, mean + half, tuple(x.tolist()), level)
 
 
+@dataclass(frozen=True)
+class PredictionAgreement(JsonRecord):
+    """The realized ratio against the audit's prediction: their difference, its standard error, t,
+    the degrees of freedom, the prediction's SD (None: taken as exact), the level, the verdict."""
+
+    WRITTEN_WHEN_NONE = ("prediction_sd",)
+
+    realized_minus_predicted: float
+    standard_error: float
+    t: float
+    degrees_of_freedom: float
+    prediction_sd: Optional[float]
+    level: float
+    consistent: bool
+
+
 def prediction_agreement(
     realized: Sequence[float], predicted: float, predicted_sd: Optional[float], level: float = 0.95
-) -> Dict[str, Any]:
+) -> PredictionAgreement:
     """The realized ratio and the audit's prediction as two estimates with errors, not one of them
     as an exact number.
 
@@ -214,15 +231,15 @@ def prediction_agreement(
     df = float("inf") if seed_part == 0 else float((seed_part + sd**2) ** 2 / (seed_part**2 / (x.size - 1)))
     t = difference / se if se > 0 else (0.0 if difference == 0 else float("inf"))
     critical = float(stats.t.ppf(0.5 + level / 2, df)) if np.isfinite(df) else float(stats.norm.ppf(0.5 + level / 2))
-    return {
-        "realized_minus_predicted": difference,
-        "standard_error": se,
-        "t": float(t),
-        "degrees_of_freedom": df,
-        "prediction_sd": None if predicted_sd is None else sd,
-        "level": level,
-        "consistent": bool(abs(t) <= critical),
-    }
+    return PredictionAgreement(
+        realized_minus_predicted=difference,
+        standard_error=se,
+        t=float(t),
+        degrees_of_freedom=df,
+        prediction_sd=None if predicted_sd is None else sd,
+        level=level,
+        consistent=bool(abs(t) <= critical),
+    )
 
 
 def minibatch_moments(gradients: np.ndarray) -> Dict[str, float]:

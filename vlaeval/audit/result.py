@@ -16,7 +16,9 @@ import numpy as np
 
 from vlaeval.audit.alignment import Alignment
 from vlaeval.audit.decomposition import NoiseDecomposition
+from vlaeval.audit.proposals import PredictionAgreement
 from vlaeval.audit.statistics import LeaveOneOut, Repeatability
+from vlaeval.records import JsonRecord
 
 GATE_EXIT_CODES = {"pass": 0, "fail": 12, "smoke": 13}  # audit.exit_code_from_gate
 
@@ -298,7 +300,7 @@ class ProposalSummary:
     predicted_ratio: Optional[float] = None  # the residual proposal: the audit's prediction
     # step -> the realized ratio and the prediction as two estimates with errors (prediction_agreement),
     # at the audited parameters (step 0) and at the end
-    prediction_vs_realized: Optional[Mapping[str, Mapping[str, Any]]] = None
+    prediction_vs_realized: Optional[Mapping[str, PredictionAgreement]] = None
     prediction_within_interval: Optional[bool] = None  # results before prediction_vs_realized: read, not made
 
     def to_json(self) -> Dict[str, Any]:
@@ -307,7 +309,104 @@ class ProposalSummary:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "ProposalSummary":
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        read = {k: v for k, v in data.items() if k in names}
+        if read.get("prediction_vs_realized") is not None:
+            read["prediction_vs_realized"] = {
+                step: v if isinstance(v, PredictionAgreement) else PredictionAgreement.from_json(v)
+                for step, v in read["prediction_vs_realized"].items()
+            }
+        return cls(**read)
+
+
+@dataclass(frozen=True)
+class AuditPrediction(JsonRecord):
+    """The audit's predicted second-moment ratio of the residual proposal, as the ablation tests it:
+    read from an audit's result (its gate status with it), or computed the audit's way on the
+    cached gradient artifact (over its gradient seeds)."""
+
+    WRITTEN_WHEN_NONE = (
+        "predicted_ratio_sd",
+        "predicted_ratio_interval",
+        "gate_status",
+        "eligible_for_500_step_ablation",
+    )
+
+    source: str
+    predicted_ratio: float
+    predicted_ratio_sd: Optional[float]  # None in audit results before the bootstrap existed
+    predicted_ratio_interval: Optional[Tuple[float, float]]
+    anchors: int
+    gradient_seeds: Optional[int] = None  # computed here: the artifact's seeds
+    gate_status: Optional[str] = None  # read from an audit: its gate
+    eligible_for_500_step_ablation: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class MinibatchCheck(JsonRecord):
+    """A proposal's importance-weighted minibatch gradients against uniform's at the same parameters."""
+
+    proposal: Mapping[str, float]  # minibatch_moments: mean norm, second moment, ...
+    uniform: Mapping[str, float]
+    second_moment_ratio: float
+    variance_ratio: Mapping[str, Any]  # variance_ratio_interval: ratio and its interval
+
+
+@dataclass(frozen=True)
+class Measurement(JsonRecord):
+    """What the judge measured of one fine-tuning run at one step: the proposal's per-sample
+    gradient second moment against uniform's (and every proposal's ratio on the same draws), the
+    judge's mean loss, and the minibatch check where asked for."""
+
+    step: int
+    second_moment: float
+    uniform_second_moment: float
+    ratio: float
+    ratios_of_every_proposal: Mapping[str, float]
+    mean_loss: float
+    minibatch: Optional[MinibatchCheck] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Measurement":
+        read = super().from_json(data)
+        if "minibatch" not in data:
+            return read
+        return dataclasses.replace(read, minibatch=MinibatchCheck.from_json(data["minibatch"]))
+
+
+@dataclass(frozen=True)
+class EpisodeSuccesses(JsonRecord):
+    """A policy's closed-loop outcomes on the ablation's held-out episodes (the same for every policy)."""
+
+    success_rate: float
+    successes: Tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class AblationRun(JsonRecord):
+    """One proposal fine-tuned under one seed: the judge's measurements, the held-out loss (step,
+    loss), the weighted training loss curve, its time, and its closed-loop success."""
+
+    proposal: str
+    seed: int
+    measurements: Tuple[Measurement, ...]
+    heldout_loss: Tuple[Tuple[int, float], ...]
+    train_loss_curve: Tuple[Tuple[int, float], ...]
+    train_seconds: float
+    wall_seconds: float
+    success: Optional[EpisodeSuccesses] = None
+
+    @property
+    def final_heldout_loss(self) -> Optional[float]:
+        return self.heldout_loss[-1][1] if self.heldout_loss else None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "AblationRun":
+        read = super().from_json(data)
+        return dataclasses.replace(
+            read,
+            measurements=tuple(Measurement.from_json(m) for m in data.get("measurements", ())),
+            success=EpisodeSuccesses.from_json(data["success"]) if data.get("success") else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -322,12 +421,12 @@ class AblationResult:
     heldout_anchors: int
     trainable: str  # which parameters fine-tuning moves
     score: Mapping[str, Any]
-    prediction: Mapping[str, Any]
+    prediction: AuditPrediction
     proposals: Mapping[str, Mapping[str, Any]]
     settings: Mapping[str, Any]
     summary: Mapping[str, ProposalSummary]
-    runs: Tuple[Mapping[str, Any], ...]
-    base_success: Optional[Mapping[str, Any]] = None
+    runs: Tuple[AblationRun, ...]
+    base_success: Optional[EpisodeSuccesses] = None
 
     @property
     def measure_steps(self) -> List[int]:
@@ -336,7 +435,7 @@ class AblationResult:
     def metrics(self) -> Dict[str, Optional[float]]:
         last = str(self.measure_steps[-1])
         metrics: Dict[str, Optional[float]] = {
-            "prediction.residual_ratio": self.prediction["predicted_ratio"],
+            "prediction.residual_ratio": self.prediction.predicted_ratio,
             "score.anchors_per_second": self.score.get("anchors_per_second"),
         }
         for name, row in self.summary.items():
@@ -355,7 +454,7 @@ class AblationResult:
         checks = {"residual_gain_is_real": residual.gain_is_real}
         if residual.prediction_vs_realized is not None:
             at_audit = residual.prediction_vs_realized[str(self.measure_steps[0])]
-            checks["prediction_consistent_with_realized"] = bool(at_audit["consistent"])
+            checks["prediction_consistent_with_realized"] = at_audit.consistent
         elif residual.prediction_within_interval is not None:
             checks["prediction_within_interval"] = bool(residual.prediction_within_interval)
         return checks
@@ -370,12 +469,12 @@ class AblationResult:
             "heldout_anchors": self.heldout_anchors,
             "trainable": self.trainable,
             "score": dict(self.score),
-            "prediction": dict(self.prediction),
+            "prediction": self.prediction.to_json(),
             "proposals": {k: dict(v) for k, v in self.proposals.items()},
             "settings": dict(self.settings),
-            "base_success": self.base_success,
+            "base_success": None if self.base_success is None else self.base_success.to_json(),
             "summary": {k: v.to_json() for k, v in self.summary.items()},
-            "runs": [dict(r) for r in self.runs],
+            "runs": [r.to_json() for r in self.runs],
         }
 
     @classmethod
@@ -389,10 +488,10 @@ class AblationResult:
             heldout_anchors=int(data.get("heldout_anchors", 0)),
             trainable=str(data.get("trainable", "")),
             score=dict(data.get("score", {})),
-            prediction=dict(data["prediction"]),
+            prediction=AuditPrediction.from_json(data["prediction"]),
             proposals=dict(data.get("proposals", {})),
             settings=dict(data["settings"]),
             summary={k: ProposalSummary.from_json(v) for k, v in data["summary"].items()},
-            runs=tuple(data.get("runs", [])),
-            base_success=data.get("base_success"),
+            runs=tuple(AblationRun.from_json(r) for r in data.get("runs", [])),
+            base_success=EpisodeSuccesses.from_json(data["base_success"]) if data.get("base_success") else None,
         )

@@ -44,15 +44,9 @@ class CacheStats:
     corrupt: int = 0
     corrupt_entries: List[str] = field(default_factory=list)
 
-    def as_dict(self) -> Dict[str, Any]:
-        looked_up = self.hits + self.misses
-        return {
-            "hits": self.hits,
-            "misses": self.misses,
-            "corrupt_recomputed": self.corrupt,
-            "corrupt_entries": list(self.corrupt_entries),
-            "hit_rate": (self.hits / looked_up) if looked_up else None,
-        }
+    def snapshot(self) -> "CacheStats":
+        """The counts as they stand now (they go on counting)."""
+        return CacheStats(self.hits, self.misses, self.corrupt, list(self.corrupt_entries))
 
 
 class ArrayCache:

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 from vlaeval.config import Component, GauntletConfig, SourceJobSettings, StratumConfig
 from vlaeval.errors import UserInputError, first_line, require
 from vlaeval.gauntlet.constants import OrderSeed, cluster_size_bounds, run_order_seed
-from vlaeval.gauntlet.planning import StratumPlan, plan_gauntlet, stratum_plans
+from vlaeval.gauntlet.outcomes import PlantedEffect
+from vlaeval.gauntlet.planning import GauntletPlan, StratumPlan, plan_gauntlet, stratum_plans
 from vlaeval.gauntlet.scheduler import validate_gauntlet
 from vlaeval.gauntlet.sources import STRATA_FROM_CONFIG, CheckedSource, RunContext, checked_source
 from vlaeval.gauntlet.strata import ResolvedStrata, resolve_strata
@@ -39,7 +40,7 @@ class GauntletInputs:
     def required_absent(self) -> List[str]:
         return [name for name in self.resolved.absent if self.configured[name].required]
 
-    def plan(self) -> Dict[str, Any]:
+    def plan(self) -> GauntletPlan:
         """The planner's simulation of every stratum at `gauntlet.assumed_effect` (job=plan, pre-flight)."""
         return plan_gauntlet(
             self.settings,
@@ -106,16 +107,16 @@ def accepts_context(outcomes: Component) -> bool:
         return False
 
 
-def planted_effects(effects: Mapping[str, Any]) -> Dict[str, Any]:
+def planted_effects(effects: Mapping[str, Any]) -> Dict[str, PlantedEffect]:
     """effects.<stratum>: a number (a success-rate difference, synthetic outcomes) or a mapping (a
     degradation of the candidate, rollouts); each source checks that it can plant what it is given."""
-    out: Dict[str, Any] = {}
+    out: Dict[str, PlantedEffect] = {}
     for key, value in effects.items():
         name = str(key)
         if OmegaConf.is_config(value):
-            out[name] = OmegaConf.to_container(value, resolve=True)
-        elif isinstance(value, Mapping):
-            out[name] = dict(value)
+            value = OmegaConf.to_container(value, resolve=True)
+        if isinstance(value, Mapping):
+            out[name] = {str(k): v for k, v in value.items()}
         else:
             try:
                 out[name] = float(value)

@@ -6,8 +6,9 @@ A run whose lineage is invalid is never valid for launch, whatever its statistic
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Mapping
+from typing import Any, List, Mapping
 
+from vlaeval.gauntlet.result import Lineage
 from vlaeval.provenance import code_version
 
 
@@ -20,7 +21,7 @@ def build_lineage(
     config_sha256: str,
     cluster_order: str = "",
     require_clean_code: bool = False,
-) -> Dict[str, Any]:
+) -> Lineage:
     code = code_version()
     problems: List[str] = []
     if not str(candidate_version).strip():
@@ -35,15 +36,15 @@ def build_lineage(
         problems.append("code version is not pinned to a git commit")
     if require_clean_code and code.git_dirty:
         problems.append("code has uncommitted changes")
-    return {
-        "candidate_version": candidate_version,
-        "baseline_version": baseline_version,
-        "data_source": dict(data_source),
-        "seeds": dict(seeds),
-        "cluster_order": cluster_order,
-        "code": code.to_json(),
-        "config_sha256": config_sha256,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "problems": problems,
-        "valid": not problems,
-    }
+    return Lineage(
+        candidate_version=candidate_version,
+        baseline_version=baseline_version,
+        data_source=dict(data_source),
+        seeds=dict(seeds),
+        cluster_order=cluster_order,
+        code=code.to_json(),
+        config_sha256=config_sha256,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        problems=tuple(problems),
+        valid=not problems,
+    )

@@ -123,7 +123,12 @@ class OutcomeRequest:
     candidate_version: str
 
 
-def success_rate_effect(planted: Any) -> float:
+# What effects.<stratum> plants: a success-rate difference (synthetic outcomes) or a degradation of
+# the candidate's rollouts (a mapping such as {action_noise: 0.5}).
+PlantedEffect = float | Dict[str, Any]
+
+
+def success_rate_effect(planted: Optional[PlantedEffect]) -> float:
     """A planted effect as a success-rate difference: a number as it is; a rollout degradation (a
     mapping) has no size known in advance: 0."""
     return float(planted) if isinstance(planted, (int, float)) else 0.0

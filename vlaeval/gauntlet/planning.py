@@ -22,7 +22,8 @@ import numpy as np
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.config import GauntletConfig, StratumConfig
-from vlaeval.gauntlet.outcomes import OutcomeRequest, planned_cluster_sizes, success_rate_effect
+from vlaeval.gauntlet.outcomes import OutcomeRequest, PlantedEffect, planned_cluster_sizes, success_rate_effect
+from vlaeval.gauntlet.result import GauntletPlan, ObservedNeeds, StratumPlanRow
 from vlaeval.gauntlet.sources import checked_source
 from vlaeval.gauntlet.strata import alarm_alpha, priority_order
 from vlaeval.seqtest import MODE_ASYMPTOTIC, MODE_GROUP_SEQUENTIAL, cluster_means, plan_batches, size_adaptive_cap
@@ -53,7 +54,7 @@ class StratumPlan:
 
 
 def stratum_plans(
-    source: Any, settings: GauntletConfig, strata: Mapping[str, StratumConfig], effects: Mapping[str, float]
+    source: Any, settings: GauntletConfig, strata: Mapping[str, StratumConfig], effects: Mapping[str, PlantedEffect]
 ) -> Dict[str, StratumPlan]:
     """Each stratum's plan from its outcome source: the source's cluster sizes; for a source that
     already holds its outcomes, the baseline's observed success rate and the observed cluster means."""
@@ -144,7 +145,7 @@ def plan_stratum(
     alarm: float,
     effect: float,
     replications: int,
-) -> Dict[str, Any]:
+) -> StratumPlanRow:
     delta = spec.margin_delta if spec.margin_delta is not None else settings.margin_delta
     sizes = plan.cluster_sizes
     equal = bool(np.all(sizes == sizes[0]))
@@ -191,28 +192,30 @@ def plan_stratum(
         return math.inf if value >= NEVER else value
 
     median, p90 = quantile(0.5), quantile(0.9)
-    row = {
-        "stratum": name,
-        "margin_delta": delta,
-        "assumed_effect": effect,
-        "expected_decision": expected,
-        "cluster_size": int(sizes[0]) if equal else f"{int(sizes.min())}-{int(sizes.max())}",
-        "clusters_available": int(sizes.size),
-        "unit_limit": unit_limit,
-        "median_clusters": median,
-        "median_units": median * mean_size,
-        "p90_units": p90 * mean_size,
-        "decision_probability_within_limit": float(np.mean(np.concatenate(within))),
-        # What a run most likely ends in: the expected decision only if most runs reach it in time.
-        "likely_outcome": expected if float(np.mean(np.concatenate(within))) >= 0.5 else "INSUFFICIENT",
-        "pass_share": float(np.mean(passed & (first < NEVER))),
-        "floor_clusters": floor,
-        "fixed_n_z_clusters": fixed_n_clusters(reference, delta, side_alpha),
-        "replications": replications,
-    }
+    within_share = float(np.mean(np.concatenate(within)))
+    observed = None
     if plan.observed_cluster_means is not None and plan.observed_cluster_means.size:
-        row.update(observed_needs(settings, plan, delta, alarm, cap, largest, replications, rng, looks))
-    return row
+        observed = observed_needs(settings, plan, delta, alarm, cap, largest, replications, rng, looks)
+    return StratumPlanRow(
+        stratum=name,
+        margin_delta=delta,
+        assumed_effect=effect,
+        expected_decision=expected,
+        cluster_size=int(sizes[0]) if equal else f"{int(sizes.min())}-{int(sizes.max())}",
+        clusters_available=int(sizes.size),
+        unit_limit=unit_limit,
+        median_clusters=median,
+        median_units=median * mean_size,
+        p90_units=p90 * mean_size,
+        decision_probability_within_limit=within_share,
+        # What a run most likely ends in: the expected decision only if most runs reach it in time.
+        likely_outcome=expected if within_share >= 0.5 else "INSUFFICIENT",
+        pass_share=float(np.mean(passed & (first < NEVER))),
+        floor_clusters=floor,
+        fixed_n_z_clusters=fixed_n_clusters(reference, delta, side_alpha),
+        replications=replications,
+        observed=observed,
+    )
 
 
 def observed_needs(
@@ -225,7 +228,7 @@ def observed_needs(
     replications: int,
     rng: np.random.Generator,
     looks: np.ndarray,
-) -> Dict[str, Any]:
+) -> ObservedNeeds:
     """Clusters to a decision at the observed effect: the stratum's own cluster means, resampled
     (an estimate for planning only -- the test itself never looks at this)."""
     observed, sizes = plan.observed_cluster_means, plan.cluster_sizes
@@ -243,11 +246,7 @@ def observed_needs(
     )
     median = float(np.median(first))
     median = math.inf if median >= NEVER else median
-    return {
-        "observed_effect": effect,
-        "clusters_needed_at_observed_effect": median,
-        "units_needed_at_observed_effect": median * float(sizes.mean()),
-    }
+    return ObservedNeeds(effect, median, median * float(sizes.mean()))
 
 
 def plan_gauntlet(
@@ -257,30 +256,30 @@ def plan_gauntlet(
     assumed_effect: float,
     replications: int,
     plans: Optional[Mapping[str, StratumPlan]] = None,
-) -> Dict[str, Any]:
+) -> GauntletPlan:
     """The plan of every stratum in priority order, plus the budget check and warnings. `plans`:
     each stratum's scenario plan (default: the configured, synthetic one)."""
     plans = configured_plans(strata) if plans is None else plans
     alarm = alarm_alpha(settings, strata)
     limits = stratum_unit_limits(settings, strata, plans)
-    rows: List[Dict[str, Any]] = []
+    rows: List[StratumPlanRow] = []
     warnings: List[str] = []
     for name in priority_order(strata):
         row = plan_stratum(settings, name, strata[name], plans[name], limits[name], alarm, assumed_effect, replications)
         rows.append(row)
-        if row["decision_probability_within_limit"] < MIN_DECISION_PROBABILITY:
-            median = "never" if not math.isfinite(row["median_units"]) else f"{row['median_units']:,.0f}"
+        if row.decision_probability_within_limit < MIN_DECISION_PROBABILITY:
+            median = "never" if not math.isfinite(row.median_units) else f"{row.median_units:,.0f}"
             line = (
-                f"{name}: only {row['decision_probability_within_limit']:.0%} of simulated runs decide within its "
-                f"{row['unit_limit']:,}-unit limit ({row['clusters_available']:,} clusters; median {median} units "
+                f"{name}: only {row.decision_probability_within_limit:.0%} of simulated runs decide within its "
+                f"{row.unit_limit:,}-unit limit ({row.clusters_available:,} clusters; median {median} units "
                 f"at effect {assumed_effect:+g})"
             )
-            if "clusters_needed_at_observed_effect" in row:
+            if row.observed is not None:
                 # The outcomes exist: advice drawn from them must not touch the margin (choosing delta
                 # after seeing the data voids the guarantee), and more data is a new test.
-                needed = row["clusters_needed_at_observed_effect"]
+                needed = row.observed.clusters_needed_at_observed_effect
                 line += (
-                    f"; at its observed effect {row['observed_effect']:+.3f} it would need about "
+                    f"; at its observed effect {row.observed.observed_effect:+.3f} it would need about "
                     f"{'more clusters than can be simulated' if not math.isfinite(needed) else f'{needed:,.0f} clusters'}"
                     "; the margin is fixed in advance (choosing it after seeing these outcomes voids the guarantee), "
                     "and re-running on an extended file is a new test, not a continuation of this one"
@@ -288,20 +287,19 @@ def plan_gauntlet(
                 warnings.append(line)
             else:
                 warnings.append(line + f"; add clusters (strata.{name}), or choose a wider margin before any outcome")
-    expected_units = sum(min(r["median_units"], r["unit_limit"]) for r in rows)
+    expected_units = sum(min(r.median_units, r.unit_limit) for r in rows)
     if expected_units > settings.budget_units:
         warnings.append(
             f"the strata need about {expected_units:,.0f} units to decide (medians) but "
             f"gauntlet.budget_units={settings.budget_units:,}; raise the budget or trim strata"
         )
-    return {
-        "assumed_effect": assumed_effect,
-        "test_mode": settings.test_mode,
-        "alpha": settings.alpha,
-        "alarm_alpha": alarm,
-        "expected_units": expected_units,
-        "budget_units": settings.budget_units,
-        "strata": rows,
-        "warnings": warnings,
-        "ok": not warnings,
-    }
+    return GauntletPlan(
+        assumed_effect=assumed_effect,
+        test_mode=str(settings.test_mode),
+        alpha=settings.alpha,
+        alarm_alpha=alarm,
+        expected_units=expected_units,
+        budget_units=settings.budget_units,
+        strata=tuple(rows),
+        warnings=tuple(warnings),
+    )

@@ -13,10 +13,10 @@ GENERATED) are a demonstration: the recommendation says so, and never LAUNCHes o
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Sequence
+from typing import List, Sequence
 
 from vlaeval.choices import DataLabel
-from vlaeval.gauntlet.result import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW, Recommendation, StratumResult
+from vlaeval.gauntlet.result import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW, Lineage, Recommendation, StratumResult
 from vlaeval.seqtest import DECISION_INSUFFICIENT, DECISION_PASS, DECISION_REGRESSION, MODE_EXACT
 
 
@@ -25,7 +25,7 @@ def launch_recommendation(
     not_evaluated: Sequence[str],
     *,
     halted: bool,
-    lineage: Mapping[str, Any],
+    lineage: Lineage,
     test_mode: str = "exact",
     required_absent: Sequence[str] = (),
 ) -> Recommendation:
@@ -35,7 +35,7 @@ def launch_recommendation(
     approximate = test_mode.upper().replace("_", "-")
     if halted:
         blockers.append("gauntlet halted: catastrophic regression in a halting stratum (the CATASTROPHIC_HALT event)")
-    for problem in lineage.get("problems", []):
+    for problem in lineage.problems:
         blockers.append(f"invalid lineage: {problem}")
     for r in strata_results:
         name, decision = r.stratum, r.decision

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Type
 
+from vlaeval.records import JsonRecord
 from vlaeval.seqtest import DECISION_PASS, DECISION_REGRESSION
 from vlaeval.seqtest.state import CatastrophicBound, ConfidenceSequence, TestState
 from vlaeval.seqtest.units import Drift, SuccessRateInterval
@@ -40,6 +41,87 @@ def _split(
     """(the typed fields of `cls` present in `data`, everything else)."""
     names = {f.name for f in dataclasses.fields(cls)} - set(exclude)
     return {k: v for k, v in data.items() if k in names}, {k: v for k, v in data.items() if k not in names}
+
+
+@dataclass(frozen=True)
+class ObservedNeeds(JsonRecord):
+    """For a stratum whose outcomes exist (a file): what it would need at its own observed effect."""
+
+    observed_effect: float
+    clusters_needed_at_observed_effect: float  # inf: more than can be simulated
+    units_needed_at_observed_effect: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StratumPlanRow(JsonRecord):
+    """One stratum's plan: the simulated test's clusters and units to a decision (inf: never within
+    the simulated horizon), the chance of deciding within the stratum's units, the floors."""
+
+    stratum: str
+    margin_delta: float
+    assumed_effect: float
+    expected_decision: str
+    cluster_size: int | str  # one size, or "min-max" for a plan of unequal clusters
+    clusters_available: int
+    unit_limit: int
+    median_clusters: float
+    median_units: float
+    p90_units: float
+    decision_probability_within_limit: float
+    likely_outcome: str = ""  # plans before it was planned: read as ""
+    pass_share: float
+    floor_clusters: float
+    fixed_n_z_clusters: float
+    replications: int
+    observed: Optional[ObservedNeeds] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        out = super().to_json()  # the observed needs sit beside the row's own figures, as they always have
+        observed = out.pop("observed", None)
+        return out | (observed or {})
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "StratumPlanRow":
+        row = super().from_json(data)
+        if "observed_effect" not in data:
+            return row
+        return dataclasses.replace(row, observed=ObservedNeeds.from_json(data))
+
+
+@dataclass(frozen=True)
+class GauntletPlan(JsonRecord):
+    """The plan of every stratum in priority order, the budget check and the warnings; `ok` when
+    there are none."""
+
+    assumed_effect: float
+    test_mode: str
+    alpha: float
+    alarm_alpha: float
+    expected_units: float
+    budget_units: int
+    strata: Tuple[StratumPlanRow, ...]
+    warnings: Tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.warnings
+
+    @property
+    def from_outcomes(self) -> bool:
+        """A plan of outcomes that exist (a file's): its rows carry the needs at the observed effect."""
+        return any(r.observed is not None for r in self.strata)
+
+    def to_json(self) -> Dict[str, Any]:
+        return super().to_json() | {"ok": self.ok}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "GauntletPlan":
+        names = {f.name for f in dataclasses.fields(cls)} - {"strata", "warnings"}
+        return cls(
+            **{k: v for k, v in data.items() if k in names},
+            strata=tuple(StratumPlanRow.from_json(r) for r in data.get("strata", ())),
+            warnings=tuple(data.get("warnings", ())),
+        )
 
 
 @dataclass(frozen=True)
@@ -246,6 +328,84 @@ class Scale:
 
 
 @dataclass(frozen=True)
+class Lineage(JsonRecord):
+    """What was compared, on which data, with which code and config, and what is wrong with it: a run
+    whose lineage is not `valid` is never valid for launch, whatever its statistics say."""
+
+    candidate_version: str = ""
+    baseline_version: str = ""
+    data_source: Mapping[str, Any] = field(default_factory=dict)  # the outcome source's describe()
+    seeds: Mapping[str, Any] = field(default_factory=dict)
+    cluster_order: str = ""
+    code: Mapping[str, Any] = field(default_factory=dict)  # provenance.CodeVersion, as result.json holds it
+    config_sha256: str = ""
+    created_at: str = ""
+    problems: Tuple[str, ...] = ()
+    valid: bool = False  # no problems when it was built (an early result.json holds only this)
+
+
+@dataclass(frozen=True)
+class CacheUse(JsonRecord):
+    """What one run did to the outcome cache: hits, misses, corrupt entries recomputed, its hit rate."""
+
+    WRITTEN_WHEN_NONE = ("hit_rate",)
+
+    hits: int = 0
+    misses: int = 0
+    corrupt_recomputed: int = 0
+    hit_rate: Optional[float] = None  # None: nothing looked up
+    corrupt_entries: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MultiplicityStatement(JsonRecord):
+    """How the launch rule and the alarms control their errors, in words, and the alarms' level."""
+
+    launch: str = ""
+    alarms: str = ""
+    alarm_alpha: float = float("nan")
+
+
+@dataclass(frozen=True)
+class RolloutCost(JsonRecord):
+    """What a rollout source's episodes cost: seconds in the engine, episodes run and taken from the
+    cache, simulator steps, episode pairs produced, and the rates (None: nothing ran)."""
+
+    WRITTEN_WHEN_NONE = ("env_steps_per_s", "rollouts_per_s")
+
+    rollout_s: float
+    episodes_run: int
+    episodes_from_cache: int
+    env_steps: int
+    episode_pairs_produced: int
+    env_steps_per_s: Optional[float]
+    rollouts_per_s: Optional[float]
+
+
+@dataclass(frozen=True)
+class RolloutsRecord(JsonRecord):
+    """After a rollout gauntlet: what the rollouts cost, the paired-outcome file every episode pair
+    went into, the failure registry and what it gained, what early stopping saved, the videos."""
+
+    cost: RolloutCost
+    paired_outcomes: str
+    registry: str
+    registry_entries_added: int
+    episode_pairs_evaluated: int
+    episode_pairs_full_evaluation: int
+    rollouts_saved_by_early_stop: int
+    videos: Tuple[str, ...] = ()
+
+    def to_json(self) -> Dict[str, Any]:
+        rest = super().to_json()
+        return self.cost.to_json() | {k: v for k, v in rest.items() if k != "cost"}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "RolloutsRecord":
+        return super().from_json({**data, "cost": RolloutCost.from_json(data)})
+
+
+@dataclass(frozen=True)
 class GauntletResult:
     """A whole gauntlet: the strata in the order evaluated, the events, the recommendation, the scale
     and the lineage, and what the job adds (pre-flight plan, notices, the rollouts' record)."""
@@ -263,16 +423,16 @@ class GauntletResult:
     absent_strata: Tuple[str, ...] = ()
     priority_order: Tuple[str, ...] = ()
     processed_order: Tuple[str, ...] = ()
-    lineage: Mapping[str, Any] = field(default_factory=dict)
+    lineage: Lineage = field(default_factory=Lineage)
     timing: Mapping[str, Any] = field(default_factory=dict)
-    cache: Mapping[str, Any] = field(default_factory=dict)
-    multiplicity: Mapping[str, Any] = field(default_factory=dict)
+    cache: CacheUse = field(default_factory=CacheUse)
+    multiplicity: MultiplicityStatement = field(default_factory=MultiplicityStatement)
     statistical_validity: str = ""
     cluster_order: Mapping[str, Any] = field(default_factory=dict)
     # Added by job=gauntlet after the run.
-    preflight: Optional[Mapping[str, Any]] = None
+    preflight: Optional[GauntletPlan] = None
     notices: Tuple[str, ...] = ()
-    rollouts: Optional[Mapping[str, Any]] = None
+    rollouts: Optional[RolloutsRecord] = None
 
     @property
     def status(self) -> str:
@@ -280,7 +440,7 @@ class GauntletResult:
 
     @property
     def lineage_valid(self) -> bool:
-        return bool(self.lineage.get("valid"))
+        return self.lineage.valid
 
     @property
     def valid_for_launch(self) -> bool:
@@ -299,9 +459,9 @@ class GauntletResult:
             "scale.units_evaluated": scale.units_evaluated,
             "scale.units_saved": scale.units_saved,
             "scale.budget_remaining": scale.budget_remaining,
-            "cache.hits": self.cache["hits"],
-            "cache.misses": self.cache["misses"],
-            "cache.corrupt_recomputed": self.cache["corrupt_recomputed"],
+            "cache.hits": self.cache.hits,
+            "cache.misses": self.cache.misses,
+            "cache.corrupt_recomputed": self.cache.corrupt_recomputed,
             "timing.wall_s": self.timing["wall_s"],
             "timing.units_per_second": self.timing["units_per_second"],
             "halted": float(self.halted),
@@ -312,18 +472,21 @@ class GauntletResult:
             "halted": str(self.halted).lower(),
             "gauntlet.processed_order": ",".join(self.processed_order),
             "gauntlet.test_mode": self.test_mode,
-            "gauntlet.alarm_alpha": f"{self.multiplicity['alarm_alpha']:.6g}",
+            "gauntlet.alarm_alpha": f"{self.multiplicity.alarm_alpha:.6g}",
         }
         if "order_seed" in self.cluster_order:  # job=reproduce replays a freshly drawn one
             tags["gauntlet.order_seed"] = str(self.cluster_order["order_seed"])
             tags["gauntlet.order_seed_basis"] = self.cluster_order["basis"]
         if self.rollouts is not None:  # what the rollouts cost, and what early stopping saved
-            for key in ("episodes_run", "episodes_from_cache", "rollouts_saved_by_early_stop", "env_steps_per_s"):
-                metrics[f"rollouts.{key}"] = self.rollouts[key]
-            metrics["rollouts.registry_entries_added"] = self.rollouts["registry_entries_added"]
+            r = self.rollouts
+            metrics["rollouts.episodes_run"] = r.cost.episodes_run
+            metrics["rollouts.episodes_from_cache"] = r.cost.episodes_from_cache
+            metrics["rollouts.rollouts_saved_by_early_stop"] = r.rollouts_saved_by_early_stop
+            metrics["rollouts.env_steps_per_s"] = r.cost.env_steps_per_s
+            metrics["rollouts.registry_entries_added"] = r.registry_entries_added
         if self.preflight is not None:
-            metrics["preflight.ok"] = float(self.preflight["ok"])
-            metrics["preflight.expected_units"] = self.preflight["expected_units"]
+            metrics["preflight.ok"] = float(self.preflight.ok)
+            metrics["preflight.expected_units"] = self.preflight.expected_units
         history: Dict[str, List[Tuple[int, Any]]] = {}
         for s in self.strata:
             key = f"stratum.{s.stratum}"
@@ -363,7 +526,7 @@ class GauntletResult:
         return TrackingView(metrics, checks, tags, history)
 
     def with_job_record(
-        self, *, preflight: Optional[Mapping[str, Any]], notices: Sequence[str], rollouts: Optional[Mapping[str, Any]]
+        self, *, preflight: Optional[GauntletPlan], notices: Sequence[str], rollouts: Optional[RolloutsRecord]
     ) -> "GauntletResult":
         return dataclasses.replace(self, preflight=preflight, notices=tuple(notices), rollouts=rollouts)
 
@@ -374,7 +537,7 @@ class GauntletResult:
             "planted_effects": dict(self.planted_effects),
             "scale": self.scale.to_json(),
             "timing": dict(self.timing),
-            "cache": dict(self.cache),
+            "cache": self.cache.to_json(),
             "priority_order": list(self.priority_order),
             "processed_order": list(self.processed_order),
             "not_evaluated": list(self.not_evaluated),
@@ -383,21 +546,21 @@ class GauntletResult:
             "status": self.status,
             "events": [e.to_json() for e in self.events],
             "strata": [s.to_json() for s in self.strata],
-            "lineage": dict(self.lineage),
+            "lineage": self.lineage.to_json(),
             "lineage_valid": self.lineage_valid,
             "valid_for_launch": self.valid_for_launch,
             "recommendation": self.recommendation.to_json(),
             "test_mode": self.test_mode,
-            "multiplicity": dict(self.multiplicity),
+            "multiplicity": self.multiplicity.to_json(),
             "statistical_validity": self.statistical_validity,
             "cluster_order": dict(self.cluster_order),
         }
         if self.preflight is not None:
-            out["preflight"] = self.preflight
+            out["preflight"] = self.preflight.to_json()
         if self.notices or self.preflight is not None:
             out["notices"] = list(self.notices)
         if self.rollouts is not None:
-            out["rollouts"] = dict(self.rollouts)
+            out["rollouts"] = self.rollouts.to_json()
         return out
 
     @classmethod
@@ -417,13 +580,13 @@ class GauntletResult:
             absent_strata=tuple(data.get("absent_strata", [])),
             priority_order=tuple(data.get("priority_order", [])),
             processed_order=tuple(data.get("processed_order", [])),
-            lineage=dict(data.get("lineage", {"valid": data.get("lineage_valid", False)})),
+            lineage=Lineage.from_json(data.get("lineage", {"valid": data.get("lineage_valid", False)})),
             timing=dict(data.get("timing", {})),
-            cache=dict(data.get("cache", {})),
-            multiplicity=dict(data.get("multiplicity", {})),
+            cache=CacheUse.from_json(data.get("cache", {})),
+            multiplicity=MultiplicityStatement.from_json(data.get("multiplicity", {})),
             statistical_validity=str(data.get("statistical_validity", "")),
             cluster_order=dict(data.get("cluster_order", {})),
-            preflight=data.get("preflight"),
+            preflight=GauntletPlan.from_json(data["preflight"]) if "preflight" in data else None,
             notices=tuple(data.get("notices", [])),
-            rollouts=data.get("rollouts"),
+            rollouts=RolloutsRecord.from_json(data["rollouts"]) if data.get("rollouts") else None,
         )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -34,7 +34,15 @@ from vlaeval.envs.episodes import NO_PERTURBATION, Episode, Perturbation
 from vlaeval.errors import UserInputError, require, require_at_least, require_file
 from vlaeval.gauntlet.outcomes import OutcomeRequest, StratumOutcomes
 from vlaeval.gauntlet.registry import FailureRegistry, registry_path
-from vlaeval.rollouts.outcomes import EpisodeOutcome, EpisodeOutcomes, PairedEpisode, PolicyIdentity
+from vlaeval.gauntlet.result import RolloutCost
+from vlaeval.rollouts.outcomes import (
+    EpisodeOutcome,
+    EpisodeOutcomes,
+    FailureEntry,
+    OutcomeRow,
+    PairedEpisode,
+    PolicyIdentity,
+)
 from vlaeval.rollouts.scenarios import (
     BUILTIN_PREFIX,
     RolloutPolicy,
@@ -43,6 +51,9 @@ from vlaeval.rollouts.scenarios import (
     episode_from_spec,
     episode_spec,
 )
+
+if TYPE_CHECKING:
+    from vlaeval.policy.builtin import PolicySpec
 
 POLICY_SECTIONS = ("model", "data", "flow", "train")  # what a built-in policy's recipe may override
 
@@ -136,9 +147,11 @@ class RolloutOutcomes:
                 )
         self._check_obstacles()  # last: it builds each safety task's scene (~2 s a task)
 
-    def _recipe_sections(self, name: str) -> Dict[str, Any]:
+    def _recipe_sections(self, name: str) -> "PolicySpec":
         """The run's model, data, flow and train sections with built-in policy `name`'s overrides merged in."""
         from omegaconf import OmegaConf
+
+        from vlaeval.policy.builtin import PolicySpec
 
         recipe = dict(self.recipes[name] or {})
         for key in recipe:
@@ -148,14 +161,16 @@ class RolloutOutcomes:
             )
         merged = {k: OmegaConf.merge(getattr(self.context, k), recipe.get(k) or {}) for k in POLICY_SECTIONS}
         # flow and train back to their dataclasses, as the job's own config holds them
-        return {k: OmegaConf.to_object(v) if k in ("flow", "train") else v for k, v in merged.items()}
+        return PolicySpec(
+            merged["model"], merged["data"], OmegaConf.to_object(merged["flow"]), OmegaConf.to_object(merged["train"])
+        )
 
     def _check_recipe(self, name: str) -> None:
         """The built-in policy's sections and training recipe, checked before any recording or
         training; an error names the recipe it came from."""
         from vlaeval.policy.training import validate_training_recipe
 
-        train = self._recipe_sections(name)["train"]
+        train = self._recipe_sections(name).train
         try:
             validate_training_recipe(train)
         except UserInputError as error:
@@ -195,8 +210,9 @@ class RolloutOutcomes:
 
         return simulator(self.simulator)
 
-    def controls(self) -> Dict[str, Any]:
-        return {"execute_actions": self.execute_actions, "max_steps": self.max_steps}
+    def controls(self) -> Dict[str, int]:
+        """The rollout controls every episode's outcome depends on (its description, its cache key)."""
+        return {"execute_actions": int(self.execute_actions), "max_steps": int(self.max_steps)}
 
     def _replay_entries(self) -> List[Dict[str, Any]]:
         if self._replayed is None:  # read once: the registry a gauntlet replays is the one it started with
@@ -275,10 +291,9 @@ class RolloutOutcomes:
 
         ctx = self.context
         if reference.startswith(BUILTIN_PREFIX):
-            sections = self._recipe_sections(reference[len(BUILTIN_PREFIX) :])
+            spec = self._recipe_sections(reference[len(BUILTIN_PREFIX) :])
         else:
-            sections = {name: getattr(ctx, name) for name in POLICY_SECTIONS}
-        spec = PolicySpec(sections["model"], sections["data"], sections["flow"], sections["train"])
+            spec = PolicySpec(ctx.model, ctx.data, ctx.flow, ctx.train)
         steps = int(spec.train.steps)
         data = prepare_data(
             spec.data,
@@ -382,7 +397,7 @@ class RolloutOutcomes:
         for role, policy in self.policies.items():
             degradation = self.degradations.get(stratum, NO_PERTURBATION) if role == "candidate" else NO_PERTURBATION
             episodes = [episode_from_spec(s, tasks.index(str(s["task"])), degradation) for s in specs]
-            controls = {**self.controls(), "flow": to_plain(policy.flow)}
+            controls: Dict[str, Any] = {**self.controls(), "flow": to_plain(policy.flow)}
             if policy.bound.cameras:  # what its cameras show depends on the renderer
                 controls["renderer"] = self.sim.renderer_version
             keys[role] = [episode_key(policy.sha256, e, controls, self.simulator) for e in episodes]
@@ -414,7 +429,7 @@ class RolloutOutcomes:
         """Release the executor (a Ray instance this run started is shut down)."""
         self.executor.close()
 
-    def failures(self) -> List[Dict[str, Any]]:
+    def failures(self) -> List[FailureEntry]:
         """Registry entries: the produced episodes the candidate failed and the baseline passed."""
         who = {role: PolicyIdentity(p.version, p.sha256) for role, p in self.policies.items()}
         return [pair.failure(who["baseline"], who["candidate"]) for pair in self.rows if pair.discordant]
@@ -454,17 +469,19 @@ class RolloutOutcomes:
             )
         return written
 
-    def paired_outcomes_table(self) -> List[Dict[str, Any]]:
+    def paired_outcomes_table(self) -> List[OutcomeRow]:
         """Every episode produced, as rows of the outcome-file format (plus unsafe and steps columns)."""
         return [pair.row() for pair in self.rows]
 
-    def stats(self) -> Dict[str, Any]:
-        rollouts = self.timing["episodes_run"]
-        return {
-            **self.timing,
-            "episode_pairs_produced": len(self.rows),
-            "env_steps_per_s": self.timing["env_steps"] / self.timing["rollout_s"]
-            if self.timing["rollout_s"]
-            else None,
-            "rollouts_per_s": rollouts / self.timing["rollout_s"] if self.timing["rollout_s"] else None,
-        }
+    def stats(self) -> RolloutCost:
+        t = self.timing
+        seconds = float(t["rollout_s"])
+        return RolloutCost(
+            rollout_s=seconds,
+            episodes_run=int(t["episodes_run"]),
+            episodes_from_cache=int(t["episodes_from_cache"]),
+            env_steps=int(t["env_steps"]),
+            episode_pairs_produced=len(self.rows),
+            env_steps_per_s=t["env_steps"] / seconds if seconds else None,
+            rollouts_per_s=t["episodes_run"] / seconds if seconds else None,
+        )

@@ -41,11 +41,12 @@ from vlaeval.artifacts import sha256_json, stable_seed
 from vlaeval.choices import AlarmFwer, ClusterOrder, HaltRule
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import require, require_at_least
-from vlaeval.gauntlet.cache import ArrayCache
+from vlaeval.gauntlet.cache import ArrayCache, CacheStats
 from vlaeval.gauntlet.constants import ClusterSizeBounds, OrderSeed, cluster_size_bounds, run_order_seed
 from vlaeval.gauntlet.ledger import Continuation, Evidence, EvidenceLedger, cluster_keys, split_blocks
 from vlaeval.gauntlet.outcomes import (
     OutcomeRequest,
+    PlantedEffect,
     StratumOutcomes,
     cluster_permutation,
     producer,
@@ -53,7 +54,15 @@ from vlaeval.gauntlet.outcomes import (
     success_rate_effect,
 )
 from vlaeval.gauntlet.recommendation import launch_recommendation
-from vlaeval.gauntlet.result import GauntletEvent, GauntletResult, Scale, StratumResult
+from vlaeval.gauntlet.result import (
+    CacheUse,
+    GauntletEvent,
+    GauntletResult,
+    Lineage,
+    MultiplicityStatement,
+    Scale,
+    StratumResult,
+)
 from vlaeval.gauntlet.sources import checked_source
 from vlaeval.gauntlet.strata import alarm_alpha, alarm_count, priority_order
 from vlaeval.seqtest import (
@@ -101,7 +110,7 @@ class BatchProgress:
 
 
 def validate_gauntlet(
-    settings: GauntletConfig, strata: Mapping[str, StratumConfig], effects: Mapping[str, float]
+    settings: GauntletConfig, strata: Mapping[str, StratumConfig], effects: Mapping[str, PlantedEffect]
 ) -> None:
     """Every check that needs more than a type (the choice sets are Enums, checked when the config
     is composed), as a one-line UserInputError."""
@@ -451,21 +460,21 @@ def test_fingerprint(
 
 def multiplicity_statement(
     settings: GauntletConfig, strata: Mapping[str, StratumConfig], alarm: float
-) -> Dict[str, Any]:
+) -> MultiplicityStatement:
     """How the launch rule and the alarms control their errors, in words and the alarm level."""
     s = settings
     halts = alarm_count(strata) - len(strata)
-    return {
-        "launch": "intersection-union: LAUNCH needs every stratum to PASS its own level-alpha test",
-        "alarms": (
+    return MultiplicityStatement(
+        launch="intersection-union: LAUNCH needs every stratum to PASS its own level-alpha test",
+        alarms=(
             f"Bonferroni over {len(strata)} REGRESSION alarms and {halts} catastrophic halt(s): each at "
             f"alpha / {alarm_count(strata)} = {alarm:.4g}, so P(any false alarm) <= alpha"
         )
         if s.alarm_fwer == AlarmFwer.bonferroni
         else f"none: each REGRESSION alarm at alpha and each halt at alpha / 2 (P(any false alarm) up to "
         f"{alarm_count(strata)} x alpha)",
-        "alarm_alpha": alarm,
-    }
+        alarm_alpha=alarm,
+    )
 
 
 def validity_statement(settings: GauntletConfig) -> str:
@@ -686,13 +695,16 @@ class StratumEvaluator:
         )
 
 
-def cache_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> Dict[str, Any]:
+def cache_delta(before: CacheStats, after: CacheStats) -> CacheUse:
     """What one run did to the outcome cache: hits, misses, corrupt entries recomputed, its hit rate."""
-    stats: Dict[str, Any] = {k: after[k] - before[k] for k in ("hits", "misses", "corrupt_recomputed")}
-    looked_up = stats["hits"] + stats["misses"]
-    stats["hit_rate"] = stats["hits"] / looked_up if looked_up else None
-    stats["corrupt_entries"] = after["corrupt_entries"][len(before["corrupt_entries"]) :]
-    return stats
+    hits, misses = after.hits - before.hits, after.misses - before.misses
+    return CacheUse(
+        hits=hits,
+        misses=misses,
+        corrupt_recomputed=after.corrupt - before.corrupt,
+        hit_rate=hits / (hits + misses) if hits + misses else None,
+        corrupt_entries=tuple(after.corrupt_entries[len(before.corrupt_entries) :]),
+    )
 
 
 class PriorityRun(NamedTuple):
@@ -748,7 +760,7 @@ def run_gauntlet(
     effects: Mapping[str, float],
     source: Any,
     cache: ArrayCache,
-    lineage: Mapping[str, Any],
+    lineage: Lineage,
     *,
     absent: Sequence[str] = (),
     required_absent: Sequence[str] = (),
@@ -765,7 +777,7 @@ def run_gauntlet(
     source = checked_source(source)  # a no-op for the job's source, checked when it was built
     seed = run_order_seed(s, source) if order_seed is None else order_seed
     started = time.perf_counter()
-    cache_before = cache.stats.as_dict()
+    cache_before = cache.stats.snapshot()
     evaluator = StratumEvaluator(s, strata, effects, source, cache, seed, on_batch, ledger)
     units_defined = evaluator.units_defined()
     run = evaluate_in_priority_order(s, strata, evaluator)
@@ -803,9 +815,9 @@ def run_gauntlet(
         absent_strata=tuple(absent),
         priority_order=tuple(evaluator.order),
         processed_order=tuple(run.processed),
-        lineage=dict(lineage),
+        lineage=lineage,
         timing={"wall_s": elapsed, "units_per_second": run.units_evaluated / elapsed if elapsed > 0 else None},
-        cache=cache_delta(cache_before, cache.stats.as_dict()),
+        cache=cache_delta(cache_before, cache.stats),
         multiplicity=multiplicity_statement(s, strata, evaluator.alarm),
         statistical_validity=validity_statement(s),
         cluster_order=(

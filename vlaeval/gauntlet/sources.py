@@ -29,6 +29,8 @@ import numpy as np
 
 from vlaeval.config import Component, FlowConfig, RolloutConfig, TrackingConfig, TrainConfig
 from vlaeval.errors import UserInputError
+from vlaeval.gauntlet.result import RolloutCost
+from vlaeval.rollouts.outcomes import FailureEntry, OutcomeRow
 
 REQUIRED_HOOKS = ("describe", "validate", "available_strata", "cluster_sizes")
 OUTCOME_HOOKS = ("produce", "load")  # at least one
@@ -68,11 +70,11 @@ class PreparesPolicies(Protocol):
 class RecordsEpisodes(Protocol):
     registry: Any
 
-    def paired_outcomes_table(self) -> List[Dict[str, Any]]: ...
+    def paired_outcomes_table(self) -> List[OutcomeRow]: ...
 
-    def failures(self) -> List[Dict[str, Any]]: ...
+    def failures(self) -> List[FailureEntry]: ...
 
-    def stats(self) -> Dict[str, Any]: ...
+    def stats(self) -> RolloutCost: ...
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from vlaeval import console
-from vlaeval.audit.ablation import summarise_proposals
+from vlaeval.audit.ablation import minibatch_variance_ratio, summarise_proposals
 from vlaeval.audit.alignment import ratio_bootstrap
 from vlaeval.audit.proposals import (
     Proposal,
@@ -33,7 +33,15 @@ from vlaeval.audit.proposals import (
     uniform_proposal,
     variance_ratio_interval,
 )
-from vlaeval.audit.result import AblationResult, AuditResult
+from vlaeval.audit.result import (
+    AblationResult,
+    AblationRun,
+    AuditPrediction,
+    AuditResult,
+    EpisodeSuccesses,
+    Measurement,
+    MinibatchCheck,
+)
 from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
 from vlaeval.choices import AblationProposal, Optimizer
 from vlaeval.config import (
@@ -62,6 +70,7 @@ from vlaeval.residual.ablation import (
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.residual.scores import read_scores, scoring_settings
 from vlaeval.runs import (
+    ChildRun,
     JobResult,
     RunRecord,
     RunReport,
@@ -245,7 +254,7 @@ def ratio_to_uniform(judge: Any, proposal: Proposal) -> float:
 
 def audit_prediction(
     cfg: AblationJobConfig, data: PolicyData, handle: PolicyHandle, residual: np.ndarray
-) -> Dict[str, Any]:
+) -> AuditPrediction:
     """The audit's predicted second-moment ratio for the residual proposal: from the given audit
     result, or computed the audit's way (its gradient artifact's anchors, RMS over its gradient
     seeds, the same transform of the residual) on the cached artifact for this checkpoint."""
@@ -253,15 +262,15 @@ def audit_prediction(
         result = read_audit_result(str(cfg.ablation.audit_result))
         proposal = result.alignment.proposal
         interval = proposal.ratio_interval  # None in results before it existed (and its SD too)
-        return {
-            "source": str(cfg.ablation.audit_result),
-            "predicted_ratio": float(proposal.information_to_baseline_ratio),
-            "predicted_ratio_sd": proposal.ratio_bootstrap_sd,
-            "predicted_ratio_interval": None if interval is None else list(interval),
-            "anchors": result.sample_count,
-            "gate_status": result.gate.status,
-            "eligible_for_500_step_ablation": result.gate.eligible_for_500_step_ablation,
-        }
+        return AuditPrediction(
+            source=str(cfg.ablation.audit_result),
+            predicted_ratio=float(proposal.information_to_baseline_ratio),
+            predicted_ratio_sd=proposal.ratio_bootstrap_sd,
+            predicted_ratio_interval=None if interval is None else (float(interval[0]), float(interval[1])),
+            anchors=result.sample_count,
+            gate_status=result.gate.status,
+            eligible_for_500_step_ablation=result.gate.eligible_for_500_step_ablation,
+        )
     from vlaeval.residual.artifact import cached_gradient_artifact, recover_anchors
 
     metadata, artifact_anchors = cached_gradient_artifact(
@@ -285,16 +294,14 @@ def audit_prediction(
         proposal_power=settings["proposal_power"],
         seed=int(cfg.audit.permutation_seed),
     )
-    return {
-        "source": "computed the audit's way on its gradient artifact " + str(metadata["path"]),
-        "predicted_ratio": float(information_to_baseline_ratio(rms, q)),
-        "predicted_ratio_sd": sd,
-        "predicted_ratio_interval": list(interval),
-        "anchors": int(index.size),
-        "gradient_seeds": len(metadata["gradient_seeds"]),
-        "gate_status": None,
-        "eligible_for_500_step_ablation": None,
-    }
+    return AuditPrediction(
+        source="computed the audit's way on its gradient artifact " + str(metadata["path"]),
+        predicted_ratio=float(information_to_baseline_ratio(rms, q)),
+        predicted_ratio_sd=sd,
+        predicted_ratio_interval=(float(interval[0]), float(interval[1])),
+        anchors=int(index.size),
+        gradient_seeds=len(metadata["gradient_seeds"]),
+    )
 
 
 def residual_scores(cfg: AblationJobConfig, data: PolicyData, handle: PolicyHandle) -> tuple:
@@ -306,7 +313,8 @@ def residual_scores(cfg: AblationJobConfig, data: PolicyData, handle: PolicyHand
         wanted = scoring_settings(
             handle.sha256, data.demonstrations.manifest_sha256, n, to_plain(cfg.estimator), to_plain(cfg.flow)
         )
-        differ = sorted(k for k in wanted if wanted[k] != metadata["settings"].get(k))
+        recorded = metadata["settings"]
+        differ = sorted(k for k, v in wanted.items() if v != recorded.get(k))
         require(
             not differ,
             f"ablation.scores={cfg.ablation.scores} were scored with other {', '.join(differ)} than this run; "
@@ -384,7 +392,7 @@ class ProposalJudge:
             held_policy.with_model(model), held_anchors, draws_per_anchor=int(self.a.heldout_draws), key=("heldout",)
         )
 
-    def measure(self, model: Any, proposal: Proposal, seed: int, step: int) -> Dict[str, Any]:
+    def measure(self, model: Any, proposal: Proposal, seed: int, step: int) -> Measurement:
         keys = [("judge", seed, step, j) for j in range(int(self.a.judge_draws))]
         if step != 0:
             judge = self.gradients(model, keys)
@@ -394,19 +402,17 @@ class ProposalJudge:
             judge = self.step0[seed] = self.gradients(model, keys)
         moments = {k: per_sample_second_moment(judge.sq_norms, judge.u, p) for k, p in self.proposals.items()}
         m_uniform = per_sample_second_moment(judge.sq_norms, judge.u, self.uniform)
-        out: Dict[str, Any] = {
-            "step": step,
-            "second_moment": moments[proposal.name],
-            "uniform_second_moment": m_uniform,
-            "ratio": moments[proposal.name] / m_uniform,
-            "ratios_of_every_proposal": {k: v / m_uniform for k, v in moments.items()},
-            "mean_loss": float(judge.losses.mean()),
-        }
-        if int(self.a.minibatches) > 0:
-            out["minibatch"] = self.minibatch(model, proposal, seed, step)
-        return out
+        return Measurement(
+            step=step,
+            second_moment=moments[proposal.name],
+            uniform_second_moment=m_uniform,
+            ratio=moments[proposal.name] / m_uniform,
+            ratios_of_every_proposal={k: v / m_uniform for k, v in moments.items()},
+            mean_loss=float(judge.losses.mean()),
+            minibatch=self.minibatch(model, proposal, seed, step) if int(self.a.minibatches) > 0 else None,
+        )
 
-    def minibatch(self, model: Any, proposal: Proposal, seed: int, step: int) -> Dict[str, Any]:
+    def minibatch(self, model: Any, proposal: Proposal, seed: int, step: int) -> MinibatchCheck:
         """The proposal's importance-weighted minibatch gradients against uniform's at the same parameters."""
         mine, base = (
             minibatch_gradients(
@@ -421,15 +427,15 @@ class ProposalJudge:
             for label, sampler in (("mine", proposal), ("uniform", self.uniform))
         )
         mm, mb = minibatch_moments(mine), minibatch_moments(base)
-        return {
-            "proposal": mm,
-            "uniform": mb,
-            "second_moment_ratio": mm["second_moment"] / mb["second_moment"],
-            "variance_ratio": variance_ratio_interval(
+        return MinibatchCheck(
+            proposal=mm,
+            uniform=mb,
+            second_moment_ratio=mm["second_moment"] / mb["second_moment"],
+            variance_ratio=variance_ratio_interval(
                 np.sum((mine - mine.mean(axis=0)) ** 2, axis=1),
                 np.sum((base - base.mean(axis=0)) ** 2, axis=1),
             ),
-        }
+        )
 
 
 def fine_tuning_settings(cfg: AblationJobConfig) -> FineTuneSettings:
@@ -455,28 +461,30 @@ def fine_tune_every_proposal(
     measured: List[int],
     held_at: List[int],
     train: TrainConfig,
-) -> Tuple[List[Dict[str, Any]], List[Any]]:
+) -> Tuple[List[AblationRun], List[Any]]:
     """Each proposal fine-tuned from the checkpoint under each seed (the same draws for every
     proposal of a seed), judged at the measured steps and its held-out loss taken at held_at:
     one record per run and the fine-tuned models, in (seed, proposal) order."""
-    runs: List[Dict[str, Any]] = []
+    runs: List[AblationRun] = []
     models: List[Any] = []
     with console.unit_progress("fine-tuning", len(seeds) * len(proposals)) as update:
         for seed in seeds:
             for name, proposal in proposals.items():
-                record: Dict[str, Any] = {"proposal": name, "seed": seed, "measurements": [], "heldout_loss": []}
+                measurements: List[Measurement] = []
+                heldout_loss: List[Tuple[int, float]] = []
 
                 def on_step(
                     step: int,
                     model: Any,
                     current: Proposal,
-                    record: Dict[str, Any] = record,
+                    measurements: List[Measurement] = measurements,
+                    heldout_loss: List[Tuple[int, float]] = heldout_loss,
                     seed: int = seed,
                 ) -> None:
                     if step in held_at and judge.heldout is not None:
-                        record["heldout_loss"].append((step, judge.heldout_loss(model, judge.heldout)))
+                        heldout_loss.append((step, judge.heldout_loss(model, judge.heldout)))
                     if step in measured:  # an adaptive proposal is judged as it stands at this step
-                        record["measurements"].append(judge.measure(model, current, seed, step))
+                        measurements.append(judge.measure(model, current, seed, step))
 
                 run_started = time.perf_counter()
                 tuned = fine_tune(
@@ -488,13 +496,18 @@ def fine_tune_every_proposal(
                     on_step=on_step,
                     time_sampler=adaptive_sampler(name, train),
                 )
-                record.update(
-                    train_loss_curve=tuned["train_loss_curve"],
-                    train_seconds=tuned["train_seconds"],
-                    wall_seconds=time.perf_counter() - run_started,
+                runs.append(
+                    AblationRun(
+                        proposal=name,
+                        seed=seed,
+                        measurements=tuple(measurements),
+                        heldout_loss=tuple(heldout_loss),
+                        train_loss_curve=tuned.train_loss_curve,
+                        train_seconds=tuned.train_seconds,
+                        wall_seconds=time.perf_counter() - run_started,
+                    )
                 )
-                runs.append(record)
-                models.append(tuned["model"].cpu())
+                models.append(tuned.model.cpu())
                 update(completed=len(runs), description=f"fine-tuned {name} seed {seed}")
     return runs, models
 
@@ -551,9 +564,8 @@ def run(cfg: AblationJobConfig) -> JobResult[AblationResult]:
     )
 
     success = closed_loop_success(cfg, data, handle, models) if a.evaluate else None
-    if success is not None:
-        for record, row in zip(runs, success["runs"]):
-            record["success"] = row
+    if success is not None:  # the base checkpoint first, then each run in its order
+        runs = [dataclasses.replace(record, success=row) for record, row in zip(runs, success[1:])]
     result = AblationResult(
         schema_version=RESULT_SCHEMA_VERSION,
         checkpoint=str(handle.path),
@@ -570,9 +582,9 @@ def run(cfg: AblationJobConfig) -> JobResult[AblationResult]:
             "measure_steps": measured,
             "judge_draws": int(a.judge_draws),
         },
-        summary=summarise_proposals(runs, names, prediction, measured, success),
+        summary=summarise_proposals(runs, names, prediction, measured),
         runs=tuple(runs),
-        base_success=None if success is None else success["base"],
+        base_success=None if success is None else success[0],
     )
     plots = []
     if a.plot:
@@ -599,8 +611,8 @@ def run(cfg: AblationJobConfig) -> JobResult[AblationResult]:
 
 def closed_loop_success(
     cfg: AblationJobConfig, data: PolicyData, handle: PolicyHandle, models: List[Any]
-) -> Dict[str, Any]:
-    """Every fine-tuned policy and the checkpoint on the same held-out episodes (paired)."""
+) -> List[EpisodeSuccesses]:
+    """The checkpoint and then every fine-tuned policy on the same held-out episodes (paired)."""
     from vlaeval.envs import simulator
     from vlaeval.envs.episodes import Episode
     from vlaeval.rollouts.engine import RolloutJob, rollout_jobs
@@ -625,36 +637,33 @@ def closed_loop_success(
             )
     finally:
         executor.close()
-    rows = [{"success_rate": float(np.mean(o.success)), "successes": [bool(x) for x in o.success]} for o in outs]
-    return {"base": rows[0], "runs": rows[1:], "episodes": len(episodes)}
+    return [EpisodeSuccesses(float(np.mean(o.success)), tuple(bool(x) for x in o.success)) for o in outs]
 
 
-def child_run(record: Dict[str, Any]) -> Dict[str, Any]:
-    name, seed = record["proposal"], record["seed"]
-    history: Dict[str, Any] = {
-        "ratio.realized": [(m["step"], m["ratio"]) for m in record["measurements"]],
-        "gradient.second_moment": [(m["step"], m["second_moment"]) for m in record["measurements"]],
-        "gradient.uniform_second_moment": [(m["step"], m["uniform_second_moment"]) for m in record["measurements"]],
-        "loss.heldout": record["heldout_loss"],
-        "loss.train_weighted": record["train_loss_curve"],
+def child_run(record: AblationRun) -> ChildRun:
+    name, seed, measured = record.proposal, record.seed, record.measurements
+    history: Dict[str, Sequence[Tuple[int, Optional[float]]]] = {
+        "ratio.realized": [(m.step, m.ratio) for m in measured],
+        "gradient.second_moment": [(m.step, m.second_moment) for m in measured],
+        "gradient.uniform_second_moment": [(m.step, m.uniform_second_moment) for m in measured],
+        "loss.heldout": list(record.heldout_loss),
+        "loss.train_weighted": list(record.train_loss_curve),
     }
-    if record["measurements"] and "minibatch" in record["measurements"][0]:
-        history["minibatch.variance_ratio"] = [
-            (m["step"], m["minibatch"]["variance_ratio"]["ratio"]) for m in record["measurements"]
-        ]
-    metrics = {"ratio.final": record["measurements"][-1]["ratio"], "timing.wall_seconds": record["wall_seconds"]}
-    if record["heldout_loss"]:
-        metrics["loss.heldout_final"] = record["heldout_loss"][-1][1]
-    if "success" in record:
-        metrics["success_rate"] = record["success"]["success_rate"]
-    return {
-        "name": f"{name} seed {seed}",
-        "params": {"ablation.proposal": name, "ablation.seed": seed},
-        "metrics": metrics,
-        "history": history,
-        "tags": {"ablation.proposal": name, "ablation.seed": seed},
-        "result": record,
-    }
+    if measured and all(m.minibatch is not None for m in measured):
+        history["minibatch.variance_ratio"] = [(m.step, minibatch_variance_ratio(m)) for m in measured]
+    metrics = {"ratio.final": measured[-1].ratio, "timing.wall_seconds": record.wall_seconds}
+    if record.heldout_loss:
+        metrics["loss.heldout_final"] = record.heldout_loss[-1][1]
+    if record.success is not None:
+        metrics["success_rate"] = record.success.success_rate
+    return ChildRun(
+        name=f"{name} seed {seed}",
+        params={"ablation.proposal": name, "ablation.seed": seed},
+        metrics=metrics,
+        history=history,
+        tags={"ablation.proposal": name, "ablation.seed": seed},
+        result=record.to_json(),
+    )
 
 
 def print_summary(result: AblationResult, run: RunRecord) -> None:
@@ -662,8 +671,8 @@ def print_summary(result: AblationResult, run: RunRecord) -> None:
     first, last = str(measured[0]), str(measured[-1])
     p = result.prediction
     console.show(
-        f"audit's predicted ratio (residual, {p['anchors']} anchors): {p['predicted_ratio']:.3f}"
-        + (f"  gate {p['gate_status']}" if p.get("gate_status") else "")
+        f"audit's predicted ratio (residual, {p.anchors} anchors): {p.predicted_ratio:.3f}"
+        + (f"  gate {p.gate_status}" if p.gate_status else "")
     )
     rows = []
     for name, row in result.summary.items():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from vlaeval.gauntlet.lineage import build_lineage
 from vlaeval.gauntlet.plots import plot_trajectories
 from vlaeval.gauntlet.recommendation import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW
 from vlaeval.gauntlet.report import print_summary
-from vlaeval.gauntlet.result import GauntletResult
+from vlaeval.gauntlet.result import GauntletPlan, GauntletResult, Lineage, RolloutsRecord
 from vlaeval.gauntlet.scheduler import BatchProgress, run_gauntlet
 from vlaeval.gauntlet.sources import RecordsEpisodes
 from vlaeval.provenance import code_version
@@ -82,11 +82,10 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
     extra: List[Tuple[Path, Optional[str]]] = []
     rollouts = None
     if inputs.source.records_episodes:
-        rollouts = record_rollouts(inputs.source.episodes(), result, out)
-        rollouts["videos"] = [str(v) for v in videos]
-        extra.append((Path(rollouts["paired_outcomes"]), None))
+        rollouts = record_rollouts(inputs.source.episodes(), result, out, videos)
+        extra.append((Path(rollouts.paired_outcomes), None))
     result = result.with_job_record(preflight=preflight, notices=inputs.resolved.notices, rollouts=rollouts)
-    for path in result.cache["corrupt_entries"]:
+    for path in result.cache.corrupt_entries:
         console.print_error(f"corrupt cache entry {path} was detected and recomputed")
 
     plots = [plot_trajectories(result, out / "gauntlet_trajectories.png")] if settings.plot else []
@@ -134,15 +133,15 @@ def cluster_order(inputs: GauntletInputs) -> Tuple[Optional[int], str]:
     return None, "as_given: the source's order, declared random by the user (gauntlet.cluster_order=as_given)"
 
 
-def print_rollouts(r: Mapping[str, Any]) -> None:
+def print_rollouts(r: RolloutsRecord) -> None:
     """What the rollouts cost and saved, where their pairs and new failures went."""
     console.show(
-        f"rollouts: {r['episodes_run']:,} run, {r['episodes_from_cache']:,} from the cache; "
-        f"{r['episode_pairs_evaluated']:,} episode pairs of {r['episode_pairs_full_evaluation']:,} a full "
-        f"evaluation runs ({r['rollouts_saved_by_early_stop']:,} rollouts saved by early stopping); "
-        f"{r['registry_entries_added']} new scenarios in the failure registry {r['registry']}"
+        f"rollouts: {r.cost.episodes_run:,} run, {r.cost.episodes_from_cache:,} from the cache; "
+        f"{r.episode_pairs_evaluated:,} episode pairs of {r.episode_pairs_full_evaluation:,} a full "
+        f"evaluation runs ({r.rollouts_saved_by_early_stop:,} rollouts saved by early stopping); "
+        f"{r.registry_entries_added} new scenarios in the failure registry {r.registry}"
     )
-    console.show(f"paired outcomes (outcomes=file reads them): {r['paired_outcomes']}")
+    console.show(f"paired outcomes (outcomes=file reads them): {r.paired_outcomes}")
 
 
 def prepare_policies(inputs: GauntletInputs) -> None:
@@ -160,7 +159,7 @@ def prepare_policies(inputs: GauntletInputs) -> None:
 
 
 def evaluate_strata(
-    inputs: GauntletInputs, cache: ArrayCache, lineage: Dict[str, Any], ledger: Optional[EvidenceLedger], out: Path
+    inputs: GauntletInputs, cache: ArrayCache, lineage: Lineage, ledger: Optional[EvidenceLedger], out: Path
 ) -> Tuple[GauntletResult, List[Path]]:
     """The strata in priority order, a progress bar each; then, while the source still holds its
     policies, the videos gauntlet.videos asks for (into out/videos). The source is closed however it ends."""
@@ -204,7 +203,7 @@ def evaluate_strata(
     return result, videos
 
 
-def record_rollouts(source: RecordsEpisodes, result: GauntletResult, out: Path) -> Dict[str, Any]:
+def record_rollouts(source: RecordsEpisodes, result: GauntletResult, out: Path, videos: List[Path]) -> RolloutsRecord:
     """After a rollout gauntlet: every episode pair produced as a paired-outcome file (outcomes=file
     re-analyses it without new rollouts), the candidate's failures added to the failure registry,
     and what the rollouts cost."""
@@ -213,15 +212,16 @@ def record_rollouts(source: RecordsEpisodes, result: GauntletResult, out: Path) 
     path = write_paired_outcomes(source.paired_outcomes_table(), out / PAIRED_OUTCOMES_FILE)
     added = source.registry.record(source.failures())
     full, pairs = result.scale.total_units_defined, result.scale.units_evaluated
-    return {
-        **source.stats(),
-        "paired_outcomes": str(path),
-        "registry": str(source.registry.path),
-        "registry_entries_added": added,
-        "episode_pairs_evaluated": pairs,
-        "episode_pairs_full_evaluation": full,
-        "rollouts_saved_by_early_stop": 2 * (full - pairs),
-    }
+    return RolloutsRecord(
+        cost=source.stats(),
+        paired_outcomes=str(path),
+        registry=str(source.registry.path),
+        registry_entries_added=added,
+        episode_pairs_evaluated=pairs,
+        episode_pairs_full_evaluation=full,
+        rollouts_saved_by_early_stop=2 * (full - pairs),
+        videos=tuple(str(v) for v in videos),
+    )
 
 
 def save_trajectories(result: GauntletResult, path: Path) -> Tuple[Path, GauntletResult]:
@@ -246,14 +246,14 @@ def save_trajectories(result: GauntletResult, path: Path) -> Tuple[Path, Gauntle
     return atomic_write_npz(path, arrays), dataclasses.replace(result, strata=tuple(summarised))
 
 
-def run_preflight(inputs: GauntletInputs) -> Dict[str, Any] | None:
+def run_preflight(inputs: GauntletInputs) -> GauntletPlan | None:
     """The planner before any unit is spent: warnings printed (or, with preflight=error, refused)."""
     settings = inputs.settings
     if settings.preflight == "off":
         return None
     plan = inputs.plan()
-    if plan["warnings"] and settings.preflight == "error":
-        raise UserInputError(f"pre-flight: {plan['warnings'][0]} (or set gauntlet.preflight=warn)")
-    for line in plan["warnings"]:
+    if plan.warnings and settings.preflight == "error":
+        raise UserInputError(f"pre-flight: {plan.warnings[0]} (or set gauntlet.preflight=warn)")
+    for line in plan.warnings:
         console.print_warning(f"pre-flight: {line}")
     return plan

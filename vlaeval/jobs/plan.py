@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Tuple
 
 from vlaeval import console
 from vlaeval.config import OutcomeJobSettings
 from vlaeval.gauntlet.inputs import gauntlet_inputs, run_context
+from vlaeval.gauntlet.result import GauntletPlan, ObservedNeeds
 from vlaeval.runs import JobResult, RunReport, SavedAsJson, now_ms, publish
 
 JOB = "plan"
@@ -34,7 +35,7 @@ class PlanJobConfig(OutcomeJobSettings):
 class PlanResult(SavedAsJson):
     """job=plan's result: the planner's simulation of every stratum (vlaeval/gauntlet/planning.py)."""
 
-    plan: Dict[str, Any]
+    plan: GauntletPlan
 
 
 def run(cfg: PlanJobConfig) -> JobResult[PlanResult]:
@@ -44,11 +45,11 @@ def run(cfg: PlanJobConfig) -> JobResult[PlanResult]:
     for line in inputs.resolved.notices:
         console.show(f"notice: {line}")
     plan = inputs.plan()
-    metrics: Dict[str, Any] = {"plan.expected_units": plan["expected_units"], "plan.ok": float(plan["ok"])}
-    for row in plan["strata"]:
-        key = f"stratum.{row['stratum']}"
-        metrics[f"{key}.median_units"] = row["median_units"] if math.isfinite(row["median_units"]) else None
-        metrics[f"{key}.decision_probability_within_limit"] = row["decision_probability_within_limit"]
+    metrics: Dict[str, Any] = {"plan.expected_units": plan.expected_units, "plan.ok": float(plan.ok)}
+    for row in plan.strata:
+        key = f"stratum.{row.stratum}"
+        metrics[f"{key}.median_units"] = row.median_units if math.isfinite(row.median_units) else None
+        metrics[f"{key}.decision_probability_within_limit"] = row.decision_probability_within_limit
     result = PlanResult(plan)
     published = publish(
         cfg,
@@ -58,8 +59,8 @@ def run(cfg: PlanJobConfig) -> JobResult[PlanResult]:
             started_ms=started_ms,
             run_name=f"plan-{settings.candidate_version}",
             metrics=metrics,
-            checks={"plan_ok": plan["ok"]},
-            tags={"plan.test_mode": plan["test_mode"]},
+            checks={"plan_ok": plan.ok},
+            tags={"plan.test_mode": plan.test_mode},
         ),
     )
     print_plan(plan)
@@ -70,29 +71,35 @@ def units(value: float) -> str:
     return "never" if not math.isfinite(value) else f"{value:,.0f}"
 
 
-def print_plan(plan: Dict[str, Any]) -> None:
-    observed = any("clusters_needed_at_observed_effect" in r for r in plan["strata"])  # a file's plan
+def observed_columns(observed: Optional[ObservedNeeds]) -> Tuple[str, str]:
+    if observed is None:  # a stratum of the file with no outcomes to resample
+        return ("", "")
+    return (f"{observed.observed_effect:+.3f}", units(observed.clusters_needed_at_observed_effect))
+
+
+def print_plan(plan: GauntletPlan) -> None:
+    observed = plan.from_outcomes  # a file's plan: each row's needs at its observed effect
     rows = [
         (
-            r["stratum"],
-            f"{r['margin_delta']:g}",
-            r["cluster_size"],
-            r["likely_outcome"],
-            units(r["median_clusters"]),
-            units(r["median_units"]),
-            units(r["p90_units"]),
-            f"{r['unit_limit']:,}",
-            f"{r['decision_probability_within_limit']:.0%}",
-            units(r["floor_clusters"]),
-            units(r["fixed_n_z_clusters"]),
+            r.stratum,
+            f"{r.margin_delta:g}",
+            r.cluster_size,
+            r.likely_outcome,
+            units(r.median_clusters),
+            units(r.median_units),
+            units(r.p90_units),
+            f"{r.unit_limit:,}",
+            f"{r.decision_probability_within_limit:.0%}",
+            units(r.floor_clusters),
+            units(r.fixed_n_z_clusters),
         )
-        + ((f"{r['observed_effect']:+.3f}", units(r["clusters_needed_at_observed_effect"])) if observed else ())
-        for r in plan["strata"]
+        + (observed_columns(r.observed) if observed else ())
+        for r in plan.strata
     ]
     console.show(
         console.table(
-            f"Plan at assumed effect {plan['assumed_effect']:+g} ({plan['test_mode']} test, alpha {plan['alpha']:g}, "
-            f"alarms at {plan['alarm_alpha']:.3g})",
+            f"Plan at assumed effect {plan.assumed_effect:+g} ({plan.test_mode} test, alpha {plan.alpha:g}, "
+            f"alarms at {plan.alarm_alpha:.3g})",
             [
                 "stratum",
                 "margin",
@@ -111,9 +118,9 @@ def print_plan(plan: Dict[str, Any]) -> None:
         )
     )
     console.show(
-        f"expected units to decide every stratum: {units(plan['expected_units'])} of budget {plan['budget_units']:,}"
+        f"expected units to decide every stratum: {units(plan.expected_units)} of budget {plan.budget_units:,}"
     )
-    for line in plan["warnings"]:
+    for line in plan.warnings:
         console.print_warning(line)
-    if plan["ok"]:
+    if plan.ok:
         console.show("  every stratum can reach a decision within its units and the budget")

@@ -56,6 +56,20 @@ class ReproduceJobConfig(JobSettings):
 
 
 @dataclass(frozen=True)
+class Comparison:
+    """One metric or tag of the original run against the re-run's."""
+
+    key: str
+    original: Any
+    rerun: Any
+    verdict: str  # "identical" or "differs"
+
+    @property
+    def identical(self) -> bool:
+        return self.verdict == "identical"
+
+
+@dataclass(frozen=True)
 class ReproduceResult:
     """job=reproduce's report (reproduce.json): each compared metric and tag, then and now, and where
     the re-run's result went (its run in the tracking store: None when tracking is off)."""
@@ -65,7 +79,7 @@ class ReproduceResult:
     warnings: List[str]
     all_identical: bool
     data_changed: bool
-    comparisons: List[Dict[str, Any]]
+    comparisons: List[Comparison]
     rerun_result: str
     rerun_store: str
     rerun_store_run_id: Optional[str]
@@ -95,22 +109,20 @@ def run(cfg: ReproduceJobConfig) -> JobResult[ReproduceResult]:
 
     assert rerun.run is not None  # every reproducible job publishes its run
     comparisons = compare(original, rerun.run)
-    all_identical = all(c["verdict"] == "identical" for c in comparisons)
+    all_identical = all(c.identical for c in comparisons)
     console.show(
         console.table(
             f"Reproduction of {source} ({job_name})",
             ["key", "original", "re-run", "verdict"],
-            [(c["key"], _show(c["original"]), _show(c["rerun"]), c["verdict"]) for c in comparisons],
+            [(c.key, _show(c.original), _show(c.rerun), c.verdict) for c in comparisons],
         )
     )
-    differing = sum(c["verdict"] != "identical" for c in comparisons)
-    data_change = next(
-        (c for c in comparisons if c["key"] == "data.manifest_sha256" and c["verdict"] != "identical"), None
-    )
+    differing = sum(not c.identical for c in comparisons)
+    data_change = next((c for c in comparisons if c.key == "data.manifest_sha256" and not c.identical), None)
     if data_change is not None:
         console.show(
-            f"[yellow]the input data changed[/yellow]: manifest digest {str(data_change['original'])[:16]}... "
-            f"then, {str(data_change['rerun'])[:16]}... now -- the numbers cannot be expected to match"
+            f"[yellow]the input data changed[/yellow]: manifest digest {str(data_change.original)[:16]}... "
+            f"then, {str(data_change.rerun)[:16]}... now -- the numbers cannot be expected to match"
         )
     console.show(
         f"{len(comparisons) - differing} identical, {differing} differ"
@@ -240,10 +252,10 @@ def version_warnings(original_tags: Mapping[str, Any]) -> List[str]:
 
 
 # ------------------------------------------------------------------ comparing
-def compare(original: Mapping[str, Any], rerun: RunRecord) -> List[Dict[str, Any]]:
+def compare(original: Mapping[str, Any], rerun: RunRecord) -> List[Comparison]:
     rerun_metrics = dict(rerun.metrics)
     rerun_metrics.update({f"gate.{k}": float(v) for k, v in rerun.checks.items()})
-    rows = []
+    rows: List[Comparison] = []
     for key in sorted(rerun_metrics):
         if key.startswith(VOLATILE_METRIC_PREFIXES):
             continue
@@ -254,12 +266,12 @@ def compare(original: Mapping[str, Any], rerun: RunRecord) -> List[Dict[str, Any
     return rows
 
 
-def _compare_one(key: str, a: Any, b: Any) -> Dict[str, Any]:
+def _compare_one(key: str, a: Any, b: Any) -> Comparison:
     if isinstance(b, (int, float)) and not isinstance(b, bool) and a is not None:
         same = float(a) == float(b) or (math.isnan(float(a)) and math.isnan(float(b)))
     else:
         same = a is not None and str(a) == str(b)
-    return {"key": key, "original": a, "rerun": b, "verdict": "identical" if same else "differs"}
+    return Comparison(key, a, b, "identical" if same else "differs")
 
 
 def _show(value: Any) -> str:

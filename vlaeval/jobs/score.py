@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class ScoreResult(SavedAsJson):
     scored with its runtime or the shards a merge joined (score.merge)."""
 
     scores: str
-    settings: Dict[str, Any]
+    settings: Mapping[str, object]  # residual.scores.ScoringSettings, as the sidecar records it
     shard: Optional[Dict[str, int]] = None
     runtime: Optional[Dict[str, Any]] = None
     merged_from: Optional[List[Dict[str, Any]]] = None

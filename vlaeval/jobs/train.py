@@ -28,7 +28,7 @@ from vlaeval.policy.builtin import PolicyData, PolicyHandle, PolicySpec, checkpo
 from vlaeval.policy.checkpoint import sidecar_path
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.time_sampling import validate_time_sampling
-from vlaeval.policy.training import TrainingExtras, validate_training_recipe
+from vlaeval.policy.training import TrainingExtras, TrainingRun, validate_training_recipe
 from vlaeval.residual.ablation import mean_loss
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.rollouts.engine import evaluate_closed_loop
@@ -148,7 +148,7 @@ class TrainResult(SavedAsJson):
     checkpoint_sha256: str
     manifest_sha256: str
     dataset: Dict[str, Any]
-    train: Dict[str, Any]
+    train: TrainingRun
     parameters: int
     evaluation: Optional[Evaluation] = None
 
@@ -168,10 +168,11 @@ def run(cfg: TrainJobConfig) -> JobResult[TrainResult]:
             lambda step, loss: update(completed=step, description=f"training loss {loss:.4f}"),
             comparison_extras(cfg, data),
         )
-    diverged = handle.sidecar["metrics"].get("diverged_at_step")
+    metrics_train = handle.training
+    assert metrics_train is not None, "a checkpoint trained here records its training"
+    diverged = metrics_train.diverged_at_step
     if cfg.train.anchor_sampling == AnchorSampling.uniform and diverged is None:
         fill_builtin_slot(cfg, data, handle)
-    metrics_train = handle.sidecar["metrics"]
     parameters = sum(p.numel() for p in handle.model.parameters())
     metrics, history = training_view(metrics_train)
     metrics.update({"data.steps": data.demonstrations.manifest["steps"], "model.parameters": parameters})
@@ -219,16 +220,12 @@ def run(cfg: TrainJobConfig) -> JobResult[TrainResult]:
             artifacts=[(handle.path, "checkpoint"), (sidecar_path(handle.path), "checkpoint")],
         ),
     )
-    final = metrics_train["final_loss"]
+    final, auxiliary = metrics_train.final_loss, metrics_train.final_auxiliary_loss
     console.show(
-        f"trained {parameters:,} parameters for {metrics_train['steps']} steps in "
-        f"{metrics_train['train_seconds']:.1f} s: final loss "
+        f"trained {parameters:,} parameters for {metrics_train.steps} steps in "
+        f"{metrics_train.train_seconds:.1f} s: final loss "
         + (f"{final:.4f}" if final is not None else f"none (diverged at step {diverged})")
-        + (
-            f", auxiliary loss {metrics_train['final_auxiliary_loss']:.4f}"
-            if metrics_train.get("final_auxiliary_loss") is not None
-            else ""
-        )
+        + (f", auxiliary loss {auxiliary:.4f}" if auxiliary is not None else "")
     )
     if evaluation is not None:
         print_evaluation(evaluation)
@@ -250,23 +247,23 @@ def fill_builtin_slot(cfg: TrainJobConfig, data: PolicyData, handle: PolicyHandl
     )
 
 
-def training_view(metrics_train: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def training_view(metrics_train: TrainingRun) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """What MLflow shows of a training run: its headline metrics and its curves (the loss, the held-out
     loss against steps, the adaptive sampler's bin probabilities)."""
     metrics: Dict[str, Any] = {
-        "train.final_loss": metrics_train["final_loss"],
-        "timing.train_seconds": metrics_train["train_seconds"],
+        "train.final_loss": metrics_train.final_loss,
+        "timing.train_seconds": metrics_train.train_seconds,
     }
-    history: Dict[str, Any] = {"train.loss": metrics_train["loss_curve"]}
-    if "auxiliary_curve" in metrics_train:  # the policy's own auxiliary loss (model.locate), beside it
-        history["train.auxiliary_loss"] = metrics_train["auxiliary_curve"]
-        metrics["train.final_auxiliary_loss"] = metrics_train["final_auxiliary_loss"]
-    if "heldout_curve" in metrics_train:  # against steps; the clock (scoring included) is in result.json
-        history["train.heldout_loss"] = [(step, loss) for step, _, loss in metrics_train["heldout_curve"]]
-        metrics["train.heldout_loss_final"] = metrics_train["heldout_curve"][-1][2]
-        metrics["timing.clock_seconds"] = metrics_train["clock_seconds"]
-    if "time_sampling" in metrics_train:  # the adaptive sampler's bin probabilities, as curves in the UI
-        sampling = metrics_train["time_sampling"]
+    history: Dict[str, Any] = {"train.loss": list(metrics_train.loss_curve)}
+    if metrics_train.auxiliary_curve is not None:  # the policy's own auxiliary loss (model.locate), beside it
+        history["train.auxiliary_loss"] = list(metrics_train.auxiliary_curve)
+        metrics["train.final_auxiliary_loss"] = metrics_train.final_auxiliary_loss
+    if metrics_train.heldout_curve is not None:  # against steps; the clock (scoring included) is in result.json
+        history["train.heldout_loss"] = [(step, loss) for step, _, loss in metrics_train.heldout_curve]
+        metrics["train.heldout_loss_final"] = metrics_train.heldout_final
+        metrics["timing.clock_seconds"] = metrics_train.clock_seconds
+    if metrics_train.time_sampling is not None:  # the adaptive sampler's bin probabilities, as curves in the UI
+        sampling = metrics_train.time_sampling
         metrics["train.time_max_weight"] = sampling["max_weight"]
         for k in range(sampling["bins"]):
             history[f"train.time_bin_probability.{k:02d}"] = [(step, p[k]) for step, p in sampling["history"]]

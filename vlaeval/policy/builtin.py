@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
@@ -20,10 +20,10 @@ from vlaeval.data.anchors import AnchorSet, build_anchors
 from vlaeval.data.demonstrations import Demonstrations
 from vlaeval.errors import UserInputError, require
 from vlaeval.policy.bound import BoundPolicy, anchor_frames, bind_policy
-from vlaeval.policy.checkpoint import load_state_dict, save_checkpoint, state_dict_mismatch
+from vlaeval.policy.checkpoint import TrainingRecord, load_state_dict, save_checkpoint, state_dict_mismatch
 from vlaeval.policy.protocol import check_policy
 from vlaeval.policy.tiny_vla import vocabulary
-from vlaeval.policy.training import TrainingExtras, train_policy
+from vlaeval.policy.training import TrainingExtras, TrainingRun, train_policy
 from vlaeval.store import get_or_build
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,14 @@ class PolicyHandle:
     model: torch.nn.Module
     path: Path
     sha256: str
-    sidecar: Dict[str, Any]
+    sidecar: Mapping[str, Any]  # policy.checkpoint.CheckpointSidecar, as written or read (None read: {})
     trained_now: bool
+
+    @property
+    def training(self) -> Optional[TrainingRun]:
+        """How its weights were trained, as its sidecar records it (None: a checkpoint without one)."""
+        recorded = self.sidecar.get("metrics")
+        return TrainingRun.from_json(recorded) if recorded else None
 
 
 @dataclass(frozen=True)
@@ -195,13 +201,13 @@ def checkpoint_key(spec: PolicySpec, data: PolicyData) -> str:
     )
 
 
-def sidecar_for(spec: PolicySpec, data: PolicyData, metrics: Dict[str, Any]) -> Dict[str, Any]:
+def sidecar_for(spec: PolicySpec, data: PolicyData, metrics: TrainingRun) -> TrainingRecord:
     return {
         "config": {name: to_plain(getattr(spec, name)) for name in ("data", "model", "flow", "train")},
         "manifest_sha256": data.demonstrations.manifest_sha256,
         "seed": int(spec.train.seed),
         "vocab": data.vocabulary,
-        "metrics": metrics,
+        "metrics": metrics.to_json(),
     }
 
 

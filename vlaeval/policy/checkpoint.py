@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import pickle
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, List, Mapping, Optional
+from typing import Any, BinaryIO, Dict, List, Optional, TypedDict
 
 import torch
 
@@ -78,7 +78,27 @@ def sidecar_path(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
-def save_checkpoint(model: torch.nn.Module, path: Path, sidecar: Mapping[str, Any]) -> Dict[str, Any]:
+class TrainingRecord(TypedDict):
+    """What a training run records beside its weights (policy.builtin.sidecar_for): the config
+    sections that decided them, the data's digest, the seed, the vocabulary, the training's metrics."""
+
+    config: Dict[str, Any]
+    manifest_sha256: str
+    seed: int
+    vocab: List[str]
+    metrics: Dict[str, Any]  # policy.training.TrainingRun, as JSON
+
+
+class CheckpointSidecar(TrainingRecord):
+    """The sidecar as written: the training's record between the schema version and the weights'
+    sha256 and file name."""
+
+    schema_version: int
+    sha256: str
+    file: str
+
+
+def save_checkpoint(model: torch.nn.Module, path: Path, sidecar: TrainingRecord) -> CheckpointSidecar:
     """Write the state_dict (atomically) and its sidecar; returns the sidecar as written."""
     buffer = io.BytesIO()
     torch.save({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, buffer)
@@ -88,7 +108,12 @@ def save_checkpoint(model: torch.nn.Module, path: Path, sidecar: Mapping[str, An
         handle.write(data)
 
     atomic_write_bytes(path, write)
-    written = {"schema_version": CHECKPOINT_SCHEMA_VERSION, **sidecar, "sha256": sha256_bytes(data), "file": path.name}
+    written: CheckpointSidecar = {
+        "schema_version": CHECKPOINT_SCHEMA_VERSION,
+        **sidecar,
+        "sha256": sha256_bytes(data),
+        "file": path.name,
+    }
     atomic_write_json(sidecar_path(path), written)
     return written
 

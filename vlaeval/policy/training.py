@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -18,6 +19,7 @@ from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.threads import gflop_of, intra_op_threads, threads_for
 from vlaeval.policy.time_sampling import AdaptiveTimeSampler, time_sampler
+from vlaeval.records import JsonRecord
 
 
 def flow_draws(
@@ -180,13 +182,45 @@ def step_gflop(policy: BoundPolicy, anchors: AnchorSet, batch_size: int, draws: 
     return 3.0 * forward
 
 
+@dataclass(frozen=True)
+class TrainingRun(JsonRecord):
+    """What a training run returns and a checkpoint's sidecar keeps (its `metrics`): which weights
+    were kept, the loss curve (step, the mean of the log window's weighted flow-matching losses),
+    the final loss (None: it diverged, at `diverged_at_step`), the policy's auxiliary loss's curve
+    where it has one, the held-out curve (step, the run's clock in seconds, loss) when asked for, the
+    adaptive time sampler's state and bin probabilities per log step, and the intra-op threads."""
+
+    WRITTEN_WHEN_NONE = ("final_loss", "diverged_at_step")
+
+    weights: str  # "ema" (the moving average) or "last"
+    loss_curve: Tuple[Tuple[int, float], ...]
+    final_loss: Optional[float]
+    train_seconds: float
+    steps: int
+    diverged_at_step: Optional[int] = None
+    auxiliary_curve: Optional[Tuple[Tuple[int, float], ...]] = None
+    final_auxiliary_loss: Optional[float] = None
+    heldout_curve: Optional[Tuple[Tuple[int, float, float], ...]] = None
+    clock_seconds: Optional[float] = None
+    time_sampling: Optional[Dict[str, Any]] = None  # the sampler's describe() and its "history"
+    threads: Optional[int] = None
+
+    def written_when_none(self) -> Tuple[str, ...]:
+        # Beside its curve, the auxiliary loss's final value is written even when it diverged.
+        return self.WRITTEN_WHEN_NONE + (("final_auxiliary_loss",) if self.auxiliary_curve is not None else ())
+
+    @property
+    def heldout_final(self) -> Optional[float]:
+        return self.heldout_curve[-1][2] if self.heldout_curve else None
+
+
 def train_policy(
     policy: BoundPolicy,
     anchors: AnchorSet,
     train: Any,
     progress: Optional[Callable[[int, float], None]] = None,
     extras: Optional[TrainingExtras] = None,
-) -> Dict[str, Any]:
+) -> TrainingRun:
     """Train `policy` in place for train.steps minibatches of train.batch_size anchors (uniformly, or
     from extras.anchor_probabilities), flow time from the training distribution or the adaptive
     sampler (train.time_sampling), every loss importance-weighted so that the objective stays the
@@ -202,9 +236,7 @@ def train_policy(
     draws = int(train.draws_per_anchor or 1)
     threads = threads_for(step_gflop(policy, anchors, int(train.batch_size), draws), int(train.threads or 0))
     with intra_op_threads(threads):
-        metrics = _train(policy, anchors, train, progress, extras, draws)
-    metrics["threads"] = threads
-    return metrics
+        return dataclasses.replace(_train(policy, anchors, train, progress, extras, draws), threads=threads)
 
 
 class Curves:
@@ -246,7 +278,7 @@ def _train(
     progress: Optional[Callable[[int, float], None]],
     extras: TrainingExtras,
     draws: int,
-) -> Dict[str, Any]:
+) -> TrainingRun:
     rng = np.random.default_rng(stable_seed("train", int(train.seed)))
     model = policy.model
     optimizer = make_optimizer(model.parameters(), train)
@@ -296,23 +328,19 @@ def _train(
     if average is not None:
         average.copy_to(model)
     model.eval()
-    metrics: Dict[str, Any] = {
-        "weights": "ema" if average is not None else "last",
-        "loss_curve": curves.loss,
-        "final_loss": curves.loss[-1][1] if curves.loss and diverged_at is None else None,
-        "train_seconds": clock - float(extras.seconds_before),
-        "steps": int(train.steps),
-        "diverged_at_step": diverged_at,  # the step whose loss was not finite; None: trained to the end
-    }
-    if curves.auxiliary:
-        metrics["auxiliary_curve"] = curves.auxiliary
-        metrics["final_auxiliary_loss"] = curves.auxiliary[-1][1] if diverged_at is None else None
-    if heldout_curve:
-        metrics["heldout_curve"] = heldout_curve
-        metrics["clock_seconds"] = clock
-    if sampler is not None:
-        metrics["time_sampling"] = {**sampler.describe(), "history": curves.time_bins}
-    return metrics
+    return TrainingRun(
+        weights="ema" if average is not None else "last",
+        loss_curve=tuple(curves.loss),
+        final_loss=curves.loss[-1][1] if curves.loss and diverged_at is None else None,
+        train_seconds=clock - float(extras.seconds_before),
+        steps=int(train.steps),
+        diverged_at_step=diverged_at,  # the step whose loss was not finite; None: trained to the end
+        auxiliary_curve=tuple(curves.auxiliary) if curves.auxiliary else None,
+        final_auxiliary_loss=curves.auxiliary[-1][1] if curves.auxiliary and diverged_at is None else None,
+        heldout_curve=tuple(heldout_curve) if heldout_curve else None,
+        clock_seconds=clock if heldout_curve else None,
+        time_sampling={**sampler.describe(), "history": curves.time_bins} if sampler is not None else None,
+    )
 
 
 def _heldout(extras: TrainingExtras, model: torch.nn.Module) -> float:

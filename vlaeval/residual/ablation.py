@@ -130,6 +130,16 @@ class FineTuneSettings:
     log_every: int
 
 
+@dataclass(frozen=True)
+class FineTuned:
+    """A fine-tuned copy of the policy's module (in eval mode), its weighted training loss curve
+    (step, the mean over the log window) and the seconds its steps took."""
+
+    model: torch.nn.Module
+    train_loss_curve: Tuple[Tuple[int, float], ...]
+    train_seconds: float
+
+
 def fine_tune(
     policy: BoundPolicy,
     anchors: AnchorSet,
@@ -139,7 +149,7 @@ def fine_tune(
     at_steps: Sequence[int] = (),
     on_step: Optional[Callable[[int, torch.nn.Module, Proposal], None]] = None,
     time_sampler: Optional[AdaptiveTimeSampler] = None,
-) -> Dict[str, Any]:
+) -> FineTuned:
     """Fine-tune a copy of the policy's module for `settings.steps` steps on importance-weighted minibatches of
     `proposal`. The draws come from one generator per training seed, the same for every proposal
     (common random numbers). With `time_sampler`, flow time comes from it instead (refreshed after
@@ -185,7 +195,7 @@ def fine_tune(
             if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
                 curve.append((step + 1, float(np.mean(window))))
                 window.clear()
-    return {"model": model.eval(), "train_loss_curve": curve, "train_seconds": train_seconds}
+    return FineTuned(model.eval(), tuple(curve), train_seconds)
 
 
 def current_proposal(proposal: Proposal, time_sampler: Optional[AdaptiveTimeSampler]) -> Proposal:

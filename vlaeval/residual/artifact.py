@@ -147,7 +147,7 @@ def build_gradient_artifact(
             "device": str(device),
         },
         "layer_methods": measured.layer_methods,
-        "verification_against_loop": measured.verification,
+        "verification_against_loop": measured.verification.to_json() if measured.verification else {},
         "reliability": split_half_reliability(measured.sq_norms, p).as_dict(),
         "anchors": [
             {

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, TypedDict
 
 import numpy as np
 import torch
@@ -131,7 +131,16 @@ def validate_estimator_config(e: Any) -> None:
     require_at_least("estimator.anchor_batch_size", e.anchor_batch_size, 1)
 
 
-def estimator_arguments(e: Any) -> Dict[str, Any]:
+class EstimatorArguments(TypedDict):
+    """The estimator section as score_anchors' keyword arguments (mypy checks them against it)."""
+
+    kind: str
+    seeds: List[int]
+    samples_per_estimator: int
+    anchor_batch_size: int
+
+
+def estimator_arguments(e: Any) -> EstimatorArguments:
     """score_anchors' keyword arguments from the estimator section (`cfg.estimator`)."""
     return {
         "kind": str(e.kind),

@@ -42,6 +42,7 @@ from vlaeval.data.anchors import AnchorSet
 from vlaeval.errors import UserInputError
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import FlowConvention, flow_matching_losses
+from vlaeval.records import JsonRecord
 
 Batch = Dict[str, torch.Tensor]
 VMAP_CHUNK = 256  # samples per vmapped chunk in the torch.func paths (bounds their memory)
@@ -391,6 +392,17 @@ def gradient_draws(
 
 
 @dataclass(frozen=True)
+class LoopCheck(JsonRecord):
+    """The fast method's squared norms of the first `pairs` (seed, anchor) pairs against the
+    per-sample loop's: the largest relative difference and the tolerance it passed (pairs 0: not
+    checked -- the loop itself, or no pairs asked for)."""
+
+    pairs: int
+    max_relative_difference: Optional[float] = None
+    tolerance: Optional[float] = None
+
+
+@dataclass(frozen=True)
 class GradientMeasurements:
     """Per (seed, anchor) pair: squared per-sample gradient norm over the trainable parameters and
     the flow-matching loss, both shape (seeds, anchors); how many parameter entries were trainable;
@@ -400,7 +412,7 @@ class GradientMeasurements:
     losses: np.ndarray
     parameter_count: int
     layer_methods: Dict[str, str] = field(default_factory=dict)
-    verification: Dict[str, Any] = field(default_factory=dict)
+    verification: Optional[LoopCheck] = None  # None: the first batch was never checked
     flow_times: Optional[np.ndarray] = None  # (seeds, anchors): each pair's flow time t
 
     def rms(self) -> np.ndarray:
@@ -428,11 +440,11 @@ def require_finite(losses: torch.Tensor, sq_norms: torch.Tensor, t: torch.Tensor
 
 def verify_against_loop(
     norms: PerSampleGradNorms, batch: Batch, t: torch.Tensor, noise: torch.Tensor, computed: torch.Tensor, pairs: int
-) -> Dict[str, Any]:
+) -> LoopCheck:
     """Compare the first `pairs` squared norms with the per-sample loop; refuse a mismatch."""
     n = min(int(pairs), t.shape[0])
     if n == 0 or norms.method == GradientMethod.loop:
-        return {"pairs": 0}
+        return LoopCheck(pairs=0)
     reference, _ = norms.loop({k: v[:n] for k, v in batch.items()}, t[:n], noise[:n])
     difference = float(((computed[:n] - reference).abs() / reference.abs().clamp_min(1e-30)).max())
     if not difference <= VERIFY_TOLERANCE:
@@ -441,7 +453,7 @@ def verify_against_loop(
             f"{difference:.2e} (relative) on the first {n} pairs: a layer mixes samples or reshapes the batch; "
             "use gradients.method=functional (or loop)"
         )
-    return {"pairs": n, "max_relative_difference": difference, "tolerance": VERIFY_TOLERANCE}
+    return LoopCheck(pairs=n, max_relative_difference=difference, tolerance=VERIFY_TOLERANCE)
 
 
 def gradient_measurements(
@@ -465,7 +477,7 @@ def gradient_measurements(
     noise_all = torch.cat([d[1] for d in draws]).to(device)
     pair_anchor = np.tile(anchor_index, len(seeds))
     sq_out, loss_out = [], []
-    verification: Dict[str, Any] = {}
+    verification: Optional[LoopCheck] = None
     with only_trainable(model, trainable) as parameters:
         norms = PerSampleGradNorms(model, parameters, flow, method)
         for start in range(0, pair_anchor.size, int(batch_size)):

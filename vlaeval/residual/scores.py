@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, TypedDict
 
 import numpy as np
 
@@ -29,9 +29,26 @@ def shard_range(total: int, index: int, count: int) -> Tuple[int, int]:
     return total * index // count, total * (index + 1) // count
 
 
+class ScoredEstimator(TypedDict):
+    kind: str
+    seeds: List[int]
+    samples_per_estimator: int
+
+
+class ScoringSettings(TypedDict):
+    """What a shard's scores were made with, as its sidecar records it: a shard merges only with
+    shards of the same settings, and job=ablation reuses scores only when they match its own."""
+
+    checkpoint_sha256: str
+    dataset_manifest_sha256: str
+    total_anchors: int
+    estimator: ScoredEstimator
+    flow: Dict[str, Any]
+
+
 def scoring_settings(
     checkpoint_sha256: str, dataset_sha256: str, anchors: int, estimator: Mapping[str, Any], flow: Mapping[str, Any]
-) -> Dict[str, Any]:
+) -> ScoringSettings:
     """What decides the scores (the anchor batch size does not, beyond float rounding)."""
     return {
         "checkpoint_sha256": checkpoint_sha256,

@@ -11,9 +11,46 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Mapping, Sequence
+from typing import Any, Dict, Iterator, Mapping, Sequence, TypedDict
 
 import numpy as np
+
+
+class OutcomeRow(TypedDict):
+    """One episode pair as a line of the outcome-file format, with each policy's unsafe flag and steps."""
+
+    stratum: str
+    scenario_id: str
+    cluster_id: str
+    baseline: bool
+    candidate: bool
+    baseline_unsafe: bool
+    candidate_unsafe: bool
+    baseline_steps: int
+    candidate_steps: int
+
+
+class CandidateFailed(TypedDict):
+    version: str
+    sha256: str
+    unsafe: bool
+
+
+class BaselinePassed(TypedDict):
+    version: str
+    sha256: str
+
+
+class FailureEntry(TypedDict):
+    """A failure-registry entry (vlaeval/gauntlet/registry.py adds its id): an episode the
+    candidate failed and the baseline passed, replayable from its spec."""
+
+    stratum: str
+    scenario_id: str
+    episode: Dict[str, Any]  # scenarios.episode_spec: what replays it
+    candidate: CandidateFailed
+    baseline: BaselinePassed
+    recorded_at: str
 
 
 @dataclass(frozen=True)
@@ -87,7 +124,7 @@ class PairedEpisode:
         """The candidate failed where the baseline succeeded (what the failure registry records)."""
         return self.baseline.success and not self.candidate.success
 
-    def row(self) -> Dict[str, Any]:
+    def row(self) -> OutcomeRow:
         """A line of the outcome file format, with each policy's unsafe flag and steps."""
         return {
             "stratum": self.stratum,
@@ -101,7 +138,7 @@ class PairedEpisode:
             "candidate_steps": self.candidate.steps,
         }
 
-    def failure(self, baseline: PolicyIdentity, candidate: PolicyIdentity) -> Dict[str, Any]:
+    def failure(self, baseline: PolicyIdentity, candidate: PolicyIdentity) -> FailureEntry:
         """The failure-registry entry of a discordant pair (vlaeval/gauntlet/registry.py)."""
         return {
             "stratum": self.stratum,

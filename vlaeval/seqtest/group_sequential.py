@@ -22,7 +22,7 @@ the standard error is stabilised with two pseudo-clusters (`standard_error`).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy.optimize import brentq
@@ -32,7 +32,7 @@ from scipy.stats import norm
 
 from vlaeval.seqtest.eprocess import MomentState
 from vlaeval.seqtest.sequential import MODE_GROUP_SEQUENTIAL, SequentialTest, asymptotic_running, running_extreme
-from vlaeval.seqtest.state import GroupSequentialSettings, TestSettings
+from vlaeval.seqtest.state import GroupSequentialReport, GroupSequentialSettings, TestSettings
 
 GRID_STEP = 0.002  # spacing of the score grid (the score's sd is at most 1)
 GRID_SPAN = 9.0  # the grid covers [-9, 9] sd of the score: mass outside is < 1e-18
@@ -144,15 +144,15 @@ class GroupSequentialTest(SequentialTest):
         self._moments_state: Optional[MomentState] = None
         self._bounds = {"cs_lower": -1.0, "cs_upper": 1.0, "catastrophic_upper": 1.0}
 
-    def _settings(self) -> Dict[str, Any]:
-        return {
-            "planned_looks": self.planned_looks.tolist(),
-            "burn_in_clusters": self.burn_in_clusters,
-            "spending": "O'Brien-Fleming type (Lan-DeMets)",
-            "boundaries": {
-                k: [None if not np.isfinite(b) else float(b) for b in v] for k, v in self._boundaries.items()
+    def _report(self) -> GroupSequentialReport:
+        return GroupSequentialReport(
+            planned_looks=tuple(int(k) for k in self.planned_looks),
+            burn_in_clusters=self.burn_in_clusters,
+            spending="O'Brien-Fleming type (Lan-DeMets)",
+            boundaries={
+                k: tuple(None if not np.isfinite(b) else float(b) for b in v) for k, v in self._boundaries.items()
             },
-        }
+        )
 
     def _advance(
         self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray

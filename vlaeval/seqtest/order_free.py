@@ -51,6 +51,7 @@ from vlaeval.seqtest.state import (
     DEFAULT_ORDERS,
     ORDER_FREE_DEFAULTS,
     EValues,
+    OrderFreeReport,
     OrderFreeSettings,
     TestSettings,
     TestState,
@@ -109,14 +110,17 @@ class OrderFreeTest(PairedSequentialTest):
         self._blocks: List[Dict[str, Any]] = []
         self._e: Dict[str, Optional[float]] = {}
 
-    def _settings(self) -> Dict[str, Any]:
-        return {
-            **super()._settings(),
-            "orders": self.orders,
-            "order_free": "the average over fixed orders, seeded from the clusters' canonical digest, of each "
+    def _report(self) -> OrderFreeReport:
+        bet = super()._report()
+        return OrderFreeReport(
+            bet_rule=bet.bet_rule,
+            bet_cap=bet.bet_cap,
+            bet_cap_rule=bet.bet_cap_rule,
+            orders=self.orders,
+            order_free="the average over fixed orders, seeded from the clusters' canonical digest, of each "
             "order's e-value stopped at orders x the threshold",
-            "blocks": list(self._blocks),
-        }
+            blocks=tuple(dict(b) for b in self._blocks),
+        )
 
     def update(self, cluster_means: np.ndarray, cluster_sizes: Optional[np.ndarray] = None) -> TestState:
         """One look: the next block of clusters (their order here does not matter). Returns the

@@ -67,12 +67,15 @@ from vlaeval.seqtest.eprocess import (
 from vlaeval.seqtest.state import (
     ASYMPTOTIC_DEFAULTS,
     EXACT_DEFAULTS,
+    AsymptoticReport,
     AsymptoticSettings,
     CatastrophicBound,
     CatastrophicState,
     ConfidenceSequence,
     EValues,
+    ExactReport,
     ExactSettings,
+    ModeReport,
     TestSettings,
     TestState,
 )
@@ -279,11 +282,11 @@ class SequentialTest:
         """The current wealth of the decision e-processes (None where the mode has none)."""
         return EValues()
 
-    def trajectory(self) -> Dict[str, Any]:
+    def trajectory(self) -> Dict[str, List[float] | List[int]]:
         """Per-cluster records, as columns: clusters and units seen, the estimate, the CS (and the
         catastrophic upper bound), the e-processes' wealth where the mode has them; `looks` are the
         cluster counts at which batches ended."""
-        out: Dict[str, Any] = {}
+        out: Dict[str, List[float] | List[int]] = {}
         for key, chunks in self._series.items():
             values = np.concatenate(chunks)
             if key.startswith("log_wealth_"):
@@ -329,11 +332,11 @@ class SequentialTest:
             confidence_sequence=ConfidenceSequence(lower, upper, 1.0 - self.alpha, self.cs_kind),
             e_values=self._e_values(),
             catastrophic=catastrophic,
-            settings=self._settings(),
+            settings=self._report(),
         )
 
-    def _settings(self) -> Dict[str, Any]:
-        return {}
+    def _report(self) -> ModeReport:
+        return ModeReport()
 
 
 def _first_decision(*candidates: Tuple[str, int]) -> Tuple[Optional[str], int]:
@@ -416,7 +419,7 @@ class PairedSequentialTest(SequentialTest):
             self._cat_chunks: List[Tuple[np.ndarray, Optional[np.ndarray], Any, MomentState, int]] = []
         self._moments = MomentState()
 
-    def _settings(self) -> Dict[str, Any]:
+    def _report(self) -> ExactReport:
         cap: Optional[float]
         if self.bet_cap is not None:
             rule, cap = "fixed", self.cap_fraction
@@ -425,7 +428,7 @@ class PairedSequentialTest(SequentialTest):
         else:
             rule = "size-adaptive 1 - 0.2/(smallest cluster seen before the bet: a predictable running minimum)"
             cap = float(size_adaptive_cap(self._smallest_seen)) if math.isfinite(self._smallest_seen) else None
-        return {"bet_rule": self.bet_rule, "bet_cap": cap, "bet_cap_rule": rule}
+        return ExactReport(bet_rule=str(self.bet_rule), bet_cap=cap, bet_cap_rule=rule)
 
     def _caps(self, sizes: np.ndarray) -> float | np.ndarray:
         """The cap fraction of each cluster's bet: one number when it is fixed (bet_cap, or a declared
@@ -611,8 +614,8 @@ class AsymptoticSequentialTest(SequentialTest):
         self._moments = MomentState()
         self._bounds = {"cs_lower": -1.0, "cs_upper": 1.0, "catastrophic_upper": 1.0}
 
-    def _settings(self) -> Dict[str, Any]:
-        return {"burn_in_clusters": self.burn_in_clusters, "tuning_clusters": self.tuning_clusters}
+    def _report(self) -> AsymptoticReport:
+        return AsymptoticReport(burn_in_clusters=self.burn_in_clusters, tuning_clusters=self.tuning_clusters)
 
     def _advance(
         self, x: np.ndarray, weights: Optional[np.ndarray], sizes: np.ndarray

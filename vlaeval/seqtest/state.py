@@ -20,6 +20,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from vlaeval.choices import DEFAULT_BET_RULE as DEFAULT_BET_RULE_CHOICE
 from vlaeval.choices import DEFAULT_ORDERS  # every order costs one pass over the margins still alive
+from vlaeval.records import JsonRecord
 
 DEFAULT_BET_RULE = DEFAULT_BET_RULE_CHOICE.value  # chosen by benchmarks/seqtest_efficiency.py (vlaeval.choices)
 DEFAULT_BET_CAP: Optional[float] = None  # the size-adaptive cap 1 - 0.2 / (smallest planned cluster size)
@@ -177,6 +178,49 @@ class CatastrophicState:
 
 
 @dataclass(frozen=True)
+class ModeReport(JsonRecord):
+    """The mode's own figures as a stratum reports them, beside the figures every mode shares
+    (the base: a mode with none of its own)."""
+
+
+@dataclass(frozen=True)
+class ExactReport(ModeReport):
+    """The exact test's bet: its rule and cap, and how the cap was set (None: not yet known -- a
+    running minimum before the first cluster)."""
+
+    WRITTEN_WHEN_NONE = ("bet_cap",)
+
+    bet_rule: str
+    bet_cap: Optional[float]
+    bet_cap_rule: str
+
+
+@dataclass(frozen=True)
+class OrderFreeReport(ExactReport):
+    """The order-free test: its bet, the number of orders averaged, and the looks' blocks."""
+
+    orders: int
+    order_free: str  # what the test averages, in words
+    blocks: Tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class AsymptoticReport(ModeReport):
+    burn_in_clusters: int
+    tuning_clusters: int
+
+
+@dataclass(frozen=True)
+class GroupSequentialReport(ModeReport):
+    """The planned looks, the spending function and its boundaries per series (None: no bound yet)."""
+
+    planned_looks: Tuple[int, ...]
+    burn_in_clusters: int
+    spending: str
+    boundaries: Mapping[str, Tuple[Optional[float], ...]]
+
+
+@dataclass(frozen=True)
 class TestState:
     """A sequential test after its last look: the decision (sticky from its first rejection) and
     when it was taken, the estimate, the CS, the e-values, and, for a halting stratum, the halt's
@@ -203,7 +247,7 @@ class TestState:
     confidence_sequence: ConfidenceSequence
     e_values: EValues
     catastrophic: Optional[CatastrophicState] = None
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    settings: ModeReport = field(default_factory=ModeReport)
 
     @property
     def halting(self) -> bool:
@@ -222,7 +266,7 @@ class TestState:
             "margin_delta": self.margin_delta,
             "estimand": self.estimand,
             "min_cluster_size": self.min_cluster_size,
-            **self.settings,
+            **self.settings.to_json(),
             "clusters": self.clusters,
             "units": self.units,
             "looks": self.looks,

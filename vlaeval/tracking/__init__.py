@@ -13,6 +13,7 @@ import os
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
@@ -22,6 +23,7 @@ from vlaeval.artifacts import atomic_write_json, sha256_json
 from vlaeval.config import TrackingSection
 from vlaeval.errors import describe, first_line
 from vlaeval.provenance import CodeVersion
+from vlaeval.tracking.record import ChildRun
 
 PARENT_RUN_FILE = ".vlaeval_parent_run.json"
 # A run that could not reach the tracking store waits here, beside its result, for job=sync.
@@ -165,23 +167,34 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[start : start + size]
 
 
-def hydra_runtime() -> Dict[str, Any]:
+@dataclass(frozen=True)
+class HydraRuntime:
+    """The current Hydra job as tracking records it: its output dir, mode and overrides, and in a
+    multirun its sweep dir and job number (all empty outside Hydra: a notebook, a test)."""
+
+    output_dir: Optional[str] = None
+    mode: Optional[str] = None
+    overrides: Tuple[str, ...] = ()
+    sweep_dir: Optional[str] = None  # a multirun's
+    job_num: Optional[int] = None  # a multirun's
+
+
+def hydra_runtime() -> HydraRuntime:
     """Output dir, sweep dir, job number and overrides of the current Hydra job (if any)."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
         hc = HydraConfig.get()
     except Exception:
-        return {}
-    info: Dict[str, Any] = {
-        "output_dir": hc.runtime.output_dir,
-        "mode": str(hc.mode),
-        "overrides": list(hc.overrides.task),
-    }
-    if str(hc.mode) == "RunMode.MULTIRUN":
-        info["sweep_dir"] = str(Path(hc.sweep.dir).resolve())
-        info["job_num"] = int(hc.job.num)
-    return info
+        return HydraRuntime()
+    multirun = str(hc.mode) == "RunMode.MULTIRUN"
+    return HydraRuntime(
+        output_dir=hc.runtime.output_dir,
+        mode=str(hc.mode),
+        overrides=tuple(hc.overrides.task),
+        sweep_dir=str(Path(hc.sweep.dir).resolve()) if multirun else None,
+        job_num=int(hc.job.num) if multirun else None,
+    )
 
 
 def read_parent_run(sweep_dir: Optional[str]) -> Optional[Dict[str, Any]]:
@@ -268,7 +281,7 @@ def build_record(
     artifacts: Sequence[Tuple[Path, Optional[str]]],
     base_dir: Path,
     cache_dir: str | Path,
-    children: Sequence[Mapping[str, Any]] = (),
+    children: Sequence[ChildRun] = (),
 ) -> Dict[str, Any]:
     """Everything one MLflow run holds, as JSON: what is uploaded now, or spooled and synced later.
 
@@ -277,7 +290,7 @@ def build_record(
     ({name, params, metrics, history, tags, artifacts}) become nested runs of this one (one per
     proposal and seed of an ablation), uploaded before the parent is marked FINISHED.
     """
-    parent = read_parent_run(hydra_runtime().get("sweep_dir"))
+    parent = read_parent_run(hydra_runtime().sweep_dir)
     all_tags = {"mlflow.runName": clip_run_name(run_name), "vlaeval.job": job_name, **tags}
     if parent is not None:
         all_tags["mlflow.parentRunId"] = parent["run_id"]
@@ -301,17 +314,15 @@ def build_record(
             {
                 "record_id": uuid.uuid4().hex,
                 "start_time_ms": int(start_time_ms),
-                "params": {**run_params(plain_cfg), **mask_secrets(flatten(dict(child.get("params", {}))))},
-                "metrics": dict(child.get("metrics", {})),
-                "history": {
-                    k: [[int(s), v] for s, v in points] for k, points in dict(child.get("history", {})).items()
-                },
+                "params": {**run_params(plain_cfg), **mask_secrets(flatten(dict(child.params)))},
+                "metrics": dict(child.metrics),
+                "history": {k: [[int(s), v] for s, v in points] for k, points in child.history.items()},
                 "tags": {
-                    "mlflow.runName": clip_run_name(str(child["name"])),
+                    "mlflow.runName": clip_run_name(child.name),
                     "vlaeval.job": job_name,
-                    **{k: redact_uri(str(v)) for k, v in dict(child.get("tags", {})).items() if v is not None},
+                    **{k: redact_uri(str(v)) for k, v in child.tags.items() if v is not None},
                 },
-                "artifacts": [stored_artifact(path, artifact_path, roots) for path, artifact_path in child["artifacts"]]
+                "artifacts": [stored_artifact(path, artifact_path, roots) for path, artifact_path in child.artifacts]
                 if tracking_cfg.log_artifacts
                 else [],
             }
@@ -521,9 +532,9 @@ def standard_tags(
         "git.dirty": None if code.git_dirty is None else str(code.git_dirty).lower(),
         "config.sha256": config_sha256(plain_cfg),
         "hydra.output_dir": plain_cfg.get("paths", {}).get("output_dir"),
-        "hydra.sweep_dir": runtime.get("sweep_dir"),
-        "hydra.job_num": runtime.get("job_num"),
-        "hydra.overrides": " ".join(runtime.get("overrides", [])) or None,
+        "hydra.sweep_dir": runtime.sweep_dir,
+        "hydra.job_num": runtime.job_num,
+        "hydra.overrides": " ".join(runtime.overrides) or None,
     }
     tags.update(dict(extra or {}))
     return tags

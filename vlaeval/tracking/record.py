@@ -5,7 +5,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """A run nested under a job's run (one per proposal and seed of an ablation): its name, params,
+    metrics, metric history (step, value), tags, its own result (saved as children/<name>.json) and,
+    once saved, the artifacts it is logged with."""
+
+    name: str
+    params: Mapping[str, Any]
+    metrics: Mapping[str, Optional[float]]
+    history: Mapping[str, Sequence[Tuple[int, Optional[float]]]]
+    tags: Mapping[str, Any]
+    result: Mapping[str, Any]
+    artifacts: Sequence[Tuple[Path, Optional[str]]] = ()
 
 
 @dataclass(frozen=True)
