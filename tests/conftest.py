@@ -42,6 +42,34 @@ def workdir(tmp_path) -> Path:
     return path
 
 
+# The test files that take longest (fresh-clone durations, 2 cores), longest first. `make test` runs
+# each file on one of two workers (--dist loadfile) in collection order: started last, a long file
+# leaves the other worker idle at the end; started first, the short files fill in beside it.
+LONGEST_FIRST = (
+    "test_vision_policy.py",
+    "test_tracking_server.py",
+    "test_rollout_gauntlet.py",
+    "test_faults.py",
+    "test_plugins.py",
+    "test_ablation.py",
+    "test_security.py",
+    "test_tracking.py",
+    "test_rollouts.py",
+    "test_ui.py",
+    "test_time_sampling.py",
+    "test_cameras.py",
+    "test_policy_data.py",
+    "test_lerobot.py",
+    "test_audit.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The longest files first (LONGEST_FIRST), the rest in their own order after them."""
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+
+
 def pytest_sessionfinish(session, exitstatus):
     """A full run that passed with nothing skipped renders docs/reliability.md and checks it against
     the committed file, or writes it when VLAEVAL_WRITE_RELIABILITY=1 (`make reliability`). Under

@@ -39,6 +39,7 @@ BUILTIN_COMPONENTS: Dict[str, Dict[str, str]] = {
         "tiny_vla": "vlaeval.policy.tiny_vla.TinyVLA",
         "tiny_dit": "vlaeval.policy.tiny_dit.TinyDiT",
         "tiny_vla_vision": "vlaeval.policy.tiny_vla_vision.TinyVLAVision",
+        "smolvlm_vla": "vlaeval.policy.vlm_vla.VLMFlowVLA",
     },
     "data": {
         "metaworld": "vlaeval.data.metaworld.MetaWorldDemonstrations",

@@ -280,18 +280,14 @@ def audit_prediction(
         data.demonstrations, data.anchors, artifact_anchors, metadata["dataset_sha256"], metadata["path"]
     )
     rms = np.array([x["gradient_rms"] for x in artifact_anchors])
-    settings = {
-        "alpha": float(cfg.audit.alpha),
-        "percentile_epsilon": float(cfg.audit.percentile_epsilon),
-        "proposal_power": float(cfg.audit.proposal_power),
-    }
-    q = proposal_distribution(residual[index], **settings)
+    alpha, epsilon, power = float(cfg.audit.alpha), float(cfg.audit.percentile_epsilon), float(cfg.audit.proposal_power)
+    q = proposal_distribution(residual[index], alpha=alpha, percentile_epsilon=epsilon, proposal_power=power)
     sd, interval = ratio_bootstrap(
         residual[index],
         rms,
-        alpha=settings["alpha"],
-        percentile_epsilon=settings["percentile_epsilon"],
-        proposal_power=settings["proposal_power"],
+        alpha=alpha,
+        percentile_epsilon=epsilon,
+        proposal_power=power,
         seed=int(cfg.audit.permutation_seed),
     )
     return AuditPrediction(

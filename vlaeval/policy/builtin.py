@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -132,13 +133,18 @@ def prepare_data(
 def build_model(spec: PolicySpec, data: PolicyData) -> torch.nn.Module:
     torch.manual_seed(int(spec.train.seed))  # initial weights are part of the config
     demos = data.demonstrations
-    model = instantiate(
-        spec.model,
-        vocab=data.vocabulary,
-        obs_dim=int(demos.observations.shape[1]),  # from the data: the built-in recorder's or a LeRobot dataset's
-        action_dim=int(demos.actions.shape[1]),
-        horizon=int(data.anchors.horizon),
-    )
+    try:
+        model = instantiate(
+            spec.model,
+            vocab=data.vocabulary,
+            obs_dim=int(demos.observations.shape[1]),  # from the data: the built-in recorder's or a LeRobot dataset's
+            action_dim=int(demos.actions.shape[1]),
+            horizon=int(data.anchors.horizon),
+        )
+    except InstantiationException as error:
+        if isinstance(error.__cause__, UserInputError):  # the model's own one-line input error, as it is
+            raise error.__cause__ from None
+        raise
     check_policy(model, str(spec.model.get("_target_", type(model).__name__)))
     check_cameras(model, data)
     if hasattr(model, "set_observation_statistics"):

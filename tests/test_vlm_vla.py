@@ -1,0 +1,115 @@
+"""model=smolvlm_vla: transformers' Idefics3 (SmolVLM) as the backbone of a flow-matching VLA whose
+action expert attends to the prefix's per-layer keys and values. Built from a config (no download),
+on the built-in camera data: its tokenizer, the prefix computed once and reused across denoising
+steps, exact per-sample gradient norms through transformers' modules, a VLM saved and loaded from a
+local folder, a frozen VLM, and training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.configs import compose_config
+from vlaeval.errors import UserInputError
+from vlaeval.policy.builtin import PolicySpec, build_model, prepare_data
+from vlaeval.policy.vlm_vla import VLMFlowVLA, train_tokenizer
+
+SMALL = ["data=tiny_vision", "model=smolvlm_vla_small", "train.steps=3", "train.batch_size=8", "train.log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def built():
+    cfg = compose_config(SMALL)
+    data = prepare_data(cfg.data, str(cfg.paths.cache_dir), None)
+    return cfg, data, build_model(PolicySpec.of(cfg), data)
+
+
+def batch_of(data, model, index, dtype=torch.float32):
+    policy = data.bind(model, compose_config(SMALL).flow)
+    batch = policy.anchor_batch(data.anchors, np.asarray(index))
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
+
+
+def test_the_tokenizer_is_trained_here_deterministically_and_splits_an_unseen_word():
+    words = ["reach", "the", "goal", "push", "puck", "to", "wall", "around"]
+    a, b = train_tokenizer(words, 64), train_tokenizer(list(reversed(words)), 64)
+    assert a.to_str() == b.to_str()  # the same tokenizer whatever the order it was handed the words in
+    pieces = a.encode("reaching the puck").tokens
+    assert "<unk>" not in pieces and len(pieces) > 3  # an unseen word in pieces it knows, not dropped
+
+
+def test_the_prefix_runs_once_and_every_denoising_step_reuses_its_keys_and_values(built):
+    _, data, model = built
+    model.eval()
+    batch = batch_of(data, model, range(4))
+    with torch.no_grad():
+        prefix = model.encode(batch)
+        kv = prefix.kv
+        assert len(kv) == model.vlm.config.text_config.num_hidden_layers
+        assert kv[0][0].shape[0] == 4 and prefix.pad.shape == (4, kv[0][0].shape[2])
+        x = torch.randn(4, model.horizon, model.action_dim, generator=torch.Generator().manual_seed(0))
+        reused, recomputed = x.clone(), x.clone()
+        for k in range(5):
+            t = torch.full((4,), 1 - k / 5)
+            reused = reused - model.velocity(prefix, reused, t) / 5
+            recomputed = recomputed - model.velocity(model.encode(batch), recomputed, t) / 5
+    assert torch.equal(reused, recomputed)
+    # The instruction's padding is masked: extra padding tokens change no velocity.
+    longer = dict(batch, instruction=torch.nn.functional.pad(batch["instruction"], (0, 4)))
+    with torch.no_grad():
+        t = torch.full((4,), 0.5)
+        assert torch.allclose(model.velocity(model.encode(longer), x, t), model.velocity(prefix, x, t), atol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["action_head", "all"])
+def test_per_sample_gradient_norms_through_transformers_modules_are_exact(built, which):
+    """auto (the Gram form for linear layers, closed forms for the norms, vmap for the rest) against
+    the per-sample loop in float64: 1e-10 relative, over the expert and over the whole VLA."""
+    import copy
+
+    from vlaeval.policy.flow import FlowConvention
+    from vlaeval.residual.gradients import PerSampleGradNorms, only_trainable
+
+    cfg, data, model = built
+    model = copy.deepcopy(model).double().eval()
+    batch = batch_of(data, model, range(6), torch.float64)
+    generator = torch.Generator().manual_seed(1)
+    t = torch.rand(6, generator=generator, dtype=torch.float64)
+    noise = torch.randn(6, model.horizon, model.action_dim, generator=generator, dtype=torch.float64)
+    with only_trainable(model, which) as parameters:
+        norms = PerSampleGradNorms(model, parameters, FlowConvention.of(cfg.flow), "auto")
+        fast, _ = norms(batch, t, noise)
+        slow, _ = norms.loop(batch, t, noise)
+        methods = set(norms.layer_methods.values())
+    assert float(((fast - slow).abs() / slow.abs()).max()) < 1e-10
+    assert "linear_gram" in methods or "linear_rows" in methods
+    if which == "all":  # the VLM's own modules: RMSNorm, embeddings, the vision tower's conv
+        names = set(norms.layer_methods)
+        assert any(n.startswith("vlm.text_model") for n in names) and any(
+            n.startswith("vlm.vision_model") for n in names
+        )
+
+
+def test_a_vlm_saved_to_a_folder_loads_with_its_tokenizer_and_can_be_frozen(built, tmp_path):
+    cfg, data, model = built
+    folder = model.save_vlm(tmp_path / "vlm")
+    spec = PolicySpec.of(compose_config([*SMALL, f"model.vlm_path={folder}", "model.freeze_vlm=true"]))
+    loaded = build_model(spec, data)
+    assert isinstance(loaded, VLMFlowVLA)
+    for (name, a), b in zip(model.vlm.state_dict().items(), loaded.vlm.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert loaded.tokenize(["push the puck"]).tolist() == model.tokenize(["push the puck"]).tolist()
+    assert not any(p.requires_grad for p in loaded.vlm.parameters())
+    trainable = {id(p) for p in loaded.trainable_parameters("all")}
+    assert trainable and not any(id(p) in trainable for p in loaded.vlm.parameters())
+
+    from vlaeval.policy.training import train_policy
+
+    before = {k: v.clone() for k, v in loaded.vlm.state_dict().items()}
+    run = train_policy(data.bind(loaded, cfg.flow), data.anchors, spec.train)
+    assert run.final_loss is not None and np.isfinite(run.final_loss)
+    assert all(torch.equal(before[k], v) for k, v in loaded.vlm.state_dict().items())  # frozen: unchanged
+
+    with pytest.raises(UserInputError, match=r"model.vlm_path=.* is not a saved VLM folder"):
+        build_model(PolicySpec.of(compose_config([*SMALL, f"model.vlm_path={tmp_path}"])), data)
