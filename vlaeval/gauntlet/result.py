@@ -116,12 +116,8 @@ class GauntletPlan(JsonRecord):
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "GauntletPlan":
-        names = {f.name for f in dataclasses.fields(cls)} - {"strata", "warnings"}
-        return cls(
-            **{k: v for k, v in data.items() if k in names},
-            strata=tuple(StratumPlanRow.from_json(r) for r in data.get("strata", ())),
-            warnings=tuple(data.get("warnings", ())),
-        )
+        rows = tuple(StratumPlanRow.from_json(r) for r in data.get("strata", ()))
+        return super().from_json({"warnings": (), **data, "strata": rows})
 
 
 @dataclass(frozen=True)
