@@ -113,3 +113,59 @@ def test_a_vlm_saved_to_a_folder_loads_with_its_tokenizer_and_can_be_frozen(buil
 
     with pytest.raises(UserInputError, match=r"model.vlm_path=.* is not a saved VLM folder"):
         build_model(PolicySpec.of(compose_config([*SMALL, f"model.vlm_path={tmp_path}"])), data)
+
+
+def test_bfloat16_autocast_runs_inside_the_policy_and_its_gradient_norms_stay_exact(built):
+    """model.autocast=bfloat16 on the CPU (the dtype path a GPU takes): the prefix's keys and values
+    are bfloat16, the velocity comes back in the chunk's float32, the loss is the float32 model's to
+    bfloat16's precision, per-sample gradient norms under autocast equal the loop's under the same
+    autocast (the closed forms widen to float32), and training keeps float32 weights."""
+    import copy
+
+    from vlaeval.policy.flow import FlowConvention
+    from vlaeval.policy.training import train_policy
+    from vlaeval.residual.gradients import PerSampleGradNorms, only_trainable
+
+    cfg, data, model = built
+    fp32 = copy.deepcopy(model).eval()
+    bf16 = copy.deepcopy(model).eval()
+    bf16.autocast = "bfloat16"
+    batch = batch_of(data, model, range(6))
+    generator = torch.Generator().manual_seed(2)
+    t, noise = torch.rand(6, generator=generator), torch.randn(6, model.horizon, model.action_dim, generator=generator)
+    flow = FlowConvention.of(cfg.flow)
+    with torch.no_grad():
+        prefix = bf16.encode(batch)
+        assert prefix.kv[0][0].dtype == torch.bfloat16 and bf16.velocity(prefix, noise, t).dtype == torch.float32
+        low, high = data.bind(bf16, cfg.flow).losses(batch, t, noise), data.bind(fp32, cfg.flow).losses(batch, t, noise)
+    assert not torch.equal(low, high)  # it did run in bfloat16
+    assert torch.allclose(low, high, rtol=0.05, atol=1e-3)
+    for which in ("action_head", "all"):
+        with only_trainable(bf16, which) as parameters:
+            norms = PerSampleGradNorms(bf16, parameters, flow, "auto")
+            fast, _ = norms(batch, t, noise)
+            slow, _ = norms.loop(batch, t, noise)
+        assert fast.dtype == torch.float32
+        assert float(((fast - slow).abs() / slow).max()) < 1e-3, which
+    run = train_policy(data.bind(bf16.train(), cfg.flow), data.anchors, PolicySpec.of(cfg).train)
+    assert np.isfinite(run.final_loss) and all(p.dtype == torch.float32 for p in bf16.parameters())
+    with pytest.raises(UserInputError, match=r"model.autocast=float8 is not a precision"):
+        build_model(PolicySpec.of(compose_config([*SMALL, "model.autocast=float8"])), data)
+
+
+def test_a_parameter_subset_is_chosen_by_name_and_a_pattern_that_matches_nothing_is_refused(built):
+    from vlaeval.config import GradientsConfig
+    from vlaeval.residual.gradients import only_trainable, selected_parameters
+
+    _, _, model = built
+    selection = GradientsConfig(trainable="all", parameters=["expert.*", "action_out.*"]).selection()
+    assert selection == "all:expert.*,action_out.*"
+    names = [n for n, _ in selected_parameters(model, selection)]
+    assert names and all(n.startswith(("expert.", "action_out.")) for n in names)
+    assert set(names) < {n for n, _ in selected_parameters(model, "action_head")}  # narrower than the head
+    assert GradientsConfig().selection() == "action_head"
+    with only_trainable(model, selection) as parameters:
+        assert {id(p) for p in parameters} == {id(p) for p in model.parameters() if p.requires_grad}
+    assert all(p.requires_grad for p in model.parameters())  # restored
+    with pytest.raises(UserInputError, match=r"'vlm.text.\*' matches none of the .* parameters of .*trainable=all"):
+        selected_parameters(model, "all:expert.*,vlm.text.*")

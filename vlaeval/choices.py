@@ -166,6 +166,13 @@ class Optimizer(Choice):
     sgd = "sgd"  # plain SGD: the step's noise is the minibatch gradient's variance, unnormalised
 
 
+class ObservationConvention(Choice):
+    """How a LeRobot policy is shown observations (vlaeval/policy/lerobot_adapter.py)."""
+
+    vlaeval = "vlaeval"  # the state and cameras as vlaeval records them
+    metaworld = "metaworld"  # as LeRobot's MetaworldEnv presents them (its Meta-World datasets and policies)
+
+
 class TrainableSubset(Choice):
     action_head = "action_head"
     all = "all"

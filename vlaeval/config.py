@@ -277,11 +277,21 @@ class GradientsConfig:
     # 128 / 256 / 384 seeds on the default policy (benchmarks/per_sample_gradients.py).
     seeds: List[int] = "${range:5000,5512}"  # type: ignore[assignment]
     trainable: TrainableSubset = TrainableSubset.action_head
+    # Glob patterns over the policy's parameter names (named_parameters) that narrow `trainable` to
+    # the parameters they match, e.g. [expert.*] for the VLA's action expert under trainable=all; empty:
+    # all of `trainable`. The artifact records the selection and every name it covers.
+    parameters: List[str] = field(default_factory=list)
     batch_size: int = 4096  # (anchor, seed) pairs per backward pass
     epoch: int = 0
     # Exact per-sample norms (vlaeval/residual/gradients.py); the artifact records each layer's method.
     method: GradientMethod = GradientMethod.auto
     verify_pairs: int = 8  # pairs checked against the per-sample loop before the artifact is trusted
+
+    def selection(self) -> str:
+        """The parameters the norms cover, as one string (`trainable`, then `:` and the patterns when
+        there are any): what the artifact records and the ablation compares and fine-tunes."""
+        patterns = [str(p) for p in self.parameters]
+        return str(self.trainable) + (":" + ",".join(patterns) if patterns else "")
 
 
 @dataclass

@@ -159,7 +159,20 @@ class RolloutOutcomes:
                 key in POLICY_SECTIONS,
                 f"outcomes.policies.{name}.{key} is not a policy section; use model, data, flow or train",
             )
-        merged = {k: OmegaConf.merge(getattr(self.context, k), recipe.get(k) or {}) for k in POLICY_SECTIONS}
+        merged = {}
+        for key in POLICY_SECTIONS:
+            section = getattr(self.context, key)
+            for setting in recipe.get(key) or {}:
+                # A recipe written for another model (tiny_vla_vision's `locate` under model=smolvlm_vla):
+                # named here, not as OmegaConf's merge error and its traceback.
+                require(
+                    setting in section,
+                    f"outcomes.policies.{name}.{key}.{setting} is not a setting of this run's {key} section "
+                    f"({getattr(OmegaConf.get_type(section), '__name__', key)}); "
+                    f"drop it, or pick an outcomes preset written for this {key} (e.g. outcomes=rollout_vlm_small for "
+                    "model=smolvlm_vla_small)",
+                )
+            merged[key] = OmegaConf.merge(section, recipe.get(key) or {})
         # flow and train back to their dataclasses, as the job's own config holds them
         return PolicySpec(
             merged["model"], merged["data"], OmegaConf.to_object(merged["flow"]), OmegaConf.to_object(merged["train"])

@@ -151,7 +151,7 @@ def check_audit_result(result: AuditResult, cfg: AblationJobConfig) -> None:
         "estimator.kind": (score.estimator, str(cfg.estimator.kind)),
         "estimator.seeds": (list(score.estimator_seeds), [int(x) for x in cfg.estimator.seeds]),
         "estimator.samples_per_estimator": (score.samples_per_estimator, cfg.estimator.samples_per_estimator),
-        "gradients.trainable": (result.gradient_artifact["trainable"], str(cfg.gradients.trainable)),
+        "gradients.trainable": (result.gradient_artifact["trainable"], cfg.gradients.selection()),
     }
     differ = [
         (key, then, now)
@@ -351,7 +351,7 @@ def every_anchor_gradients(cfg: AblationJobConfig, policy: Any, anchors: Any, mo
     return anchor_gradients(
         policy.with_model(model),
         anchors,
-        trainable=str(cfg.gradients.trainable),
+        trainable=cfg.gradients.selection(),
         draw_keys=keys,
         batch_size=int(cfg.gradients.batch_size),
         method=str(cfg.gradients.method),
@@ -373,7 +373,7 @@ class ProposalJudge:
         heldout: Optional[Tuple[Any, Any]] = None,
     ) -> None:
         self.cfg, self.a, self.policy, self.anchors = cfg, cfg.ablation, policy, anchors
-        self.trainable = str(cfg.gradients.trainable)
+        self.trainable = cfg.gradients.selection()
         self.proposals, self.uniform = proposals, uniform_proposal(len(anchors))
         self.heldout = heldout  # (held-out policy, held-out anchors)
         self.step0: Dict[int, Any] = {}  # the judge at step 0 is the same for every proposal of a seed
@@ -441,7 +441,7 @@ def fine_tuning_settings(cfg: AblationJobConfig) -> FineTuneSettings:
         batch_size=int(a.batch_size),
         learning_rate=float(a.learning_rate),
         optimizer=str(Optimizer.parse(a.optimizer, "ablation.optimizer")),
-        trainable=str(cfg.gradients.trainable),
+        trainable=cfg.gradients.selection(),
         seed=0,  # replaced per run
         log_every=int(a.heldout_every),
     )
@@ -532,7 +532,7 @@ def run(cfg: AblationJobConfig) -> JobResult[AblationResult]:
     check_audited_checkpoint(cfg, handle)
     n = len(data.anchors)
     policy = data.bind(handle.model, cfg.flow, str(cfg.device))
-    trainable = str(cfg.gradients.trainable)
+    trainable = cfg.gradients.selection()
 
     residual, score_runtime = residual_scores(cfg, data, handle)
     console.show(f"per-sample gradients of {n} anchors x {a.build_draws} build draws")

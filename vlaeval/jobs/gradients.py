@@ -99,7 +99,7 @@ def run(cfg: GradientsJobConfig) -> JobResult[GradientsResult]:
     )
     console.show(
         f"gradient artifact: {rms.size} anchors x {len(cfg.gradients.seeds)} seeds over "
-        f"{artifact['parameter_count']:,} {cfg.gradients.trainable} parameters in {runtime['elapsed_seconds']:.2f} s; "
+        f"{artifact['parameter_count']:,} parameters ({cfg.gradients.selection()}, {len(artifact['trainable_parameters'])} tensors) in {runtime['elapsed_seconds']:.2f} s; "
         f"split-half reliability of gradient RMS {reliability['split_half_spearman']:.3f} "
         f"(Spearman-Brown {reliability['spearman_brown']:.3f})"
     )

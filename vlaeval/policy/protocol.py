@@ -24,6 +24,8 @@ and one of two levels (a policy with both is driven by the first, the faster):
         -> (B, H, action_dim)                     from this initial noise (each episode's own draw)
 
 Optional members:
+    reset()                                       called before each group of rollout episodes (a
+                                                  LeRobot policy clears its action queues)
     set_observation_statistics(mean, std)         called once with the data's statistics
     tokenize(instructions) -> (tasks, ...)        your own tokenizer, called once per task list;
                                                   without it the policy reads the bag-of-words over

@@ -27,6 +27,7 @@ measures exact per-sample norms for all of them (Linear, Conv2d and LayerNorm in
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -38,6 +39,9 @@ from vlaeval.errors import require
 
 PAD, UNKNOWN = "<pad>", "<unk>"
 TOKENIZER_FILE = "tokenizer.json"
+# model.autocast: the policy's own mixed precision, applied inside encode and velocity so every job
+# (training, scoring, gradients, rollouts) runs it the same way; weights and outputs stay float32.
+AUTOCAST_DTYPES: Dict[Optional[str], Optional[torch.dtype]] = {None: None, "bfloat16": torch.bfloat16}
 
 
 def train_tokenizer(words: Sequence[str], vocab_size: int) -> Any:
@@ -173,9 +177,17 @@ class VLMFlowVLA(nn.Module):
         max_tokens: int = 16,
         vlm_path: Optional[str] = None,
         freeze_vlm: bool = False,
+        autocast: Optional[str] = None,
     ) -> None:
         super().__init__()
         require(bool(cameras), "model.cameras is empty: the VLM reads at least one camera; name one the data has")
+        require(
+            autocast in AUTOCAST_DTYPES,
+            f"model.autocast={autocast} is not a precision this model runs in; use "
+            + " or ".join(str(k) for k in AUTOCAST_DTYPES if k)
+            + " (or null: float32)",
+        )
+        self.autocast = autocast
         self.horizon, self.action_dim = int(horizon), int(action_dim)
         self.cameras = [str(c) for c in cameras]
         self.max_tokens = int(max_tokens)
@@ -258,12 +270,24 @@ class VLMFlowVLA(nn.Module):
             )
         return x * 2.0 - 1.0
 
+    def precision(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+        """model.autocast on `device`'s kind (CPU autocast runs the same bfloat16 path a GPU does)."""
+        dtype = AUTOCAST_DTYPES[self.autocast]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=dtype)
+
     # ------------------------------------------------------------------ the conditioning level
     def encode(self, batch: Dict[str, torch.Tensor]) -> PrefixCache:
-        """The prefix through the VLM, once: its per-layer keys and values and the pad mask."""
+        """The prefix through the VLM, once: its per-layer keys and values and the pad mask (in
+        bfloat16 under model.autocast)."""
         missing = [c for c in self.cameras if c not in batch]
         if missing:
             raise KeyError(f"the batch lacks camera {missing[0]} that model.cameras names; present: {sorted(batch)}")
+        with self.precision(self.obs_mean.device):
+            return self._encode(batch)
+
+    def _encode(self, batch: Dict[str, torch.Tensor]) -> PrefixCache:
         observation, ids = batch["observation"], batch["instruction"]
         b = observation.shape[0]
         pixels = torch.stack([self._pixels(batch[c]) for c in self.cameras], dim=1).flatten(0, 1)
@@ -278,10 +302,14 @@ class VLMFlowVLA(nn.Module):
         return PrefixCache([(layer.keys, layer.values) for layer in cache.layers], ~present)
 
     def velocity(self, conditioning: PrefixCache, noisy_actions: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        x = self.action_in(noisy_actions) + self.time_in(timestep_embedding(t, self.action_in.out_features))[:, None]
-        for layer, (keys, values) in zip(self.expert, conditioning.kv):
-            x = layer(x, keys, values, conditioning.pad)
-        return self.action_out(self.final_norm(x))
+        """The velocity (B, H, action_dim) in the noisy chunk's dtype (computed in bfloat16 under
+        model.autocast)."""
+        with self.precision(noisy_actions.device):
+            x = self.action_in(noisy_actions)
+            x = x + self.time_in(timestep_embedding(t, self.action_in.out_features))[:, None]
+            for layer, (keys, values) in zip(self.expert, conditioning.kv):
+                x = layer(x, keys, values, conditioning.pad)
+            return self.action_out(self.final_norm(x)).to(noisy_actions.dtype)
 
     def trainable_parameters(self, which: str) -> List[nn.Parameter]:
         """ "action_head": the action expert (its input, time and output layers with it); "all": every

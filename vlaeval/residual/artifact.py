@@ -55,7 +55,16 @@ ARTIFACT_JSON_SCHEMA: Dict[str, Any] = {
             "uniqueItems": True,
             "description": "Seeds of the (flow time, noise) draws; the audit's estimator seeds must differ.",
         },
-        "trainable": {"type": "string", "description": "Which parameters the norms cover (e.g. action_head)."},
+        "trainable": {
+            "type": "string",
+            "description": "Which parameters the norms cover: the policy's subset (action_head, all), then ':' and "
+            "the name patterns that narrowed it, if any (e.g. all:expert.*).",
+        },
+        "trainable_parameters": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "The names (named_parameters) of every parameter the norms cover (optional).",
+        },
         "parameter_count": {"type": "integer", "minimum": 1},
         "reliability": {
             "type": "object",
@@ -118,7 +127,7 @@ def build_gradient_artifact(
         data.anchors,
         anchor_index,
         seeds,
-        trainable=str(gradients.trainable),
+        trainable=gradients.selection(),
         batch_size=int(gradients.batch_size),
         method=str(gradients.method),
         verify_pairs=int(gradients.verify_pairs),
@@ -135,7 +144,8 @@ def build_gradient_artifact(
         "dataset_sha256": demos.manifest_sha256,
         "dataset_name": demos.name,
         "checkpoint_sha256": handle.sha256,
-        "trainable": str(gradients.trainable),
+        "trainable": gradients.selection(),
+        "trainable_parameters": list(measured.parameter_names),
         "parameter_count": p,
         "gradient_rms_definition": "sqrt(mean over seeds and trainable parameter entries of the squared per-sample "
         "gradient of the flow-matching loss)",
@@ -253,6 +263,7 @@ def load_gradient_artifact(path: Path) -> Tuple[Dict[str, Any], List[Dict[str, A
         "gradient_seeds": payload.get("gradient_seeds") or [],
         "reliability": payload.get("reliability"),
         "trainable": payload.get("trainable"),
+        "trainable_parameters": payload.get("trainable_parameters"),
     }
     return metadata, anchors
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
@@ -53,6 +54,24 @@ class _Call:
     args: Tuple[Any, ...]
     kwargs: Dict[str, Any]
     output: torch.Tensor
+    autocast: Optional[torch.dtype] = None  # the autocast dtype the call ran under (a policy's own), if any
+
+    def precision(self) -> contextlib.AbstractContextManager[Any]:
+        """The call's autocast again, for re-running the layer (the vector-Jacobian product)."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.output.device.type, dtype=self.autocast)
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """float32 for a half-precision tensor (a layer under autocast): the closed forms sum squares of
+    many products, which bfloat16's 8-bit mantissa would round away."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
+def _autocast_dtype(device: torch.device) -> Optional[torch.dtype]:
+    kind = device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
 
 
 @dataclass
@@ -106,7 +125,7 @@ def recorded_calls(layers: Sequence[_Layer]) -> Iterator[None]:
                     f"layer {layer.name} ({type(module).__name__}) returns {type(output).__name__}, not a tensor: "
                     "per-layer gradient norms cannot follow it; use gradients.method=functional"
                 )
-            layer.calls.append(_Call(args, kwargs, output))
+            layer.calls.append(_Call(args, kwargs, output, _autocast_dtype(output.device)))
 
         return record
 
@@ -136,8 +155,8 @@ def _linear_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> Tuple[torch.Te
     module = layer.module
     assert isinstance(module, torch.nn.Linear)
     batch = grads[0].shape[0]
-    inputs = [c.args[0].detach().reshape(batch, -1, module.in_features) for c in layer.calls]
-    outputs = [gr.reshape(batch, -1, module.out_features) for gr in grads]
+    inputs = [_wide(c.args[0].detach()).reshape(batch, -1, module.in_features) for c in layer.calls]
+    outputs = [_wide(gr).reshape(batch, -1, module.out_features) for gr in grads]
     a = inputs[0] if len(inputs) == 1 else torch.cat(inputs, dim=1)
     g = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
     tokens = a.shape[1]
@@ -169,7 +188,7 @@ def _conv2d_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> Tuple[torch.Te
     batch, groups = grads[0].shape[0], module.groups
     patches, outputs = [], []
     for call, g in zip(layer.calls, grads):
-        x = call.args[0].detach()
+        x, g = _wide(call.args[0].detach()), _wide(g)
         a = torch.nn.functional.unfold(
             x,
             module.kernel_size,
@@ -205,7 +224,7 @@ def _norm_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> Tuple[torch.Tens
     d_weight: Optional[torch.Tensor] = None
     d_bias: Optional[torch.Tensor] = None
     for call, g in zip(layer.calls, grads):
-        x = call.args[0].detach()
+        x, g = _wide(call.args[0].detach()), _wide(g)
         if isinstance(module, torch.nn.GroupNorm):
             x_hat = torch.nn.functional.group_norm(x, module.num_groups, eps=module.eps)
             axes = tuple(range(2, g.dim()))
@@ -218,7 +237,7 @@ def _norm_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> Tuple[torch.Tens
         d_weight = w_part if d_weight is None else d_weight + w_part
         d_bias = b_part if d_bias is None else d_bias + b_part
     assert d_weight is not None and d_bias is not None
-    sq = torch.zeros(batch, dtype=grads[0].dtype, device=grads[0].device)
+    sq = torch.zeros(batch, dtype=d_weight.dtype, device=d_weight.device)
     if "weight" in layer.parameters:
         sq = sq + d_weight.reshape(batch, -1).pow(2).sum(dim=1)
     if "bias" in layer.parameters:
@@ -232,7 +251,7 @@ def _functional_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> torch.Tens
 
     params = {n: p.detach() for n, p in layer.parameters.items()}
     batch = grads[0].shape[0]
-    sq = torch.zeros(batch, dtype=grads[0].dtype, device=grads[0].device)
+    sq = torch.zeros(batch, dtype=_wide(grads[0]).dtype, device=grads[0].device)
     for start in range(0, batch, VMAP_CHUNK):
         stop = min(start + VMAP_CHUNK, batch)
         total: Dict[str, torch.Tensor] = {}
@@ -256,11 +275,13 @@ def _functional_sq_norms(layer: _Layer, grads: List[torch.Tensor]) -> torch.Tens
                     args[i] = x.unsqueeze(0)
                 for k, x in zip(keys, tensors[len(positions) :]):
                     kwargs[k] = x.unsqueeze(0)
-                pullback = vjp(lambda p: functional_call(layer.module, p, tuple(args), kwargs), params)[1]
-                return pullback(g_i.unsqueeze(0))[0]
+                with call.precision():  # the layer as it ran: under the policy's autocast, if any
+                    pullback = vjp(lambda p: functional_call(layer.module, p, tuple(args), kwargs), params)[1]
+                    return pullback(g_i.unsqueeze(0).to(call.output.dtype))[0]
 
             part = vmap(one)(batched, g[start:stop])
             for n, v in part.items():
+                v = _wide(v)
                 total[n] = total[n] + v if n in total else v
         sq[start:stop] = sum(v.reshape(stop - start, -1).pow(2).sum(dim=1) for v in total.values())
     return sq
@@ -308,7 +329,7 @@ class PerSampleGradNorms:
                 _check_batch_first(layer, call, size)
         outputs = [c.output for layer in self.layers for c in layer.calls]
         grads = torch.autograd.grad(losses.sum(), outputs, allow_unused=True)
-        sq = torch.zeros_like(losses)
+        sq = torch.zeros_like(_wide(losses))
         position = 0
         for layer in self.layers:
             count = len(layer.calls)
@@ -365,10 +386,32 @@ class PerSampleGradNorms:
         return torch.stack(sq).detach(), torch.stack(losses)
 
 
+def selected_parameters(model: Any, selection: str) -> List[Tuple[str, torch.nn.Parameter]]:
+    """The (name, parameter) pairs `selection` covers, in model order: the policy's own subset
+    (`trainable_parameters(subset)`: action_head, all), narrowed where `selection` is
+    "<subset>:<glob>,<glob>" to the names a pattern matches (GradientsConfig.selection). A pattern
+    that matches nothing is refused by name: a typo would otherwise shrink the set silently."""
+    subset, _, patterns = str(selection).partition(":")
+    chosen = {id(p) for p in model.trainable_parameters(subset)}
+    named = [(n, p) for n, p in model.named_parameters() if id(p) in chosen]
+    globs = [g for g in patterns.split(",") if g]
+    for glob in globs:
+        if not any(fnmatch.fnmatchcase(n, glob) for n, _ in named):
+            tops = sorted({n.split(".")[0] + ".*" for n, _ in named})
+            raise UserInputError(
+                f"gradients.parameters: {glob!r} matches none of the {len(named)} parameters of "
+                f"gradients.trainable={subset}; their names start {', '.join(tops[:12])}"
+                + (" ..." if len(tops) > 12 else "")
+            )
+    if globs:
+        named = [(n, p) for n, p in named if any(fnmatch.fnmatchcase(n, g) for g in globs)]
+    return named
+
+
 @contextlib.contextmanager
-def only_trainable(model: Any, subset: str) -> Iterator[List[torch.nn.Parameter]]:
-    """Gradients for `subset` (the policy's `trainable_parameters`) only; restored on exit."""
-    parameters = list(model.trainable_parameters(subset))
+def only_trainable(model: Any, selection: str) -> Iterator[List[torch.nn.Parameter]]:
+    """Gradients for `selection` (selected_parameters) only; restored on exit."""
+    parameters = [p for _, p in selected_parameters(model, selection)]
     wanted = {id(p) for p in parameters}
     before = {id(p): p.requires_grad for p in model.parameters()}
     for p in model.parameters():
@@ -414,6 +457,7 @@ class GradientMeasurements:
     layer_methods: Dict[str, str] = field(default_factory=dict)
     verification: Optional[LoopCheck] = None  # None: the first batch was never checked
     flow_times: Optional[np.ndarray] = None  # (seeds, anchors): each pair's flow time t
+    parameter_names: Tuple[str, ...] = ()  # the parameters the norms cover, in model order
 
     def rms(self) -> np.ndarray:
         """Gradient RMS per anchor: sqrt(mean over seeds and parameter entries of the squared gradient)."""
@@ -478,6 +522,7 @@ def gradient_measurements(
     pair_anchor = np.tile(anchor_index, len(seeds))
     sq_out, loss_out = [], []
     verification: Optional[LoopCheck] = None
+    names = tuple(n for n, _ in selected_parameters(model, trainable))
     with only_trainable(model, trainable) as parameters:
         norms = PerSampleGradNorms(model, parameters, flow, method)
         for start in range(0, pair_anchor.size, int(batch_size)):
@@ -499,6 +544,7 @@ def gradient_measurements(
         layer_methods=dict(norms.layer_methods),
         verification=verification,
         flow_times=t_all.double().cpu().numpy().reshape(shape),
+        parameter_names=names,
     )
 
 

@@ -74,6 +74,13 @@ def policy_chunks(
     return chunks[:n].float().numpy()
 
 
+def reset_policy(model: torch.nn.Module) -> None:
+    """New episodes begin: a policy with state across calls (LeRobot's action queues) clears it."""
+    reset = getattr(model, "reset", None)
+    if callable(reset):
+        reset()
+
+
 def single_threaded_torch() -> ContextManager[None]:
     """A lockstep batch is small (tens of rows): one intra-op thread is faster than several, and
     leaves the other cores to the simulator (and to the other rollout workers)."""
@@ -185,6 +192,7 @@ def rollout_lockstep(
     (vlaeval/rollouts/videos.py films episode k with envs.frame); it must not change them. `simulator`: where the episodes run (None: the registry's
     default, vlaeval/envs/__init__.py); the engine talks to it and to the bound policy only."""
     policy.model.eval()
+    reset_policy(policy.model)
     n = len(episodes)
     envs = (simulator or registered_simulator()).environments(policy.cameras, policy.image_size)
     success = np.zeros(n, dtype=bool)

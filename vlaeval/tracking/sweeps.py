@@ -124,9 +124,9 @@ def close_sweep_parent(
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=parent["tracking_uri"])
+    client, parent_id = MlflowClient(tracking_uri=parent["tracking_uri"]), str(parent["run_id"])
     children = client.search_runs(
-        [parent["experiment_id"]], filter_string=f"tags.`mlflow.parentRunId` = '{parent['run_id']}'", max_results=10_000
+        [parent["experiment_id"]], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'", max_results=10_000
     )
     failed = [c for c in children if c.info.status != "FINISHED"]
     status = forced_status or ("FAILED" if failed else "FINISHED")
@@ -136,10 +136,10 @@ def close_sweep_parent(
         atomic_write_json(sweep_dir / "sweep_summary.json", rows),
         atomic_write_text(sweep_dir / "sweep_summary.md", render_summary(rows)),
     ):
-        client.log_artifact(parent["run_id"], str(path))
+        client.log_artifact(parent_id, str(path))
     now = int(time.time() * 1000)
     client.log_batch(
-        parent["run_id"],
+        parent_id,
         metrics=[
             Metric("sweep.jobs", float(len(children)), now, 0),
             Metric("sweep.failed_jobs", float(len(failed)), now, 0),
@@ -149,9 +149,9 @@ def close_sweep_parent(
     gated = [r for r in rows if r.get("gate.pass") in ("true", "false")]
     if gated:  # the outcome in the parent's name: seen in the runs table without expanding it
         passed = sum(r["gate.pass"] == "true" for r in gated)
-        name = client.get_run(parent["run_id"]).info.run_name
-        client.update_run(parent["run_id"], name=clip_run_name(f"{name} · gate passed {passed} of {len(gated)}"))
-    client.set_terminated(parent["run_id"], status=status)
+        name = client.get_run(parent_id).info.run_name
+        client.update_run(parent_id, name=clip_run_name(f"{name} · gate passed {passed} of {len(gated)}"))
+    client.set_terminated(parent_id, status=status)
     return rows
 
 
