@@ -49,6 +49,7 @@ LONGEST_FIRST = (
     "test_vision_policy.py",
     "test_tracking_server.py",
     "test_rollout_gauntlet.py",
+    "test_vlm_vla_jobs.py",
     "test_faults.py",
     "test_plugins.py",
     "test_ablation.py",
@@ -61,6 +62,7 @@ LONGEST_FIRST = (
     "test_policy_data.py",
     "test_lerobot.py",
     "test_audit.py",
+    "test_lerobot_adapter.py",
 )
 
 

@@ -365,6 +365,11 @@ def test_audit_job_end_to_end(audit_run):
         k: result["metrics"][k] for k in typed.metrics() if not k.startswith("timing.")
     }
     assert typed.gate.exit_code == 13  # a smoke run: every check passed on too few anchors
+    verdict = result["gate"]["verdict"]  # the ratio's three-way verdict on its two-level bootstrap
+    assert verdict["verdict"] == "PASS" and verdict["high"] < verdict["threshold"] == 0.98
+    assert verdict["low"] <= verdict["ratio"] <= verdict["high"] and verdict["gradient_seeds"] == 16
+    assert 0 < verdict["break_even_ratio"] < 1 and verdict["training_seconds_per_sample"] > 0  # the checkpoint's record
+    assert result["tags"]["gate.verdict"] == "PASS" and "verdict on the ratio: PASS" in proc.stdout
     memory = result["score_runtime"]
     assert memory["peak_rss_bytes"] > 10_000_000 and memory["scope"] == "sampled while this work ran"
     assert 0 <= memory["peak_rss_increase_bytes"] < memory["peak_rss_bytes"]  # scoring's own peak, not training's
@@ -711,6 +716,23 @@ def test_the_audit_gate_can_block_ci(audit_run):
         return GateDecision({}, passed, eligible, "", "").exit_code
 
     assert (exit_code(True, True), exit_code(False, False), exit_code(True, False)) == (0, 12, 13)
+    # With the ratio's verdict: it decides the ratio (its point check aside); the other checks still gate.
+    import numpy as np
+
+    from vlaeval.audit.verdict import ratio_verdict
+
+    def with_verdict(replicates, others_pass=True, status="formal_64_anchor_gate") -> int:
+        v = ratio_verdict(0.975, np.asarray(replicates), threshold=0.98, level=0.95, anchors=64, gradient_seeds=8)
+        checks = {"second_moment_ratio_at_most_0_98": True, "top25_overlap_at_least_0_50": others_pass}
+        return GateDecision(
+            checks, True, True, status, "", verdict=v, ratio_check="second_moment_ratio_at_most_0_98"
+        ).exit_code
+
+    assert with_verdict(np.linspace(0.95, 0.97, 50)) == 0  # PASS, formal
+    assert with_verdict(np.linspace(0.95, 0.97, 50), status="smoke_not_a_gate_certificate") == 13
+    assert with_verdict(np.linspace(0.96, 0.99, 50)) == 14  # UNDECIDED
+    assert with_verdict(np.linspace(0.985, 0.99, 50)) == 12  # FAIL
+    assert with_verdict(np.linspace(0.95, 0.97, 50), others_pass=False) == 12
     work, env, _, _ = audit_run
     failing = run_main(
         [

@@ -169,3 +169,48 @@ def test_a_parameter_subset_is_chosen_by_name_and_a_pattern_that_matches_nothing
     assert all(p.requires_grad for p in model.parameters())  # restored
     with pytest.raises(UserInputError, match=r"'vlm.text.\*' matches none of the .* parameters of .*trainable=all"):
         selected_parameters(model, "all:expert.*,vlm.text.*")
+
+
+def test_functional_gradients_through_transformers_masks_are_refused_in_one_line(built):
+    from vlaeval.residual.gradients import PerSampleGradNorms, only_trainable
+
+    cfg, data, model = built
+    batch = batch_of(data, model, range(2))
+    t, noise = torch.full((2,), 0.5), torch.zeros(2, model.horizon, model.action_dim)
+    with only_trainable(model, "all") as parameters:
+        norms = PerSampleGradNorms(model, parameters, cfg.flow, "functional")
+        with pytest.raises(UserInputError, match=r"gradients.method=functional cannot vmap VLMFlowVLA's loss"):
+            norms(batch, t, noise)
+
+
+def test_the_gradient_artifact_runs_the_prefix_once_per_anchor_for_all_its_seeds(built):
+    """3 seeds x 4 anchors: the VLM encodes 4 rows, not 12, and the expert's per-sample norms are the
+    per-row path's and the loop's; with the VLM trainable nothing is shared (its per-sample gradients
+    would be summed over a shared prefix)."""
+    import copy
+
+    from vlaeval.residual.gradients import PerSampleGradNorms, only_trainable, shared_conditioning
+
+    cfg, data, model = built
+    model = copy.deepcopy(model).eval()
+    policy = data.bind(model, cfg.flow)
+    pair_anchor = np.tile(np.arange(4), 3)
+    encoded_rows = []
+    encode = model.encode
+    model.encode = lambda batch: encoded_rows.append(batch["observation"].shape[0]) or encode(batch)
+    generator = torch.Generator().manual_seed(4)
+    t, noise = (
+        torch.rand(12, generator=generator),
+        torch.randn(12, model.horizon, model.action_dim, generator=generator),
+    )
+    with only_trainable(model, "action_head") as parameters:
+        batch, conditioning = shared_conditioning(policy, data.anchors, pair_anchor)
+        assert encoded_rows == [4] and conditioning.kv[0][0].shape[0] == 12
+        norms = PerSampleGradNorms(model, parameters, cfg.flow, "auto")
+        shared, _ = norms(batch, t, noise, conditioning)
+        per_row, _ = norms(batch, t, noise)
+        loop, _ = norms.loop(batch, t, noise)
+    assert float(((shared - per_row).abs() / per_row).max()) < 1e-5
+    assert float(((shared - loop).abs() / loop).max()) < 1e-4
+    with only_trainable(model, "all"):
+        assert shared_conditioning(policy, data.anchors, pair_anchor)[1] is None

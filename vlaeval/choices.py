@@ -166,6 +166,14 @@ class Optimizer(Choice):
     sgd = "sgd"  # plain SGD: the step's noise is the minibatch gradient's variance, unnormalised
 
 
+class Verdict(Choice):
+    """The gate's three-way verdict on the predicted second-moment ratio (vlaeval/audit/verdict.py)."""
+
+    PASS = "PASS"  # the interval's upper end below the threshold
+    FAIL = "FAIL"  # its lower end above
+    UNDECIDED = "UNDECIDED"  # the threshold inside it: more anchors would decide
+
+
 class ObservationConvention(Choice):
     """How a LeRobot policy is shown observations (vlaeval/policy/lerobot_adapter.py)."""
 

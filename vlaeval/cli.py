@@ -15,7 +15,7 @@ from vlaeval.errors import UserInputError
 # saved but the tracking store failed (job=sync uploads it); a job may ask for its own through
 # result["exit_code"]: job=reproduce 4 when the run did not reproduce; job=gauntlet with
 # gauntlet.exit_code_from_recommendation=true 10 NEEDS_REVIEW, 11 DO_NOT_LAUNCH; job=residual_audit with
-# audit.exit_code_from_gate=true 12 a gate check failed, 13 a smoke run (no certificate). A sweep's jobs never
+# audit.exit_code_from_gate=true 12 a gate check failed, 13 a smoke run (no certificate), 14 the ratio UNDECIDED. A sweep's jobs never
 # exit early: their codes are in their results.
 EXIT_BAD_INPUT = 2
 EXIT_TRACKING = 3

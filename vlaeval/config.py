@@ -390,6 +390,14 @@ class GateConfig:
     # The score must beat the training loss (higher Spearman and lower second-moment ratio, both on
     # draws independent of the gradient RMS): required in gate=strict, informational otherwise.
     require_beating_training_loss: bool = False
+    # The three-way verdict on the ratio (vlaeval/audit/verdict.py): PASS when the interval's upper
+    # end is below second_moment_ratio, FAIL when its lower end is above, UNDECIDED between; the
+    # interval a two-level bootstrap (anchors, and gradient seeds within each) at verdict_level.
+    verdict_level: float = 0.95
+    verdict_resamples: int = 2000
+    # C_train of the break-even ratio r* = 1 / (1 + C_score / C_train), seconds per training sample;
+    # null: the built-in checkpoint's own record (train seconds / (steps x batch)), unknown for another's.
+    training_seconds_per_sample: Optional[float] = None
 
 
 @dataclass

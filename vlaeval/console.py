@@ -23,6 +23,7 @@ DECISION_STYLE = {
     "PASS": "green",
     "REGRESSION": "bold red",
     "INSUFFICIENT": "yellow",
+    "UNDECIDED": "yellow",
     "LAUNCH": "bold green",
     "DO_NOT_LAUNCH": "bold red",
     "NEEDS_REVIEW": "bold yellow",

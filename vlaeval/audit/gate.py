@@ -8,11 +8,12 @@ gradient RMS) is an informational line in gate=formal and a required check in ga
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from vlaeval.audit.alignment import Alignment
 from vlaeval.audit.result import GateDecision
 from vlaeval.audit.statistics import LeaveOneOut, Repeatability
+from vlaeval.audit.verdict import RatioVerdict
 
 
 def threshold_name(value: float) -> str:
@@ -26,9 +27,13 @@ def gate_decision(
     alignment: Alignment,
     robustness: LeaveOneOut,
     gate: Any,
+    verdict: Optional[RatioVerdict] = None,
 ) -> GateDecision:
+    """The seed's screen (every check, the ratio's a point comparison: "the score carries signal")
+    and, given the ratio's three-way verdict, the decision it makes instead of that point check."""
     permutation = alignment.random_permutation_control
     ratio = alignment.proposal.information_to_baseline_ratio
+    ratio_check = f"second_moment_ratio_at_most_{threshold_name(gate.second_moment_ratio)}"
     checks = {
         f"sample_count_at_least_{int(gate.min_anchors)}": sample_count >= int(gate.min_anchors),
         f"score_repeatability_spearman_at_least_{threshold_name(gate.repeatability_spearman)}": repeatability.spearman
@@ -38,7 +43,7 @@ def gate_decision(
         f"score_gradient_permutation_p_at_most_{threshold_name(gate.permutation_p)}": permutation.one_sided_pvalue_rho_at_least_observed
         <= gate.permutation_p,
         f"top25_overlap_at_least_{threshold_name(gate.top25_overlap)}": alignment.top25_overlap >= gate.top25_overlap,
-        f"second_moment_ratio_at_most_{threshold_name(gate.second_moment_ratio)}": ratio <= gate.second_moment_ratio,
+        ratio_check: ratio <= gate.second_moment_ratio,
         f"second_moment_permutation_p_at_most_{threshold_name(gate.second_moment_permutation_p)}": permutation.one_sided_pvalue_second_moment_at_most_observed
         <= gate.second_moment_permutation_p,
     }
@@ -63,4 +68,6 @@ def gate_decision(
         status=f"formal_{sample_count}_anchor_gate" if formal else "smoke_not_a_gate_certificate",
         preset=str(gate.name),
         informational=informational,
+        verdict=verdict,
+        ratio_check=ratio_check if verdict is not None else None,
     )

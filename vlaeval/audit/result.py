@@ -18,9 +18,11 @@ from vlaeval.audit.alignment import Alignment
 from vlaeval.audit.decomposition import NoiseDecomposition
 from vlaeval.audit.proposals import PredictionAgreement
 from vlaeval.audit.statistics import LeaveOneOut, Repeatability
+from vlaeval.audit.verdict import RatioVerdict
+from vlaeval.choices import Verdict
 from vlaeval.records import JsonRecord
 
-GATE_EXIT_CODES = {"pass": 0, "fail": 12, "smoke": 13}  # audit.exit_code_from_gate
+GATE_EXIT_CODES = {"pass": 0, "fail": 12, "smoke": 13, "undecided": 14}  # audit.exit_code_from_gate
 
 
 @dataclass(frozen=True)
@@ -34,14 +36,31 @@ class GateDecision:
     status: str
     preset: str
     informational: Mapping[str, Any] = field(default_factory=dict)
+    # The three-way verdict on the ratio, its interval and the break-even ratio (None: results saved
+    # before it existed). `checks` stays the seed's screen: "the score carries signal".
+    verdict: Optional[RatioVerdict] = None
+    ratio_check: Optional[str] = None  # the name of the screen's point check the verdict decides instead
 
     @property
     def exit_code(self) -> int:
-        """0: eligible (a formal pass); 12: a check failed; 13: every check passed on too few anchors
-        for a certificate (a smoke run)."""
-        if self.eligible_for_500_step_ablation:
-            return GATE_EXIT_CODES["pass"]
-        return GATE_EXIT_CODES["fail"] if not self.passed else GATE_EXIT_CODES["smoke"]
+        """0: eligible (a formal pass); 12: a check failed, or the ratio's interval lies above the
+        threshold; 13: every check passed on too few anchors for a certificate (a smoke run); 14: the
+        other checks passed and the threshold lies inside the ratio's interval (UNDECIDED)."""
+        return GATE_EXIT_CODES[self.outcome]
+
+    @property
+    def outcome(self) -> str:
+        """pass, fail, smoke or undecided (GATE_EXIT_CODES' keys)."""
+        if self.verdict is None:  # a result from before the verdict: the seed's screen alone
+            if self.eligible_for_500_step_ablation:
+                return "pass"
+            return "fail" if not self.passed else "smoke"
+        others = all(ok for name, ok in self.checks.items() if name != self.ratio_check)
+        if not others or self.verdict.verdict == Verdict.FAIL.value:
+            return "fail"
+        if self.verdict.verdict == Verdict.UNDECIDED.value:
+            return "undecided"
+        return "pass" if self.status.startswith("formal") else "smoke"
 
     def to_json(self) -> Dict[str, Any]:
         return {
@@ -51,10 +70,12 @@ class GateDecision:
             "eligible_for_500_step_ablation": self.eligible_for_500_step_ablation,
             "status": self.status,
             "preset": self.preset,
+            **({"verdict": self.verdict.to_json(), "ratio_check": self.ratio_check} if self.verdict else {}),
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "GateDecision":
+        verdict = data.get("verdict")
         return cls(
             checks={str(k): bool(v) for k, v in data["checks"].items()},
             passed=bool(data["pass"]),
@@ -62,6 +83,8 @@ class GateDecision:
             status=str(data["status"]),
             preset=str(data.get("preset", "formal")),
             informational=dict(data.get("informational", {})),
+            verdict=RatioVerdict.from_json(verdict) if verdict else None,
+            ratio_check=data.get("ratio_check"),
         )
 
 
@@ -220,6 +243,15 @@ class AuditResult:
             ):
                 if oracles[name] is not None:
                     metrics[key] = oracles[name]
+        verdict = self.gate.verdict
+        if verdict is not None:
+            metrics.update({"gate.ratio_low": verdict.low, "gate.ratio_high": verdict.high})
+            optional = {
+                # from measured seconds: volatile, as timings are (job=reproduce does not compare them)
+                "timing.break_even_ratio": verdict.break_even_ratio,
+                "gate.anchors_needed": None if verdict.anchors_needed is None else float(verdict.anchors_needed),
+            }
+            metrics.update({k: v for k, v in optional.items() if v is not None})
         baseline = al.baseline_comparison
         if baseline is not None:
             shared = baseline.training_loss_shared_draws
@@ -242,6 +274,7 @@ class AuditResult:
             "gate.eligible_for_500_step_ablation": str(self.gate.eligible_for_500_step_ablation).lower(),
             "estimator.kind": self.score_definition.estimator,
             "estimator.unbiased": str(self.score_definition.unbiased).lower(),
+            **({"gate.verdict": self.gate.verdict.verdict} if self.gate.verdict else {}),
         }
 
     def to_json(self) -> Dict[str, Any]:

@@ -27,10 +27,12 @@ from vlaeval.audit.decomposition import NoiseDecomposition, noise_decomposition
 from vlaeval.audit.plots import plot_audit, plot_noise_decomposition
 from vlaeval.audit.result import AnchorScore, AuditResult, GateDecision, ScoreDefinition
 from vlaeval.audit.statistics import LeaveOneOut, Repeatability
+from vlaeval.audit.verdict import RatioVerdict, ratio_verdict, two_level_ratios
 from vlaeval.choices import CheckpointKind
 from vlaeval.config import AuditConfig, EstimatorConfig, GateConfig, GradientsConfig, PolicyJobSettings
 from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.memory import PeakMemory
+from vlaeval.policy.builtin import PolicyHandle
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.residual.artifact import (
@@ -73,6 +75,12 @@ def validate_audit(cfg: AuditJobConfig) -> None:
     require_at_least("audit.permutations", a.permutations, 1)
     require_at_least("audit.decomposition_bins", a.decomposition_bins, 2)
     require(g.min_anchors >= 4, f"gate.min_anchors={g.min_anchors} must be >= 4")
+    require(0.0 < g.verdict_level < 1.0, f"gate.verdict_level={g.verdict_level} must be in (0, 1), e.g. 0.95")
+    require_at_least("gate.verdict_resamples", g.verdict_resamples, 100)
+    require(
+        g.training_seconds_per_sample is None or g.training_seconds_per_sample > 0,
+        f"gate.training_seconds_per_sample={g.training_seconds_per_sample} must be > 0 (or null: the checkpoint's record)",
+    )
     FlowConvention.of(cfg.flow).validate()
     validate_checkpoint_config(cfg.checkpoint)
 
@@ -147,11 +155,61 @@ def score_the_anchors(
     return scores, runtime
 
 
+def training_seconds_per_sample(cfg: AuditJobConfig, handle: PolicyHandle) -> Optional[float]:
+    """C_train for the break-even ratio: gate.training_seconds_per_sample, else the checkpoint's own
+    training record (its seconds over steps x batch pairs); None when neither says."""
+    if cfg.gate.training_seconds_per_sample is not None:
+        return float(cfg.gate.training_seconds_per_sample)
+    run = handle.training
+    batch = ((handle.sidecar.get("config") or {}).get("train") or {}).get("batch_size")
+    if run is None or not batch or not run.steps or not run.train_seconds:
+        return None
+    return float(run.train_seconds) / (int(run.steps) * int(batch))
+
+
+def ratio_verdict_of(
+    cfg: AuditJobConfig,
+    score: np.ndarray,
+    gradient_rms: np.ndarray,
+    per_seed_rms: Optional[np.ndarray],
+    ratio: float,
+    costs: Tuple[Optional[float], Optional[float]],
+) -> RatioVerdict:
+    """The three-way verdict on the ratio from its two-level bootstrap (vlaeval/audit/verdict.py)."""
+    a, g = cfg.audit, cfg.gate
+    replicates = two_level_ratios(
+        score,
+        gradient_rms,
+        per_seed_rms,
+        alpha=a.alpha,
+        percentile_epsilon=a.percentile_epsilon,
+        proposal_power=a.proposal_power,
+        resamples=int(g.verdict_resamples),
+        seed=int(a.permutation_seed),
+    )
+    return ratio_verdict(
+        ratio,
+        replicates,
+        threshold=float(g.second_moment_ratio),
+        level=float(g.verdict_level),
+        anchors=int(score.size),
+        gradient_seeds=0 if per_seed_rms is None else int(per_seed_rms.shape[0]),
+        scoring_seconds_per_anchor=costs[0],
+        training_seconds_per_sample=costs[1],
+    )
+
+
 def audit_statistics(
-    cfg: AuditJobConfig, matrix: np.ndarray, artifact_anchors: List[Any], metadata: Mapping[str, Any]
+    cfg: AuditJobConfig,
+    matrix: np.ndarray,
+    artifact_anchors: List[Any],
+    metadata: Mapping[str, Any],
+    costs: Tuple[Optional[float], Optional[float]] = (None, None),
 ) -> Tuple[Repeatability, Alignment, LeaveOneOut, GateDecision]:
     """Repeatability of the score over estimator seeds, its alignment with the artifact's gradient
-    RMS (and the training-loss baseline), leave-one-out robustness, and the gate on all three."""
+    RMS (and the training-loss baseline), leave-one-out robustness, the ratio's three-way verdict
+    (`costs`: scoring seconds per anchor, training seconds per sample, for its break-even ratio), and
+    the gate on all of them."""
     a = cfg.audit
     score = matrix.mean(axis=0)
     gradient_rms = np.array([anchor["gradient_rms"] for anchor in artifact_anchors])
@@ -176,8 +234,16 @@ def audit_statistics(
     robustness = leave_one_out_robustness(
         score, gradient_rms, alpha=a.alpha, percentile_epsilon=a.percentile_epsilon, proposal_power=a.proposal_power
     )
+    verdict = ratio_verdict_of(
+        cfg, score, gradient_rms, per_seed_rms, alignment.proposal.information_to_baseline_ratio, costs
+    )
     gate = gate_decision(
-        sample_count=score.size, repeatability=rep, alignment=alignment, robustness=robustness, gate=cfg.gate
+        sample_count=score.size,
+        repeatability=rep,
+        alignment=alignment,
+        robustness=robustness,
+        gate=cfg.gate,
+        verdict=verdict,
     )
     return rep, alignment, robustness, gate
 
@@ -270,7 +336,8 @@ def run(cfg: AuditJobConfig) -> JobResult[AuditResult]:
     scores, runtime = score_the_anchors(cfg, data, handle, anchor_index)
     matrix = scores.estimator_residuals
     score = matrix.mean(axis=0)
-    rep, alignment, robustness, gate = audit_statistics(cfg, matrix, artifact_anchors, metadata)
+    costs = (float(runtime["seconds_per_anchor"]), training_seconds_per_sample(cfg, handle))
+    rep, alignment, robustness, gate = audit_statistics(cfg, matrix, artifact_anchors, metadata, costs)
     decomposition = where_the_noise_is(cfg, artifact_anchors)
     plots = []
     if cfg.audit.plot:
@@ -357,7 +424,26 @@ def print_summary(audit: AuditResult, run: RunRecord) -> None:
             f"  informational (not a gate check here): {name} = {'unknown' if value is None else str(value).lower()}"
         )
     console.show(
-        f"status: {gate.status}   eligible for the 500-step ablation: "
-        f"{console.styled('PASS' if gate.eligible_for_500_step_ablation else 'FAIL')}"
+        f"status: {gate.status}   the score carries signal (the seed's screen, eligible for the 500-step "
+        f"ablation): {console.styled('PASS' if gate.eligible_for_500_step_ablation else 'FAIL')}"
     )
+    if gate.verdict is not None:
+        print_verdict(gate.verdict)
     console.show(run.where())
+
+
+def print_verdict(v: RatioVerdict) -> None:
+    """The ratio's three-way verdict with its interval, and the break-even ratio beside it."""
+    needed = f"; about {v.anchors_needed:,} anchors would decide it" if v.anchors_needed else ""
+    seeds = f", {v.gradient_seeds} gradient seeds within each" if v.gradient_seeds else ", anchors only"
+    console.show(
+        f"verdict on the ratio: {console.styled(v.verdict)} -- {v.ratio:.3f} with {v.level:.0%} interval "
+        f"[{v.low:.3f}, {v.high:.3f}] (two-level bootstrap over {v.anchors} anchors{seeds}) against "
+        f"{v.threshold:.2f}{needed}"
+    )
+    if v.break_even_ratio is not None:
+        console.show(
+            f"break-even ratio r* = 1 / (1 + C_score / C_train) = {v.break_even_ratio:.3f} (scoring "
+            f"{v.scoring_seconds_per_anchor:.4f} s an anchor, training {v.training_seconds_per_sample:.2e} s a "
+            f"sample): the proposal {'pays' if v.pays_for_its_scoring else 'does not pay'} for its scoring"
+        )

@@ -154,7 +154,7 @@ def flow_matching_losses(
     A loss-level policy (protocol.py) computes it itself, on the batch's rows repeated per draw."""
     if uses_loss_level(model):
         return model.loss(repeat_rows(batch, draws), noise, t)
-    return _losses_given(model, model.encode(batch), batch, t, noise, flow, draws)
+    return losses_given(model, model.encode(batch), batch, t, noise, flow, draws)
 
 
 def repeat_rows(batch: Any, draws: int) -> Any:
@@ -175,10 +175,10 @@ def training_losses(
         return model.loss(repeat_rows(batch, draws), noise, t), None
     own = getattr(model, "encode_for_training", None)
     conditioning, auxiliary = own(batch) if callable(own) else (model.encode(batch), None)
-    return _losses_given(model, conditioning, batch, t, noise, flow, draws), auxiliary
+    return losses_given(model, conditioning, batch, t, noise, flow, draws), auxiliary
 
 
-def _losses_given(
+def losses_given(
     model: Any,
     conditioning: Any,
     batch: Dict[str, torch.Tensor],

@@ -51,13 +51,15 @@ or predict_action_chunk; horizon, action_dim), policy/builtin.py (state_dict, lo
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import torch
 
 from vlaeval.errors import UserInputError
 
 CONDITIONING_LEVEL = ("encode", "velocity")
+# What `encode` returns: a tensor, or a nest (dict, list, tuple, named tuple) of tensors leading with the batch.
+Conditioning = Union[torch.Tensor, Mapping[str, Any], Sequence[Any]]
 LOSS_LEVEL = ("loss", "predict_action_chunk")
 
 

@@ -40,9 +40,10 @@ from scipy.stats import spearmanr
 from vlaeval.artifacts import stable_seed
 from vlaeval.choices import GradientMethod
 from vlaeval.data.anchors import AnchorSet
-from vlaeval.errors import UserInputError
+from vlaeval.errors import UserInputError, first_line
 from vlaeval.policy.bound import BoundPolicy
-from vlaeval.policy.flow import FlowConvention, flow_matching_losses
+from vlaeval.policy.flow import FlowConvention, flow_matching_losses, losses_given
+from vlaeval.policy.protocol import Conditioning, map_tensors, uses_loss_level
 from vlaeval.records import JsonRecord
 
 Batch = Dict[str, torch.Tensor]
@@ -312,18 +313,27 @@ class PerSampleGradNorms:
         self.layers = trainable_layers(model, self.parameters) if self.method == GradientMethod.auto else []
         self.layer_methods: Dict[str, str] = {}
 
-    def __call__(self, batch: Batch, t: torch.Tensor, noise: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, batch: Batch, t: torch.Tensor, noise: torch.Tensor, conditioning: Optional[Conditioning] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """`conditioning`: the rows' conditioning computed outside (no trainable parameter in it:
+        shared_conditioning), for method=auto; None: each row encoded here."""
         if self.method == GradientMethod.auto:
-            return self._per_layer(batch, t, noise)
+            return self._per_layer(batch, t, noise, conditioning)
         if self.method == GradientMethod.functional:
             return self._functional(batch, t, noise)
         self.layer_methods = {"all trainable parameters": "loop"}
         return self.loop(batch, t, noise)
 
-    def _per_layer(self, batch: Batch, t: torch.Tensor, noise: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _per_layer(
+        self, batch: Batch, t: torch.Tensor, noise: torch.Tensor, conditioning: Optional[Conditioning] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         size = t.shape[0]
         with recorded_calls(self.layers):
-            losses = flow_matching_losses(self.model, batch, t, noise, self.flow)
+            if conditioning is None:
+                losses = flow_matching_losses(self.model, batch, t, noise, self.flow)
+            else:
+                losses = losses_given(self.model, conditioning, batch, t, noise, self.flow, 1)
         for layer in self.layers:
             for call in layer.calls:
                 _check_batch_first(layer, call, size)
@@ -368,7 +378,18 @@ class PerSampleGradNorms:
         sq_out, loss_out = [], []
         for start in range(0, t.shape[0], VMAP_CHUNK):
             stop = min(start + VMAP_CHUNK, t.shape[0])
-            grads, losses = step(params, {k: v[start:stop] for k, v in batch.items()}, t[start:stop], noise[start:stop])
+            try:
+                grads, losses = step(
+                    params, {k: v[start:stop] for k, v in batch.items()}, t[start:stop], noise[start:stop]
+                )
+            except RuntimeError as error:
+                if "vmap" not in str(error):
+                    raise
+                # transformers' attention masks branch on the mask's values, which vmap cannot follow
+                raise UserInputError(
+                    f"gradients.method=functional cannot vmap {type(self.model).__name__}'s loss "
+                    f"({first_line(error)[:120]}...); use gradients.method=auto (exact, per layer) or loop"
+                ) from None
             sq_out.append(sum(g.reshape(stop - start, -1).pow(2).sum(dim=1) for g in grads.values()))
             loss_out.append(losses)
         self.layer_methods = {"all trainable parameters": "functional_vmap"}
@@ -500,6 +521,34 @@ def verify_against_loop(
     return LoopCheck(pairs=n, max_relative_difference=difference, tolerance=VERIFY_TOLERANCE)
 
 
+def shared_conditioning(
+    policy: BoundPolicy, anchors: AnchorSet, pair_anchor: np.ndarray
+) -> Tuple[Batch, Optional[Conditioning]]:
+    """(the rows' batch, their conditioning) for pairs whose anchors repeat (the artifact's seeds x
+    anchors): each distinct anchor decoded and encoded once, its rows indexing the result -- the VLM's
+    prefix run once per anchor, not once per gradient seed. The conditioning is None where it cannot
+    be shared: a loss-level policy, or a trainable parameter inside the encoder (its per-sample
+    gradients would be summed over the rows sharing an anchor)."""
+    distinct, rows = np.unique(pair_anchor, return_inverse=True)
+    once = policy.anchor_batch(anchors, distinct)
+    index = torch.as_tensor(rows, device=next(iter(once.values())).device)
+    batch = {k: v[index] for k, v in once.items()}
+    model = cast(Any, policy.model)
+    if uses_loss_level(model) or distinct.size == pair_anchor.size:
+        return batch, None
+    encoded = model.encode(once)
+    trainable: List[bool] = []
+
+    def note(x: torch.Tensor) -> torch.Tensor:
+        trainable.append(x.requires_grad)
+        return x
+
+    map_tensors(note, encoded)
+    if any(trainable):
+        return batch, None
+    return batch, map_tensors(lambda x: x[index], encoded)
+
+
 def gradient_measurements(
     policy: BoundPolicy,
     anchors: AnchorSet,
@@ -527,8 +576,12 @@ def gradient_measurements(
         norms = PerSampleGradNorms(model, parameters, flow, method)
         for start in range(0, pair_anchor.size, int(batch_size)):
             stop = min(start + int(batch_size), pair_anchor.size)
-            batch = policy.anchor_batch(anchors, pair_anchor[start:stop])
-            sq, loss = norms(batch, t_all[start:stop], noise_all[start:stop])
+            conditioning = None
+            if norms.method == GradientMethod.auto:
+                batch, conditioning = shared_conditioning(policy, anchors, pair_anchor[start:stop])
+            else:
+                batch = policy.anchor_batch(anchors, pair_anchor[start:stop])
+            sq, loss = norms(batch, t_all[start:stop], noise_all[start:stop], conditioning)
             require_finite(loss, sq, t_all[start:stop], pair_anchor[start:stop])
             if start == 0:
                 verification = verify_against_loop(

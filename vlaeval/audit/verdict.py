@@ -1,0 +1,145 @@
+"""The gate's three-way verdict on the proposal's second-moment ratio: PASS, FAIL or UNDECIDED.
+
+The audit predicts the ratio from N anchors, each anchor's gradient RMS averaged over S gradient
+seeds: both are samples, so the prediction has an error, and comparing it with the threshold as if it
+were exact turns a prediction 0.001 above 0.98 into a FAIL. The verdict compares an interval:
+
+    PASS       the interval's upper end is below the threshold
+    FAIL       its lower end is above it
+    UNDECIDED  otherwise -- with the anchors that would decide it at the same ratio and spread
+               (the interval narrows as 1 / sqrt(N)): N * (half-width / |ratio - threshold|)^2
+
+The interval is a two-level bootstrap: resample the anchors with replacement and, within each drawn
+anchor, its gradient seeds with replacement (its RMS recomputed from the resampled seeds' squared
+norms); the proposal is rebuilt from each resample's scores as the audit builds it. Without per-seed
+values (an artifact that does not record them) it is the anchors' level alone, and says so.
+
+Beside it, what the ratio must beat to pay for the scoring: one scoring pass per anchor costs
+C_score seconds, one training sample C_train; an anchor-only proposal saves (1 - r) of the samples
+for the same variance, so it pays when r < r* = 1 / (1 + C_score / C_train).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from vlaeval.artifacts import stable_seed
+from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
+from vlaeval.choices import Verdict
+from vlaeval.records import JsonRecord
+
+RESAMPLE_CHUNK = 64  # bootstrap resamples drawn at once (bounds the (chunk, N, S) seed draws)
+
+
+def two_level_ratios(
+    scores: np.ndarray,
+    gradient_rms: np.ndarray,
+    per_seed_rms: Optional[np.ndarray],
+    *,
+    alpha: float,
+    percentile_epsilon: float,
+    proposal_power: float,
+    resamples: int,
+    seed: int,
+) -> np.ndarray:
+    """`resamples` bootstrap replicates of the second-moment ratio: anchors resampled, and the
+    gradient seeds within each drawn anchor (per_seed_rms: (S, N); None: anchors only)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    n = scores.size
+    rng = np.random.default_rng(stable_seed("gate-verdict-bootstrap", int(seed)))
+    squares = None if per_seed_rms is None else np.asarray(per_seed_rms, dtype=np.float64).T ** 2  # (N, S)
+    out = np.empty(int(resamples))
+    for start in range(0, int(resamples), RESAMPLE_CHUNK):
+        b = min(RESAMPLE_CHUNK, int(resamples) - start)
+        index = rng.integers(0, n, size=(b, n))
+        if squares is None:
+            rms = np.asarray(gradient_rms, dtype=np.float64)[index]
+        else:
+            s = squares.shape[1]
+            seeds = rng.integers(0, s, size=(b, n, s))
+            rms = np.sqrt(np.take_along_axis(squares[index], seeds, axis=2).mean(axis=2))
+        q = proposal_distribution(
+            scores[index], alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power
+        )
+        out[start : start + b] = information_to_baseline_ratio(rms, q)
+    return out
+
+
+def break_even_ratio(scoring_seconds_per_anchor: float, training_seconds_per_sample: float) -> float:
+    """r* = 1 / (1 + C_score / C_train): the ratio below which scoring every anchor once pays."""
+    return 1.0 / (1.0 + scoring_seconds_per_anchor / training_seconds_per_sample)
+
+
+@dataclass(frozen=True)
+class RatioVerdict(JsonRecord):
+    """The three-way verdict on the ratio (see the module docstring), and its cost-aware companion."""
+
+    verdict: str  # PASS | FAIL | UNDECIDED
+    threshold: float
+    ratio: float
+    low: float
+    high: float
+    level: float
+    sd: float
+    resamples: int
+    anchors: int
+    gradient_seeds: int  # seeds resampled within each anchor (0: anchors only)
+    anchors_needed: Optional[int] = None  # UNDECIDED: anchors at which the interval would clear the threshold
+    break_even_ratio: Optional[float] = None  # r*; None: a cost unknown
+    scoring_seconds_per_anchor: Optional[float] = None
+    training_seconds_per_sample: Optional[float] = None
+    pays_for_its_scoring: Optional[bool] = None  # the interval's upper end below r*
+
+    @property
+    def exit_code_key(self) -> str:
+        return {Verdict.PASS.value: "pass", Verdict.FAIL.value: "fail"}.get(self.verdict, "undecided")
+
+
+def ratio_verdict(
+    ratio: float,
+    replicates: np.ndarray,
+    *,
+    threshold: float,
+    level: float,
+    anchors: int,
+    gradient_seeds: int,
+    scoring_seconds_per_anchor: Optional[float] = None,
+    training_seconds_per_sample: Optional[float] = None,
+) -> RatioVerdict:
+    """The verdict on `ratio` from its bootstrap `replicates` (percentile interval at `level`)."""
+    tail = (1.0 - float(level)) / 2.0
+    low, high = (float(x) for x in np.quantile(replicates, [tail, 1.0 - tail]))
+    if high < threshold:
+        verdict = Verdict.PASS
+    elif low > threshold:
+        verdict = Verdict.FAIL
+    else:
+        verdict = Verdict.UNDECIDED
+    needed = None
+    gap = abs(float(ratio) - float(threshold))
+    if verdict == Verdict.UNDECIDED and gap > 0:
+        needed = int(math.ceil(anchors * ((high - low) / 2.0 / gap) ** 2))
+    r_star = None
+    if scoring_seconds_per_anchor is not None and training_seconds_per_sample:
+        r_star = break_even_ratio(float(scoring_seconds_per_anchor), float(training_seconds_per_sample))
+    return RatioVerdict(
+        verdict=verdict.value,
+        threshold=float(threshold),
+        ratio=float(ratio),
+        low=low,
+        high=high,
+        level=float(level),
+        sd=float(np.std(replicates, ddof=1)),
+        resamples=int(np.size(replicates)),
+        anchors=int(anchors),
+        gradient_seeds=int(gradient_seeds),
+        anchors_needed=needed,
+        break_even_ratio=r_star,
+        scoring_seconds_per_anchor=scoring_seconds_per_anchor,
+        training_seconds_per_sample=training_seconds_per_sample,
+        pays_for_its_scoring=None if r_star is None else bool(high < r_star),
+    )
