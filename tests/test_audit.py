@@ -366,7 +366,7 @@ def test_audit_job_end_to_end(audit_run):
     }
     assert typed.gate.exit_code == 13  # a smoke run: every check passed on too few anchors
     verdict = result["gate"]["verdict"]  # the ratio's three-way verdict on its two-level bootstrap
-    assert verdict["verdict"] == "PASS" and verdict["high"] < verdict["threshold"] == 0.98
+    assert verdict["verdict"] == "PASS" and verdict["high"] < verdict["threshold"]  # gate=smoke's threshold
     assert verdict["low"] <= verdict["ratio"] <= verdict["high"] and verdict["gradient_seeds"] == 16
     assert 0 < verdict["break_even_ratio"] < 1 and verdict["training_seconds_per_sample"] > 0  # the checkpoint's record
     assert result["tags"]["gate.verdict"] == "PASS" and "verdict on the ratio: PASS" in proc.stdout

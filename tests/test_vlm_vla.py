@@ -205,7 +205,7 @@ def test_the_gradient_artifact_runs_the_prefix_once_per_anchor_for_all_its_seeds
     )
     with only_trainable(model, "action_head") as parameters:
         batch, conditioning = shared_conditioning(policy, data.anchors, pair_anchor)
-        assert encoded_rows == [4] and conditioning.kv[0][0].shape[0] == 12
+        assert encoded_rows == [1, 4] and conditioning.kv[0][0].shape[0] == 12  # a probe row, then each anchor once
         norms = PerSampleGradNorms(model, parameters, cfg.flow, "auto")
         shared, _ = norms(batch, t, noise, conditioning)
         per_row, _ = norms(batch, t, noise)

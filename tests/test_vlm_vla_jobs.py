@@ -101,9 +101,8 @@ def test_the_ablation_fine_tunes_the_vlms_expert_under_each_proposal(tmp_path, e
             "ablation.batch_size=16",
             "ablation.heldout_every=10",
             "ablation.heldout_episodes_per_task=1",
-            "evaluate.episodes_per_task=1",
+            "ablation.evaluate=false",  # closed loop: job=train's evaluation above
             "estimator.samples_per_estimator=8",
-            "rollout.workers=2",
             "tracking=disabled",
         ],
         tmp_path,
@@ -137,7 +136,7 @@ def test_a_rollout_gauntlet_runs_two_vlms_on_visual_and_language_strata(tmp_path
         env,
     )
     strata = {s["stratum"]: s for s in result["strata"]}
-    families = ["camera_pose", "occlusion", "visual_shift", "paraphrase", "unseen_phrasing", "nominal"]
+    families = ["camera_pose", "paraphrase", "nominal"]
     assert set(families) <= set(strata) and all(strata[f]["decision"] for f in families)
     pairs = pd.read_csv(result["rollouts"]["paired_outcomes"])
     assert len(pairs) == sum(strata[f]["units_evaluated"] for f in families) > 0

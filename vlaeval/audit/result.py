@@ -245,11 +245,11 @@ class AuditResult:
                     metrics[key] = oracles[name]
         verdict = self.gate.verdict
         if verdict is not None:
-            metrics.update({"gate.ratio_low": verdict.low, "gate.ratio_high": verdict.high})
+            metrics.update({"verdict.ratio_low": verdict.low, "verdict.ratio_high": verdict.high})
             optional = {
                 # from measured seconds: volatile, as timings are (job=reproduce does not compare them)
                 "timing.break_even_ratio": verdict.break_even_ratio,
-                "gate.anchors_needed": None if verdict.anchors_needed is None else float(verdict.anchors_needed),
+                "verdict.anchors_needed": None if verdict.anchors_needed is None else float(verdict.anchors_needed),
             }
             metrics.update({k: v for k, v in optional.items() if v is not None})
         baseline = al.baseline_comparison

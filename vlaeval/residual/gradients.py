@@ -536,17 +536,16 @@ def shared_conditioning(
     model = cast(Any, policy.model)
     if uses_loss_level(model) or distinct.size == pair_anchor.size:
         return batch, None
-    encoded = model.encode(once)
     trainable: List[bool] = []
 
     def note(x: torch.Tensor) -> torch.Tensor:
         trainable.append(x.requires_grad)
         return x
 
-    map_tensors(note, encoded)
+    map_tensors(note, model.encode({k: v[:1] for k, v in once.items()}))  # one row says whether it can be shared
     if any(trainable):
         return batch, None
-    return batch, map_tensors(lambda x: x[index], encoded)
+    return batch, map_tensors(lambda x: x[index], model.encode(once))
 
 
 def gradient_measurements(
