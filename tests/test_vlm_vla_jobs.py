@@ -31,17 +31,8 @@ def run(args, tmp_path, env, name="run", timeout=600):
 
 
 def test_the_audit_scores_the_vlm_against_its_action_experts_gradients_chosen_by_name(tmp_path, env):
-    from helpers.processes import sqlite_uri
-
     result, _ = run(
-        [
-            *VLM,
-            *GRADIENTS,
-            *EXPERT,
-            "gate=smoke",
-            "audit.permutations=500",
-            f"tracking.uri={sqlite_uri(tmp_path / 'mlflow.db')}",
-        ],
+        [*VLM, *GRADIENTS, *EXPERT, "gate=smoke", "audit.permutations=500", "tracking=disabled"],
         tmp_path,
         env,
     )
@@ -51,7 +42,8 @@ def test_the_audit_scores_the_vlm_against_its_action_experts_gradients_chosen_by
         name.startswith(("expert.", "action_out")) for name in artifact["layer_methods"]
     )
     assert "linear_gram" in artifact["layer_methods"].values()  # the Gram form, not per-sample gradients
-    assert result["tracked"] and -1 <= result["alignment"]["spearman_residual_vs_gradient_rms"] <= 1
+    assert -1 <= result["alignment"]["spearman_residual_vs_gradient_rms"] <= 1
+    assert result["gate"]["verdict"]["verdict"] in ("PASS", "FAIL", "UNDECIDED")
 
     artifact_result, proc = run(["job=gradients", *VLM, *GRADIENTS, *EXPERT, "tracking=disabled"], tmp_path, env, "g")
     written = json.loads((tmp_path / "g" / "gradient_artifact.json").read_text())
