@@ -395,8 +395,9 @@ class GateConfig:
     # interval a two-level bootstrap (anchors, and gradient seeds within each) at verdict_level.
     verdict_level: float = 0.95
     verdict_resamples: int = 2000
-    # C_train of the break-even ratio r* = 1 / (1 + C_score / C_train), seconds per training sample;
-    # null: the built-in checkpoint's own record (train seconds / (steps x batch)), unknown for another's.
+    # The break-even ratio r* = 1 / (1 + C_score / C_train) weighs scoring the dataset's anchors once
+    # (this run's speed) against training: this many seconds a sample x train.steps x train.batch_size;
+    # null: the built-in checkpoint's own recorded training time (unknown for a checkpoint from elsewhere).
     training_seconds_per_sample: Optional[float] = None
 
 

@@ -14,9 +14,11 @@ anchor, its gradient seeds with replacement (its RMS recomputed from the resampl
 norms); the proposal is rebuilt from each resample's scores as the audit builds it. Without per-seed
 values (an artifact that does not record them) it is the anchors' level alone, and says so.
 
-Beside it, what the ratio must beat to pay for the scoring: one scoring pass per anchor costs
-C_score seconds, one training sample C_train; an anchor-only proposal saves (1 - r) of the samples
-for the same variance, so it pays when r < r* = 1 / (1 + C_score / C_train).
+Beside it, what the ratio must beat to pay for the scoring. A proposal with ratio r reaches uniform
+sampling's variance in r of its samples; each sample costs C_train and carries its share of scoring
+the dataset, C_score (scoring every anchor once, spread over the run's samples). It pays when
+r (C_train + C_score) < C_train: r < r* = 1 / (1 + C_score / C_train) -- the same ratio with the
+totals, scoring the dataset once against the training run.
 """
 
 from __future__ import annotations
@@ -69,9 +71,10 @@ def two_level_ratios(
     return out
 
 
-def break_even_ratio(scoring_seconds_per_anchor: float, training_seconds_per_sample: float) -> float:
-    """r* = 1 / (1 + C_score / C_train): the ratio below which scoring every anchor once pays."""
-    return 1.0 / (1.0 + scoring_seconds_per_anchor / training_seconds_per_sample)
+def break_even_ratio(scoring_seconds: float, training_seconds: float) -> float:
+    """r* = 1 / (1 + C_score / C_train), from the totals: scoring every anchor of the dataset once
+    against the training run it would sample for."""
+    return 1.0 / (1.0 + scoring_seconds / training_seconds)
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,8 @@ class RatioVerdict(JsonRecord):
     gradient_seeds: int  # seeds resampled within each anchor (0: anchors only)
     anchors_needed: Optional[int] = None  # UNDECIDED: anchors at which the interval would clear the threshold
     break_even_ratio: Optional[float] = None  # r*; None: a cost unknown
-    scoring_seconds_per_anchor: Optional[float] = None
-    training_seconds_per_sample: Optional[float] = None
+    scoring_seconds: Optional[float] = None  # every anchor of the dataset scored once (at this run's speed)
+    training_seconds: Optional[float] = None  # the training run the proposal would sample for
     pays_for_its_scoring: Optional[bool] = None  # the interval's upper end below r*
 
     @property
@@ -107,8 +110,8 @@ def ratio_verdict(
     level: float,
     anchors: int,
     gradient_seeds: int,
-    scoring_seconds_per_anchor: Optional[float] = None,
-    training_seconds_per_sample: Optional[float] = None,
+    scoring_seconds: Optional[float] = None,
+    training_seconds: Optional[float] = None,
 ) -> RatioVerdict:
     """The verdict on `ratio` from its bootstrap `replicates` (percentile interval at `level`)."""
     tail = (1.0 - float(level)) / 2.0
@@ -124,8 +127,8 @@ def ratio_verdict(
     if verdict == Verdict.UNDECIDED and gap > 0:
         needed = int(math.ceil(anchors * ((high - low) / 2.0 / gap) ** 2))
     r_star = None
-    if scoring_seconds_per_anchor is not None and training_seconds_per_sample:
-        r_star = break_even_ratio(float(scoring_seconds_per_anchor), float(training_seconds_per_sample))
+    if scoring_seconds is not None and training_seconds:
+        r_star = break_even_ratio(float(scoring_seconds), float(training_seconds))
     return RatioVerdict(
         verdict=verdict.value,
         threshold=float(threshold),
@@ -139,7 +142,7 @@ def ratio_verdict(
         gradient_seeds=int(gradient_seeds),
         anchors_needed=needed,
         break_even_ratio=r_star,
-        scoring_seconds_per_anchor=scoring_seconds_per_anchor,
-        training_seconds_per_sample=training_seconds_per_sample,
+        scoring_seconds=scoring_seconds,
+        training_seconds=training_seconds,
         pays_for_its_scoring=None if r_star is None else bool(high < r_star),
     )

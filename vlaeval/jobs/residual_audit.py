@@ -155,16 +155,14 @@ def score_the_anchors(
     return scores, runtime
 
 
-def training_seconds_per_sample(cfg: AuditJobConfig, handle: PolicyHandle) -> Optional[float]:
-    """C_train for the break-even ratio: gate.training_seconds_per_sample, else the checkpoint's own
-    training record (its seconds over steps x batch pairs); None when neither says."""
+def training_seconds(cfg: AuditJobConfig, handle: PolicyHandle) -> Optional[float]:
+    """C_train's total for the break-even ratio: the training run the proposal would sample for --
+    gate.training_seconds_per_sample x the train section's steps x batch, else the checkpoint's own
+    recorded training time; None when neither says."""
     if cfg.gate.training_seconds_per_sample is not None:
-        return float(cfg.gate.training_seconds_per_sample)
+        return float(cfg.gate.training_seconds_per_sample) * int(cfg.train.steps) * int(cfg.train.batch_size)
     run = handle.training
-    batch = ((handle.sidecar.get("config") or {}).get("train") or {}).get("batch_size")
-    if run is None or not batch or not run.steps or not run.train_seconds:
-        return None
-    return float(run.train_seconds) / (int(run.steps) * int(batch))
+    return float(run.train_seconds) if run is not None and run.train_seconds else None
 
 
 def ratio_verdict_of(
@@ -194,8 +192,8 @@ def ratio_verdict_of(
         level=float(g.verdict_level),
         anchors=int(score.size),
         gradient_seeds=0 if per_seed_rms is None else int(per_seed_rms.shape[0]),
-        scoring_seconds_per_anchor=costs[0],
-        training_seconds_per_sample=costs[1],
+        scoring_seconds=costs[0],
+        training_seconds=costs[1],
     )
 
 
@@ -208,8 +206,8 @@ def audit_statistics(
 ) -> Tuple[Repeatability, Alignment, LeaveOneOut, GateDecision]:
     """Repeatability of the score over estimator seeds, its alignment with the artifact's gradient
     RMS (and the training-loss baseline), leave-one-out robustness, the ratio's three-way verdict
-    (`costs`: scoring seconds per anchor, training seconds per sample, for its break-even ratio), and
-    the gate on all of them."""
+    (`costs`: seconds to score the dataset once and to train, for its break-even ratio), and the gate
+    on all of them."""
     a = cfg.audit
     score = matrix.mean(axis=0)
     gradient_rms = np.array([anchor["gradient_rms"] for anchor in artifact_anchors])
@@ -336,7 +334,8 @@ def run(cfg: AuditJobConfig) -> JobResult[AuditResult]:
     scores, runtime = score_the_anchors(cfg, data, handle, anchor_index)
     matrix = scores.estimator_residuals
     score = matrix.mean(axis=0)
-    costs = (float(runtime["seconds_per_anchor"]), training_seconds_per_sample(cfg, handle))
+    # C_score: every anchor of the dataset scored once at this run's speed; C_train: the training run.
+    costs = (float(runtime["seconds_per_anchor"]) * len(data.anchors), training_seconds(cfg, handle))
     rep, alignment, robustness, gate = audit_statistics(cfg, matrix, artifact_anchors, metadata, costs)
     decomposition = where_the_noise_is(cfg, artifact_anchors)
     plots = []
@@ -443,7 +442,7 @@ def print_verdict(v: RatioVerdict) -> None:
     )
     if v.break_even_ratio is not None:
         console.show(
-            f"break-even ratio r* = 1 / (1 + C_score / C_train) = {v.break_even_ratio:.3f} (scoring "
-            f"{v.scoring_seconds_per_anchor:.4f} s an anchor, training {v.training_seconds_per_sample:.2e} s a "
-            f"sample): the proposal {'pays' if v.pays_for_its_scoring else 'does not pay'} for its scoring"
+            f"break-even ratio r* = 1 / (1 + C_score / C_train) = {v.break_even_ratio:.3f} (scoring the dataset's "
+            f"anchors once {v.scoring_seconds:.1f} s, its training {v.training_seconds:.1f} s): the proposal "
+            f"{'pays' if v.pays_for_its_scoring else 'does not pay'} for its scoring"
         )
