@@ -13,6 +13,8 @@ interval holds again at 256 anchors. docs/audit.md says so."""
 
 from __future__ import annotations
 
+from typing import Any, Dict
+
 import numpy as np
 import pytest
 
@@ -20,7 +22,7 @@ from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_dis
 from vlaeval.audit.verdict import break_even_ratio, ratio_verdict, two_level_ratios
 from vlaeval.choices import Verdict
 
-PROPOSAL = dict(alpha=0.2, percentile_epsilon=0.05, proposal_power=1.0)
+PROPOSAL: Dict[str, Any] = dict(alpha=0.2, percentile_epsilon=0.05, proposal_power=1.0)
 POPULATION = 20_000
 REPETITIONS = 120
 RESAMPLES = 300

@@ -17,7 +17,6 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 from scipy.stats import kendalltau, rankdata, spearmanr
 
-from vlaeval.artifacts import stable_seed
 from vlaeval.audit.statistics import (
     information_to_baseline_ratio,
     oracle_ratio,
@@ -25,6 +24,7 @@ from vlaeval.audit.statistics import (
     require_proposal_scores,
     top_overlap,
 )
+from vlaeval.audit.verdict import two_level_ratios
 
 SHARED_DRAWS_NOTE = (
     "the artifact's training loss shares its (t, eps) draws with the gradient RMS: inflated; "
@@ -370,15 +370,17 @@ def ratio_bootstrap(
     dataset; the noise of each anchor's gradient RMS over its seeds is not in it.
 
     scores, gradient_rms: shape (N,), N >= 2."""
-    scores = np.asarray(scores, dtype=np.float64)
-    rms = np.asarray(gradient_rms, dtype=np.float64)
-    index = np.random.default_rng(stable_seed("prediction-bootstrap", int(seed))).integers(
-        0, scores.size, size=(int(resamples), scores.size)
+    ratios = two_level_ratios(  # the anchor level alone (no per-seed values), on this prediction's own stream
+        scores,
+        gradient_rms,
+        None,
+        alpha=alpha,
+        percentile_epsilon=percentile_epsilon,
+        proposal_power=proposal_power,
+        resamples=resamples,
+        seed=seed,
+        stream="prediction-bootstrap",
     )
-    q = proposal_distribution(
-        scores[index], alpha=alpha, percentile_epsilon=percentile_epsilon, proposal_power=proposal_power
-    )
-    ratios = information_to_baseline_ratio(rms[index], q)
     low, high = np.quantile(ratios, [0.025, 0.975])
     return float(ratios.std(ddof=1)), (float(low), float(high))
 

@@ -47,12 +47,14 @@ def two_level_ratios(
     proposal_power: float,
     resamples: int,
     seed: int,
+    stream: str = "gate-verdict-bootstrap",
 ) -> np.ndarray:
     """`resamples` bootstrap replicates of the second-moment ratio: anchors resampled, and the
-    gradient seeds within each drawn anchor (per_seed_rms: (S, N); None: anchors only)."""
+    gradient seeds within each drawn anchor (per_seed_rms: (S, N); None: anchors only). `stream`
+    names the random stream (with `seed`): each caller its own, the same draws in any process."""
     scores = np.asarray(scores, dtype=np.float64)
     n = scores.size
-    rng = np.random.default_rng(stable_seed("gate-verdict-bootstrap", int(seed)))
+    rng = np.random.default_rng(stable_seed(stream, int(seed)))
     squares = None if per_seed_rms is None else np.asarray(per_seed_rms, dtype=np.float64).T ** 2  # (N, S)
     out = np.empty(int(resamples))
     for start in range(0, int(resamples), RESAMPLE_CHUNK):
