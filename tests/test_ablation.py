@@ -276,16 +276,18 @@ def test_the_ablation_refuses_a_failed_gate_and_an_audit_made_under_other_settin
     assert not gate["pass"] and not gate["checks"]["sample_count_at_least_64"]
 
     def ablation(*extra):
+        """The ablation run in this process (the CLI's exit 2 for a UserInputError is test_cli's): its
+        one-line refusal, and the folder it would have written to."""
+        from vlaeval.errors import UserInputError
+        from vlaeval.jobs import dispatch
+
         run_dir = tmp_path / f"ablation-{len(list(tmp_path.iterdir()))}"
-        proc = run_main(
-            [*ABLATION_SMALL, "tracking=disabled", f"ablation.audit_result={audit_dir / 'result.json'}"]
-            + [f"paths.cache_dir={cache}", f"hydra.run.dir={run_dir}", *extra],
-            tmp_path,
-        )
-        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1, proc.stderr
-        return lines[0], run_dir
+        overrides = [*ABLATION_SMALL, "tracking=disabled", f"ablation.audit_result={audit_dir / 'result.json'}", *extra]
+        cfg = compose_config(overrides, output_dir=run_dir, cache_dir=cache)
+        with pytest.raises(UserInputError) as refused:
+            dispatch(cfg, overrides)
+        assert "\n" not in str(refused.value), str(refused.value)
+        return str(refused.value), run_dir
 
     line, run_dir = ablation()
     assert "the audit's gate failed (" in line and "sample_count_at_least_64" in line

@@ -19,7 +19,7 @@ LAYERS: List[Set[str]] = [
     {"vlaeval"},  # the package's __init__: its version only
     {"errors", "choices", "artifacts", "provenance", "console", "memory", "records"},
     {"store", "devices"},
-    {"seqtest", "audit"},
+    {"seqtest", "audit", "validity"},
     {"components"},
     {"config"},
     {"envs", "tracking"},
@@ -32,7 +32,7 @@ LAYERS: List[Set[str]] = [
     {"help"},
     {"cli", "callbacks"},
 ]
-PURE_STATISTICS = ("seqtest", "audit")
+PURE_STATISTICS = ("seqtest", "audit", "validity")
 
 
 def module_name(path: Path) -> str:

@@ -31,11 +31,11 @@ QUIET = [
 ]
 
 
-def _gauntlet(tmp: Path, name: str, *extra: str) -> dict:
+def _gauntlet(tmp: Path, name: str, *extra: str, cache: Path | None = None) -> dict:
     proc = run_main(
         ["job=gauntlet", "outcomes=rollout_small", *QUIET, *extra, f"hydra.run.dir={tmp / name}"],
         tmp,
-        env={"VLAEVAL_CACHE_DIR": str(tmp / "cache")},
+        env={"VLAEVAL_CACHE_DIR": str(cache or tmp / "cache")},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp / name / "result.json").read_text())
@@ -231,10 +231,11 @@ def test_the_paired_outcomes_are_reanalysed_by_outcomes_file(three_runs):
 
 
 @pytest.mark.slow
-def test_one_checkpoint_twice_meets_identical_episodes_until_a_degradation_is_planted(tmp_path):
+def test_one_checkpoint_twice_meets_identical_episodes_until_a_degradation_is_planted(three_runs, tmp_path):
     """Both sides run the same episodes with the same seeds: one checkpoint as baseline and candidate
     gives identical outcomes and step counts everywhere (cache off, so every episode really runs
-    twice), except where effects plants a degradation on the candidate."""
+    twice), except where effects plants a degradation on the candidate. On the module's cache (its
+    data and trained policies), with a registry of its own."""
     result = _gauntlet(
         tmp_path,
         "same",
@@ -242,6 +243,8 @@ def test_one_checkpoint_twice_meets_identical_episodes_until_a_degradation_is_pl
         "outcomes.use_cache=false",
         "+effects.distribution_shift={action_noise: 2.0}",
         "gauntlet.cluster_order=as_given",
+        f"outcomes.registry={tmp_path / 'registry.jsonl'}",
+        cache=three_runs[0] / "cache",
     )
     assert result["baseline_version"] == result["candidate_version"]
     assert result["rollouts"]["episodes_run"] == 2 * result["rollouts"]["episode_pairs_evaluated"]

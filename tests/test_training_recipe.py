@@ -355,3 +355,28 @@ def test_locate_trains_its_own_curve_and_off_keeps_the_model_and_its_key(tiny_vi
     headline, curves = training_view(metrics)  # what MLflow shows: its own curve beside the loss
     assert curves["train.auxiliary_loss"] == list(metrics.auxiliary_curve)
     assert headline["train.final_auxiliary_loss"] == metrics.final_auxiliary_loss
+
+
+def test_a_snapshot_holds_the_weights_a_run_that_stopped_there_ends_with(tiny, tmp_path):
+    """Within the warmup the schedule does not depend on the run's length, so the snapshot at step 8
+    of a 12-step run is the 8-step run's final (moving-average) weights, exactly; its sidecar records
+    the 8 steps; there is none at the last step (that is model.pt)."""
+    from vlaeval.jobs import dispatch
+
+    cache = tiny[0].paths.cache_dir
+    recipe = [*AUDIT_SMALL, "job=train", "train.evaluate_after=false", "tracking=disabled", "train.warmup_steps=20"]
+    long = compose_config(
+        [*recipe, "train.steps=12", "train.save_every=4"], output_dir=tmp_path / "long", cache_dir=cache
+    )
+    short = compose_config([*recipe, "train.steps=8"], output_dir=tmp_path / "short", cache_dir=cache)
+    dispatch(long, ["train.steps=12", "train.save_every=4"])
+    dispatch(short, ["train.steps=8"])
+    snapshots = sorted((tmp_path / "long" / "snapshots").glob("*/model.pt"))
+    assert [p.parent.name for p in snapshots] == ["step_0000004", "step_0000008"]
+    at_8 = torch.load(snapshots[1], weights_only=True)
+    final_8 = torch.load(tmp_path / "short" / "model.pt", weights_only=True)
+    assert at_8.keys() == final_8.keys() and all(torch.equal(at_8[k], final_8[k]) for k in at_8)
+    sidecar = json.loads(snapshots[1].with_suffix(".json").read_text())
+    assert sidecar["metrics"]["steps"] == 8 and sidecar["config"]["train"]["steps"] == 12
+    final_12 = torch.load(tmp_path / "long" / "model.pt", weights_only=True)
+    assert not all(torch.equal(at_8[k], final_12[k]) for k in at_8)

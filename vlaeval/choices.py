@@ -217,3 +217,13 @@ class InstructionMode(Choice):
     paraphrase = "paraphrase"  # a rephrasing in mostly the same words
     unseen = "unseen"  # a phrasing in words the demonstrations never used
     other_task = "other_task"  # another task's instruction: the negative control
+
+
+class OfflineMetric(Choice):
+    """An offline number job=offline_validity checks against closed-loop success (vlaeval/residual/offline.py)."""
+
+    heldout_loss = "heldout_loss"  # the flow-matching loss on held-out scenes
+    heldout_loss_by_time = "heldout_loss_by_time"  # the same, per bin of the noise level
+    action_error = "action_error"  # the sampled chunk against the expert's actions
+    residual_mean = "residual_mean"  # the audit's frozen residual, averaged over training anchors
+    audit_ratio = "audit_ratio"  # the audit's predicted second-moment ratio

@@ -34,6 +34,7 @@ from vlaeval.choices import (
     GradientMethod,
     HaltRule,
     NoiseEnd,
+    OfflineMetric,
     Optimizer,
     Preflight,
     StratumKind,
@@ -234,6 +235,10 @@ class TrainConfig:
     heldout_every: int = 0
     heldout_episodes_per_task: int = 4
     heldout_draws: int = 4
+    # A checkpoint every save_every steps besides the last (0: none), in the run folder's
+    # snapshots/step_<N>/model.pt with its sidecar: the weights evaluation would read at that step
+    # (the moving average where there is one), for job=offline_validity and checkpoint selection.
+    save_every: int = 0
 
 
 @dataclass
@@ -376,6 +381,40 @@ class AblationConfig:
 
 
 @dataclass
+class ValidityConfig:
+    """job=offline_validity: does an offline metric rank checkpoints the way closed-loop success does
+    (docs/offline_validity.md)?"""
+
+    # The checkpoints of one policy family: job=train's model.pt files, or folders searched
+    # recursively for them (a multirun's sweep folder: one model.pt per run).
+    checkpoints: List[str] = field(default_factory=list)
+    metrics: List[OfflineMetric] = field(
+        default_factory=lambda: [
+            OfflineMetric.heldout_loss,
+            OfflineMetric.heldout_loss_by_time,
+            OfflineMetric.action_error,
+            OfflineMetric.residual_mean,
+            OfflineMetric.audit_ratio,
+        ]
+    )
+    # The held-out loss and sampled-action error read the data's held-out scenes
+    # (data.scenes=held_out, heldout_episodes_per_task each), heldout_draws fixed draws per anchor,
+    # and time_bins equal bins of the noise level.
+    heldout_episodes_per_task: int = 4
+    heldout_draws: int = 4
+    time_bins: int = 4
+    # The residual's mean and the audit's ratio: `anchors` fixed training anchors, the estimator
+    # section's estimator, gradient RMS over gradient_seeds (the audit's proposal: the audit section).
+    anchors: int = 64
+    gradient_seeds: List[int] = field(default_factory=lambda: list(range(100, 108)))
+    # Bootstrap over checkpoints and (paired) episodes.
+    level: float = 0.95
+    resamples: int = 2000
+    seed: int = 0
+    plot: bool = True
+
+
+@dataclass
 class GateConfig:
     name: str = "formal"
     min_anchors: int = 64
@@ -483,6 +522,7 @@ class VlaevalConfig:
     history: HistoryConfig = field(default_factory=HistoryConfig)
     regressions: RegressionsConfig = field(default_factory=RegressionsConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
+    validity: ValidityConfig = field(default_factory=ValidityConfig)
 
 
 def register_configs() -> None:

@@ -11,6 +11,7 @@ the scripted expert, and log the loss curves and success rates to MLflow.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,16 @@ from vlaeval.audit.statistics import proposal_distribution
 from vlaeval.choices import AnchorSampling
 from vlaeval.config import AuditConfig, EstimatorConfig, PolicyJobSettings
 from vlaeval.errors import require, require_at_least
-from vlaeval.policy.builtin import PolicyData, PolicyHandle, PolicySpec, checkpoint_key, load_policy, train_and_save
-from vlaeval.policy.checkpoint import sidecar_path
+from vlaeval.policy.builtin import (
+    PolicyData,
+    PolicyHandle,
+    PolicySpec,
+    checkpoint_key,
+    load_policy,
+    sidecar_for,
+    train_and_save,
+)
+from vlaeval.policy.checkpoint import save_checkpoint, sidecar_path
 from vlaeval.policy.flow import FlowConvention
 from vlaeval.policy.time_sampling import validate_time_sampling
 from vlaeval.policy.training import TrainingExtras, TrainingRun, validate_training_recipe
@@ -74,6 +83,7 @@ def validate_train(cfg: TrainJobConfig) -> None:
             f"train.init_from={t.init_from} is not a file; give a weights-only checkpoint (e.g. a job=train run's model.pt)",
         )
     require(t.heldout_every >= 0, f"train.heldout_every={t.heldout_every} must be >= 0 (0: no held-out loss)")
+    require(t.save_every >= 0, f"train.save_every={t.save_every} must be >= 0 (0: no snapshots)")
     if t.heldout_every > 0:
         require_at_least("train.heldout_episodes_per_task", t.heldout_episodes_per_task, 1)
         require_at_least("train.heldout_draws", t.heldout_draws, 1)
@@ -131,6 +141,28 @@ def comparison_extras(cfg: TrainJobConfig, data: Any) -> Optional[Callable[[torc
     return make
 
 
+SNAPSHOTS = "snapshots"  # the run folder's snapshots/step_<N>/model.pt (train.save_every)
+
+
+def with_snapshots(
+    cfg: TrainJobConfig, data: PolicyData, out: Path, extras: Optional[Callable[[torch.nn.Module], TrainingExtras]]
+) -> Optional[Callable[[torch.nn.Module], TrainingExtras]]:
+    """`extras` with a checkpoint every train.save_every steps (its sidecar records the steps so far)."""
+    every = int(cfg.train.save_every)
+    if every <= 0:
+        return extras
+    spec = PolicySpec.of(cfg)
+
+    def snapshot(step: int, model: torch.nn.Module, so_far: TrainingRun) -> None:
+        save_checkpoint(model, out / SNAPSHOTS / f"step_{step:07d}" / "model.pt", sidecar_for(spec, data, so_far))
+
+    def make(model: torch.nn.Module) -> TrainingExtras:
+        made = extras(model) if extras is not None else TrainingExtras()
+        return dataclasses.replace(made, snapshot=snapshot, snapshot_every=every)
+
+    return make
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainJobConfig(PolicyJobSettings):
     """The sections job=train reads (vlaeval.config.JobSettings): all it is given, logs and digests."""
@@ -166,7 +198,7 @@ def run(cfg: TrainJobConfig) -> JobResult[TrainResult]:
             data,
             out / "model.pt",
             lambda step, loss: update(completed=step, description=f"training loss {loss:.4f}"),
-            comparison_extras(cfg, data),
+            with_snapshots(cfg, data, out, comparison_extras(cfg, data)),
         )
     metrics_train = handle.training
     assert metrics_train is not None, "a checkpoint trained here records its training"

@@ -37,6 +37,7 @@ NON_WEIGHT_TRAIN_KEYS = (
     "heldout_episodes_per_task",
     "heldout_draws",
     "threads",  # the speed only (up to rounding in a reduction's order)
+    "save_every",  # snapshots along the way, not the final weights
 )
 # Settings added after checkpoints were first cached, left out of the key while they train exactly as
 # before they existed (AdamW; flow time from the training distribution), so those checkpoints keep their

@@ -118,6 +118,19 @@ def save_checkpoint(model: torch.nn.Module, path: Path, sidecar: TrainingRecord)
     return written
 
 
+def read_sidecar(path: Path) -> Optional[Dict[str, Any]]:
+    """A checkpoint's sidecar (its training record), or None where it has none."""
+    side = sidecar_path(path)
+    if not side.is_file():
+        return None
+    try:
+        found = read_json(side)
+    except ValueError as error:
+        raise UserInputError(f"{side} is not JSON ({first_line(error, 80)}); restore it or remove it") from None
+    require(isinstance(found, dict), f"{side} is not a checkpoint sidecar (a JSON object); restore it or remove it")
+    return found
+
+
 def not_a_checkpoint(path: Path, error: BaseException) -> UserInputError:
     return UserInputError(
         f"checkpoint {path} is not a readable torch.save file ({type(error).__name__} while reading it: "

@@ -54,6 +54,10 @@ class TrainingExtras:
     seconds_before: float = 0.0
     heldout: Optional[Callable[[torch.nn.Module], float]] = None
     heldout_every: int = 0
+    # Called every `snapshot_every` steps before the last with (step, the weights evaluation would read
+    # -- the moving average where there is one --, the run so far): job=train's snapshots.
+    snapshot: Optional[Callable[[int, torch.nn.Module, "TrainingRun"], None]] = None
+    snapshot_every: int = 0
 
 
 class Minibatch(NamedTuple):
@@ -287,6 +291,7 @@ def _train(
     ema_decay = train.ema_decay
     average = WeightAverage(model, float(ema_decay)) if ema_decay is not None else None
     evaluated = average.model if average is not None else model  # what the held-out loss reads
+    kept = "ema" if average is not None else "last"  # which weights a checkpoint holds
     sampler = time_sampler(train)
     q = extras.anchor_probabilities
     curves = Curves()
@@ -325,11 +330,12 @@ def _train(
             mean = curves.point(step, sampler)
             if progress is not None:
                 progress(step, mean)
+        _snapshot(extras, step, int(train.steps), evaluated, kept, curves, clock - float(extras.seconds_before))
     if average is not None:
         average.copy_to(model)
     model.eval()
     return TrainingRun(
-        weights="ema" if average is not None else "last",
+        weights=kept,
         loss_curve=tuple(curves.loss),
         final_loss=curves.loss[-1][1] if curves.loss and diverged_at is None else None,
         train_seconds=clock - float(extras.seconds_before),
@@ -341,6 +347,28 @@ def _train(
         clock_seconds=clock if heldout_curve else None,
         time_sampling={**sampler.describe(), "history": curves.time_bins} if sampler is not None else None,
     )
+
+
+def _snapshot(
+    extras: TrainingExtras,
+    step: int,
+    steps: int,
+    evaluated: torch.nn.Module,
+    weights: str,
+    curves: Curves,
+    seconds: float,
+) -> None:
+    """Hand the weights evaluation would read to extras.snapshot, every snapshot_every steps before the last."""
+    if extras.snapshot is None or extras.snapshot_every <= 0 or step % extras.snapshot_every or step >= steps:
+        return
+    so_far = TrainingRun(
+        weights=weights,
+        loss_curve=tuple(curves.loss),
+        final_loss=curves.loss[-1][1] if curves.loss else None,
+        train_seconds=seconds,
+        steps=step,
+    )
+    extras.snapshot(step, evaluated, so_far)
 
 
 def _heldout(extras: TrainingExtras, model: torch.nn.Module) -> float:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, cast
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import torch
 
 from vlaeval.artifacts import stable_seed
-from vlaeval.config import RolloutConfig
+from vlaeval.config import EvaluateConfig, RolloutConfig
 from vlaeval.data.cameras import channel_first
 from vlaeval.envs import DEFAULT_SIMULATOR
 from vlaeval.envs import simulator as registered_simulator
@@ -295,6 +295,17 @@ def condition_episode(
     return dataclasses.replace(episode, perturbation=condition.perturbation, instruction=told)
 
 
+def held_out_episodes(
+    tasks: List[str], evaluate: EvaluateConfig, simulator: str = DEFAULT_SIMULATOR
+) -> Tuple[List[Episode], range]:
+    """The evaluation's episodes (evaluate.episodes_per_task per task on the simulator's held-out scene
+    variants, seeded by evaluate.seed) and those variants: the same episodes for every policy."""
+    sim = registered_simulator(simulator)
+    held_out = sim.held_out_variants
+    plan = sim.episode_plan(tasks, int(evaluate.episodes_per_task), int(evaluate.seed), held_out)
+    return [Episode(ep["task"], ep["task_index"], ep["variant"], ep["seed"]) for ep in plan], held_out
+
+
 def evaluate_closed_loop(
     policy: BoundPolicy,
     tasks: List[str],
@@ -308,10 +319,7 @@ def evaluate_closed_loop(
     where rollout.* says (local processes or Ray), beside the scripted expert on the same episodes."""
     from vlaeval.rollouts.executors import make_executor
 
-    sim = registered_simulator(simulator)
-    held_out = sim.held_out_variants
-    plan = sim.episode_plan(tasks, int(evaluate.episodes_per_task), int(evaluate.seed), held_out)
-    episodes = [Episode(ep["task"], ep["task_index"], ep["variant"], ep["seed"]) for ep in plan]
+    episodes, held_out = held_out_episodes(tasks, evaluate, simulator)
     conditions = evaluation_conditions(evaluate)
     jobs = [RolloutJob(policy, episodes, simulator)] + [
         RolloutJob(policy, [condition_episode(c, e, tasks, simulator) for e in episodes], simulator) for c in conditions

@@ -25,8 +25,6 @@ from __future__ import annotations
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.signal import fftconvolve
 from scipy.special import ndtr
 from scipy.stats import norm
 
@@ -55,6 +53,11 @@ def one_sided_boundaries(fractions: Sequence[float], alpha: float) -> np.ndarray
         raise ValueError("information fractions must increase strictly from > 0 to 1")
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    # Imported here: scipy.signal and scipy.optimize take ~1 s to import, and every job that imports
+    # the gauntlet (job=plan, a CLI start) paid it while only group-sequential boundaries use them.
+    from scipy.optimize import brentq
+    from scipy.signal import fftconvolve
+
     spent = np.diff(np.concatenate(([0.0], obf_spending(tau, alpha))))
     centres = np.arange(-GRID_SPAN, GRID_SPAN + GRID_STEP / 2, GRID_STEP)
     h = GRID_STEP
