@@ -58,6 +58,7 @@ LONGEST_FIRST = (
     "test_rollouts.py",
     "test_ui.py",
     "test_time_sampling.py",
+    "test_offline_validity.py",
     "test_cameras.py",
     "test_policy_data.py",
     "test_lerobot.py",

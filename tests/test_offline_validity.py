@@ -183,7 +183,7 @@ def test_the_job_reports_every_agreement_and_tracks_a_run_per_checkpoint(checkpo
     store = work / "mlflow.db"
     shutil.copy(migrated_store, store)
     proc = run_main(
-        [*JOB, f"validity.checkpoints=[{sweep}]", f"tracking.uri={sqlite_uri(store)}"],
+        [*JOB, f"validity.checkpoints=[{sweep}]", "validity.within=train.seed", f"tracking.uri={sqlite_uri(store)}"],
         work,
         env={"VLAEVAL_CACHE_DIR": str(work / "cache")},
     )
@@ -200,9 +200,13 @@ def test_the_job_reports_every_agreement_and_tracks_a_run_per_checkpoint(checkpo
     names = {"heldout_loss", "heldout_loss.bin_0", "heldout_loss.bin_3", "action_error", "residual_mean", "audit_ratio"}
     assert names <= set(rows[0]["metrics"])
     assert len(rows[0]["per_task_success"]) == len(result["tasks"])
+    # Every episode's outcome is kept, in the order of episode_tasks: a subset can be re-analysed.
+    assert len(rows[0]["episode_successes"]) == len(result["episode_tasks"]) == 2 * len(result["tasks"])
+    assert np.mean(rows[0]["episode_successes"]) == rows[0]["success_rate"]
     scopes = {(a["metric"], a["scope"]) for a in result["agreements"]}
-    assert ("audit_ratio", "pooled") in scopes and not any(m == "audit_ratio" and s != "pooled" for m, s in scopes)
-    assert {s for _, s in scopes} == {"pooled", *result["tasks"]}
+    assert ("audit_ratio", "pooled") in scopes and not any(m == "audit_ratio" and s in result["tasks"] for m, s in scopes)
+    # validity.within=train.seed: each seed's three snapshots compared among themselves, too.
+    assert {s for _, s in scopes} == {"pooled", *result["tasks"], "train.seed=0", "train.seed=1"}
     assert result["validated"] == []  # 6 checkpoints never validate anything
     assert "fewer than" in proc.stdout + proc.stderr
     csv = (run_dir / "checkpoints.csv").read_text().splitlines()
@@ -241,6 +245,10 @@ def test_bad_checkpoint_sets_are_one_line_errors_before_any_work(checkpoints, tm
         ([f"validity.checkpoints=[{tmp_path / 'nowhere'}]"], "is not a file or folder"),
         (["validity.checkpoints=[]"], "validity.checkpoints is empty"),
         ([f"validity.checkpoints=[{sweep}]", "validity.level=1.5"], "validity.level=1.5"),
+        (
+            [f"validity.checkpoints=[{sweep}]", "validity.within=train.learning_rate"],
+            "validity.within=train.learning_rate is not a setting these checkpoints differ in; use one of train.seed, trained_steps",
+        ),
     ]
     for overrides, message in cases:
         out = tmp_path / "out" / str(len(message))

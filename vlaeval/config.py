@@ -407,6 +407,9 @@ class ValidityConfig:
     # section's estimator, gradient RMS over gradient_seeds (the audit's proposal: the audit section).
     anchors: int = 64
     gradient_seeds: List[int] = field(default_factory=lambda: list(range(100, 108)))
+    # Also compare within the groups of checkpoints alike in one setting they differ in (e.g.
+    # trained_steps: the snapshots trained equally long; train.learning_rate), each group its own scope.
+    within: Optional[str] = None
     # Bootstrap over checkpoints and (paired) episodes.
     level: float = 0.95
     resamples: int = 2000

@@ -76,6 +76,9 @@ class CheckpointRow(JsonRecord):
     per_task_metrics: Mapping[str, Tuple[float, ...]]
     success_rate: float
     per_task_success: Tuple[float, ...]
+    # Each held-out episode's outcome (1: success), in the order of the result's episode_tasks: the
+    # same episodes for every checkpoint, so any subset of checkpoints can be re-analysed.
+    episode_successes: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class OfflineValidityResult(SavedAsJson):
 
     tasks: Tuple[str, ...]
     episodes_per_task: int
+    episode_tasks: Tuple[int, ...]  # each held-out episode's task (an index into tasks)
     checkpoints: Tuple[CheckpointRow, ...]
     agreements: Tuple[Agreement, ...]
     reliability: Tuple[SuccessReliability, ...]
@@ -230,11 +234,60 @@ def agreements_of(
     return found, reliability
 
 
+def within_groups(
+    specs: Sequence[MetricSpec],
+    measured: Sequence[CheckpointMetrics],
+    successes: np.ndarray,
+    episode_task: np.ndarray,
+    groups: Mapping[str, Sequence[int]],
+    validity: ValidityConfig,
+) -> List[Agreement]:
+    """Every metric's pooled agreement among the checkpoints of each group (validity.within: e.g. the
+    snapshots trained equally long), scope "<setting>=<value>": what a metric ranks once that setting,
+    which every metric may track, is held fixed. Groups of fewer than 3 checkpoints are left out."""
+    found = []
+    for scope, members in groups.items():
+        if len(members) < 3:
+            continue
+        rows = np.asarray(members)
+        for spec in specs:
+            values = oriented([measured[k].pooled[spec.name] for k in rows], spec.lower_is_better)
+            found.append(
+                agreement(
+                    spec.name,
+                    scope,
+                    values,
+                    successes[rows],
+                    episode_task,
+                    level=float(validity.level),
+                    resamples=int(validity.resamples),
+                    seed=int(validity.seed),
+                )
+            )
+    return found
+
+
+def grouped(specs: Sequence[CheckpointSpec], within: Optional[str]) -> Dict[str, List[int]]:
+    """The checkpoints' indices by the value of the setting validity.within names ({} for none)."""
+    if within is None:
+        return {}
+    known = varying([c.settings for c in specs])
+    require(
+        within in known,
+        f"validity.within={within} is not a setting these checkpoints differ in; use one of {', '.join(known) or 'none'}",
+    )
+    out: Dict[str, List[int]] = {}
+    for k, c in enumerate(specs):
+        out.setdefault(f"{within}={c.settings.get(within)}", []).append(k)
+    return out
+
+
 def run(cfg: OfflineValidityJobConfig) -> JobResult[OfflineValidityResult]:
     started_ms = now_ms()
     validate_validity(cfg)
     paths = find_checkpoints(cfg.validity.checkpoints)
     specs = checkpoint_specs(cfg, paths)
+    groups = grouped(specs, cfg.validity.within)
     repeated = duplicate_digests([sha256_file(p) for p in paths], paths)
     require(not repeated, f"validity.checkpoints holds the same weights twice ({repeated}); list each checkpoint once")
     data = load_data(cfg)
@@ -252,10 +305,11 @@ def run(cfg: OfflineValidityJobConfig) -> JobResult[OfflineValidityResult]:
             policy = data.bind(handle.model, checkpoint.policy.flow, cfg.device)
             measured.append(offline_metrics(policy, heldout.anchors, data.anchors, settings))
             handles.append(handle)
-            policies.append(policy)
+            policies.append(data.bind(handle.model, checkpoint.policy.flow))  # rollouts run on the CPU
             update(completed=k + 1, description=checkpoint.path.parent.name)
     successes, episode_task = closed_loop(cfg, policies, tasks)
     found, reliability = agreements_of(metrics, measured, successes, episode_task, tasks, cfg.validity)
+    found += within_groups(metrics, measured, successes, episode_task, groups, cfg.validity)
 
     vary = varying([c.settings for c in specs])
     rows = tuple(
@@ -265,6 +319,7 @@ def run(cfg: OfflineValidityJobConfig) -> JobResult[OfflineValidityResult]:
     result = OfflineValidityResult(
         tasks=tuple(tasks),
         episodes_per_task=int(cfg.evaluate.episodes_per_task),
+        episode_tasks=tuple(int(k) for k in episode_task),
         checkpoints=rows,
         agreements=tuple(found),
         reliability=tuple(reliability),
@@ -333,6 +388,7 @@ def checkpoint_row(
         per_task_metrics=dict(measured.per_task),
         success_rate=float(successes.mean()),
         per_task_success=tuple(float(successes[episode_task == k].mean()) for k in range(tasks)),
+        episode_successes=tuple(int(x) for x in successes),
     )
 
 
