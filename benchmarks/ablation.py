@@ -269,6 +269,7 @@ def calibration_body(settings: Dict[str, Any]) -> str:
             label,
             "PASS" if row["gate_pass"] else "FAIL (" + ", ".join(row["failed_checks"]) + ")",
             verdict_cell(row),
+            "—" if row.get("break_even_ratio") is None else f"{row['break_even_ratio']:.2f}",
             predicted_with_error(row),
             interval(row["realized_ratio_step_0"]),
             agreement(row),
@@ -278,7 +279,7 @@ def calibration_body(settings: Dict[str, Any]) -> str:
         )
         for label, row in settings.items()
     ]
-    header = ["setting", "the seed's screen (point checks)", "three-way verdict [interval]", "predicted ± bootstrap SD", "realized, step 0", "realized - predicted (t)",
+    header = ["setting", "the seed's screen (point checks)", "three-way verdict [interval]", "break-even r*", "predicted ± bootstrap SD", "realized, step 0", "realized - predicted (t)",
               last.replace("realized_ratio_", "realized, ").replace("_", " "), "gain real", "held-out loss - uniform"]  # fmt: skip
     rates = gate_error_rates(settings)
     summary = (
