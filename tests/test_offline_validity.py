@@ -14,6 +14,7 @@ from scipy.stats import pearsonr, spearmanr
 
 from helpers.configs import compose_config
 from helpers.processes import run_main, sqlite_uri
+from helpers.reliability import record_outcome
 from vlaeval.errors import UserInputError
 from vlaeval.jobs import dispatch
 from vlaeval.validity.statistics import (
@@ -204,7 +205,9 @@ def test_the_job_reports_every_agreement_and_tracks_a_run_per_checkpoint(checkpo
     assert len(rows[0]["episode_successes"]) == len(result["episode_tasks"]) == 2 * len(result["tasks"])
     assert np.mean(rows[0]["episode_successes"]) == rows[0]["success_rate"]
     scopes = {(a["metric"], a["scope"]) for a in result["agreements"]}
-    assert ("audit_ratio", "pooled") in scopes and not any(m == "audit_ratio" and s in result["tasks"] for m, s in scopes)
+    assert ("audit_ratio", "pooled") in scopes and not any(
+        m == "audit_ratio" and s in result["tasks"] for m, s in scopes
+    )
     # validity.within=train.seed: each seed's three snapshots compared among themselves, too.
     assert {s for _, s in scopes} == {"pooled", *result["tasks"], "train.seed=0", "train.seed=1"}
     assert result["validated"] == []  # 6 checkpoints never validate anything
@@ -229,6 +232,18 @@ def test_the_job_reports_every_agreement_and_tracks_a_run_per_checkpoint(checkpo
     assert all("eval.policy_success_rate" in c.data.metrics for c in children)
 
 
+CASES = {  # what each refusal in the test below is given, for docs/reliability.md
+    "needs >= 3": "two checkpoints",
+    "the same weights twice": "the same weights in two folders",
+    "mixes policy families": "checkpoints of two model _target_s",
+    "is not a file or folder": "a path that does not exist",
+    "validity.checkpoints is empty": "no checkpoints",
+    "validity.level=1.5 must be in (0.5, 1)": "validity.level=1.5",
+    "validity.within=train.learning_rate is not a setting these checkpoints differ in; use one of train.seed, "
+    "trained_steps": "validity.within naming a setting the checkpoints share",
+}
+
+
 def test_bad_checkpoint_sets_are_one_line_errors_before_any_work(checkpoints, tmp_path):
     work, sweep = checkpoints
     other = tmp_path / "other"
@@ -244,7 +259,7 @@ def test_bad_checkpoint_sets_are_one_line_errors_before_any_work(checkpoints, tm
         ([f"validity.checkpoints=[{sweep / '0'},{family}]"], "mixes policy families"),
         ([f"validity.checkpoints=[{tmp_path / 'nowhere'}]"], "is not a file or folder"),
         (["validity.checkpoints=[]"], "validity.checkpoints is empty"),
-        ([f"validity.checkpoints=[{sweep}]", "validity.level=1.5"], "validity.level=1.5"),
+        ([f"validity.checkpoints=[{sweep}]", "validity.level=1.5"], "validity.level=1.5 must be in (0.5, 1)"),
         (
             [f"validity.checkpoints=[{sweep}]", "validity.within=train.learning_rate"],
             "validity.within=train.learning_rate is not a setting these checkpoints differ in; use one of train.seed, trained_steps",
@@ -257,3 +272,9 @@ def test_bad_checkpoint_sets_are_one_line_errors_before_any_work(checkpoints, tm
             dispatch(cfg, [*JOB, *overrides])
         assert message in str(error.value) and "\n" not in str(error.value), (message, str(error.value))
         assert not out.exists() or not any(out.iterdir())  # refused before any work: nothing written
+        record_outcome(
+            "offline validity",
+            f"job=offline_validity: {CASES[message]}",
+            f"one-line error before any work, nothing written: `... {message} ...`",
+            kind="bad input",
+        )
