@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
@@ -45,6 +47,15 @@ def show(r: Mapping[str, float]) -> str:
 
 
 FIGURES = REPO / "docs" / "figures"  # the only place the docs read measured figures from
+
+
+def main_py(arguments: Sequence[str], env: Dict[str, str]) -> float:
+    """`python main.py <arguments>` in its own process; its wall seconds (its output only on failure)."""
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(REPO / "main.py"), *arguments], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"main.py {' '.join(arguments)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - started
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -21,16 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, Sequence
 
 import numpy as np
 
-from benchlib import FIGURES, REPO, markdown_table, write_figures
+from benchlib import FIGURES, REPO, main_py, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json
+from vlaeval.residual.offline import lower_is_better
+from vlaeval.validity.statistics import oriented
 
 LEARNING_RATES = "5e-4,1e-3,2e-3"  # 2x apart: the grid the issue asks of a learning-rate choice
 FAMILIES: Dict[str, Dict[str, Any]] = {
@@ -71,14 +70,6 @@ QUICK = {
     "sweeps": {"uniform": ["train.learning_rate=1e-3,2e-3", "train.seed=0,1"]},
     "validity": ["data=tiny", "validity.resamples=300", "validity.within=trained_steps"],
 }
-
-
-def main_py(arguments: Sequence[str], env: Dict[str, str]) -> float:
-    started = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(REPO / "main.py"), *arguments], env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"main.py {' '.join(arguments)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return time.perf_counter() - started
 
 
 def train_family(family: Dict[str, Any], out: Path, env: Dict[str, str], jobs: int) -> float:
@@ -135,11 +126,11 @@ def interval(value: float, bounds: Sequence[float], digits: int = 2) -> str:
     return f"{value:+.{digits}f} [{bounds[0]:+.{digits}f}, {bounds[1]:+.{digits}f}]"
 
 
-def regret(result: Dict[str, Any], metric: str, lower_is_better: bool, k: int = 1) -> float:
+def regret(result: Dict[str, Any], metric: str, k: int) -> float:
     """Success of the best checkpoint minus the best among the k the metric ranks first (rolling
     out only those k)."""
     rows = result["checkpoints"]
-    values = np.array([r["metrics"][metric] for r in rows]) * (-1 if lower_is_better else 1)
+    values = oriented([r["metrics"][metric] for r in rows], lower_is_better(metric))
     success = np.array([r["success_rate"] for r in rows])
     return float(success.max() - success[np.argsort(-values, kind="stable")[:k]].max())
 
@@ -190,7 +181,7 @@ def shortlist_body(result: Dict[str, Any]) -> str:
     pooled = [a["metric"] for a in result["agreements"] if a["scope"] == "pooled"]
     count = len(result["checkpoints"])
     ks = [k for k in (1, 3, 5, 10) if k < count]
-    rows = [(m, *(f"{regret(result, m, m != 'audit_ratio', k):.3f}" for k in ks)) for m in pooled]
+    rows = [(m, *(f"{regret(result, m, k):.3f}" for k in ks)) for m in pooled]
     rows.append(("k at random (mean)", *(f"{random_regret(result, k):.3f}" for k in ks)))
     header = ["shortlist by", *(f"top {k} ({100 * (1 - k / count):.0f}% fewer rollouts)" for k in ks)]
     return (

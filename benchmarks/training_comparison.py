@@ -26,9 +26,6 @@ import argparse
 import functools
 import json
 import os
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -36,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 import yaml
 
-from benchlib import FIGURES, REPO, default_policy, markdown_table, write_figures
+from benchlib import FIGURES, REPO, default_policy, main_py, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json
 from vlaeval.audit.proposals import seed_interval
 
@@ -72,15 +69,6 @@ def sweep(
         ],
         env,
     )
-
-
-def main_py(arguments: Sequence[str], env: Dict[str, str]) -> float:
-    """`python main.py <arguments>` in its own process; its wall seconds (its output only on failure)."""
-    started = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(REPO / "main.py"), *arguments], env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"main.py {' '.join(arguments)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return time.perf_counter() - started
 
 
 def once(out: Path, run: Callable[[], float]) -> float:

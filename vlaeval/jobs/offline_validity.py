@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -202,69 +203,39 @@ def agreements_of(
     successes: np.ndarray,
     episode_task: np.ndarray,
     tasks: Sequence[str],
+    groups: Mapping[str, Sequence[int]],
     validity: ValidityConfig,
 ) -> Tuple[List[Agreement], List[SuccessReliability]]:
-    """Every metric against success, pooled and per task; the success rates' reliability per scope."""
-    found, reliability = [], [success_reliability(POOLED, successes, episode_task)]
-    level, resamples, seed = float(validity.level), int(validity.resamples), int(validity.seed)
-    for spec in specs:
-        pooled = oriented([m.pooled[spec.name] for m in measured], spec.lower_is_better)
-        found.append(
-            agreement(spec.name, POOLED, pooled, successes, episode_task, level=level, resamples=resamples, seed=seed)
+    """Every metric against success: pooled, per task (the per-task metrics), and pooled among the
+    checkpoints of each group (validity.within: e.g. the snapshots trained equally long, scope
+    "<setting>=<value>": what a metric ranks once that setting, which every metric may track, is held
+    fixed; groups of fewer than 3 checkpoints left out). And the success rates' reliability, pooled
+    and per task."""
+    every, all_episodes = np.arange(len(measured)), np.ones(episode_task.size, dtype=bool)
+
+    def measure(spec: MetricSpec, scope: str, values: List[float], rows: np.ndarray, episodes: np.ndarray) -> Agreement:
+        return agreement(
+            spec.name,
+            scope,
+            oriented(values, spec.lower_is_better),
+            successes[np.ix_(rows, episodes)],
+            episode_task[episodes],
+            level=float(validity.level),
+            resamples=int(validity.resamples),
+            seed=int(validity.seed),
         )
+
+    found = [measure(s, POOLED, [m.pooled[s.name] for m in measured], every, all_episodes) for s in specs]
+    reliability = [success_reliability(POOLED, successes, episode_task)]
     for k, task in enumerate(tasks):
         mine = episode_task == k
         reliability.append(success_reliability(task, successes[:, mine], episode_task[mine]))
-        for spec in specs:
-            if not spec.per_task:
-                continue
-            values = oriented([m.per_task[spec.name][k] for m in measured], spec.lower_is_better)
-            found.append(
-                agreement(
-                    spec.name,
-                    task,
-                    values,
-                    successes[:, mine],
-                    episode_task[mine],
-                    level=level,
-                    resamples=resamples,
-                    seed=seed,
-                )
-            )
-    return found, reliability
-
-
-def within_groups(
-    specs: Sequence[MetricSpec],
-    measured: Sequence[CheckpointMetrics],
-    successes: np.ndarray,
-    episode_task: np.ndarray,
-    groups: Mapping[str, Sequence[int]],
-    validity: ValidityConfig,
-) -> List[Agreement]:
-    """Every metric's pooled agreement among the checkpoints of each group (validity.within: e.g. the
-    snapshots trained equally long), scope "<setting>=<value>": what a metric ranks once that setting,
-    which every metric may track, is held fixed. Groups of fewer than 3 checkpoints are left out."""
-    found = []
+        found += [measure(s, task, [m.per_task[s.name][k] for m in measured], every, mine) for s in specs if s.per_task]
     for scope, members in groups.items():
-        if len(members) < 3:
-            continue
-        rows = np.asarray(members)
-        for spec in specs:
-            values = oriented([measured[k].pooled[spec.name] for k in rows], spec.lower_is_better)
-            found.append(
-                agreement(
-                    spec.name,
-                    scope,
-                    values,
-                    successes[rows],
-                    episode_task,
-                    level=float(validity.level),
-                    resamples=int(validity.resamples),
-                    seed=int(validity.seed),
-                )
-            )
-    return found
+        if len(members) >= 3:
+            rows = np.asarray(members)
+            found += [measure(s, scope, [measured[k].pooled[s.name] for k in rows], rows, all_episodes) for s in specs]
+    return found, reliability
 
 
 def grouped(specs: Sequence[CheckpointSpec], within: Optional[str]) -> Dict[str, List[int]]:
@@ -308,8 +279,7 @@ def run(cfg: OfflineValidityJobConfig) -> JobResult[OfflineValidityResult]:
             policies.append(data.bind(handle.model, checkpoint.policy.flow))  # rollouts run on the CPU
             update(completed=k + 1, description=checkpoint.path.parent.name)
     successes, episode_task = closed_loop(cfg, policies, tasks)
-    found, reliability = agreements_of(metrics, measured, successes, episode_task, tasks, cfg.validity)
-    found += within_groups(metrics, measured, successes, episode_task, groups, cfg.validity)
+    found, reliability = agreements_of(metrics, measured, successes, episode_task, tasks, groups, cfg.validity)
 
     vary = varying([c.settings for c in specs])
     rows = tuple(
@@ -421,8 +391,6 @@ def duplicate_digests(digests: Sequence[str], paths: Sequence[Path]) -> str:
 
 def label_of(path: Path, paths: Sequence[Path]) -> str:
     """A checkpoint's short name: its path below the folder all the checkpoints share."""
-    import os
-
     common = Path(os.path.commonpath([str(p.parent) for p in paths])) if len(paths) > 1 else path.parent.parent
     relative = path.parent.relative_to(common) if path.parent != common else Path(path.name)
     return str(relative) or path.parent.name

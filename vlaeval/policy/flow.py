@@ -214,7 +214,7 @@ def sample_actions(
     policy: Any,
     conditioning: Any,
     steps: int,
-    generator: torch.Generator,
+    generator: Optional[torch.Generator],
     flow: Any,
     initial_noise: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
@@ -236,6 +236,23 @@ def sample_actions(
         t = torch.full((batch,), start + direction * k * dt, dtype=dtype)
         x = x + direction * dt * sign * policy.velocity(conditioning, x, t)
     return x
+
+
+@torch.no_grad()
+def sample_chunks(
+    model: torch.nn.Module,
+    batch: Dict[str, torch.Tensor],
+    initial_noise: torch.Tensor,
+    steps: int,
+    flow: FlowConvention,
+) -> torch.Tensor:
+    """(B, H, action_dim) action chunks, each row integrated from its own initial noise: a loss-level
+    policy integrates its own flow (predict_action_chunk); otherwise the prefix is encoded once and
+    reused at every Euler step (sample_actions). What rollouts act on and the offline action error reads."""
+    policy: Any = model  # a FlowMatchingPolicy of either level (vlaeval/policy/protocol.py)
+    if uses_loss_level(policy):
+        return policy.predict_action_chunk(batch, initial_noise)
+    return sample_actions(policy, policy.encode(batch), steps, None, flow, initial_noise=initial_noise)
 
 
 def first_tensor(nest: Any) -> torch.Tensor:

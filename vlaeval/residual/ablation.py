@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -24,9 +24,12 @@ from vlaeval.policy.time_sampling import AdaptiveTimeSampler
 from vlaeval.residual.gradients import PerSampleGradNorms, only_trainable
 
 
-def quantile_draws(key: Sequence[Any], count: int, chunk: Tuple[int, int]) -> Tuple[np.ndarray, np.ndarray]:
-    """Quantile levels u (count,) and noise (count, H, A) from the generator of `key`."""
-    rng = np.random.default_rng(stable_seed("ablation-draws", *key))
+def quantile_draws(
+    key: Sequence[Any], count: int, chunk: Tuple[int, int], stream: str = "ablation-draws"
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Quantile levels u (count,) and noise (count, H, A) from the generator of `key` on `stream`
+    (each caller its own stream: the ablation's, the offline metrics')."""
+    rng = np.random.default_rng(stable_seed(stream, *key))
     u = rng.random(count)
     noise = rng.standard_normal((count, *chunk)).astype(np.float32)
     return u, noise
@@ -205,6 +208,25 @@ def current_proposal(proposal: Proposal, time_sampler: Optional[AdaptiveTimeSamp
     return Proposal(proposal.name, proposal.anchor_probabilities, time_sampler.probabilities())
 
 
+def batch_losses(
+    policy: BoundPolicy, anchors: AnchorSet, t: np.ndarray, noise: np.ndarray, batch_size: int
+) -> Iterator[Tuple[int, int, torch.Tensor]]:
+    """(start, stop, per-sample flow-matching losses) of anchors[start:stop] at flow times t[start:stop]
+    and noise[start:stop], batch by batch (call it under torch.no_grad)."""
+    t32 = torch.from_numpy(np.asarray(t, dtype=np.float32))
+    n = len(anchors)
+    for start in range(0, n, int(batch_size)):
+        stop = min(start + int(batch_size), n)
+        batch = policy.anchor_batch(anchors, np.arange(start, stop))
+        yield (
+            start,
+            stop,
+            policy.losses(
+                batch, t32[start:stop].to(policy.device), torch.from_numpy(noise[start:stop]).to(policy.device)
+            ),
+        )
+
+
 def mean_loss(
     policy: BoundPolicy,
     anchors: AnchorSet,
@@ -215,19 +237,13 @@ def mean_loss(
 ) -> float:
     """The flow-matching loss over every anchor of `anchors`, `draws_per_anchor` fixed draws each
     (the same draws for every model evaluated with the same key)."""
-    convention, device = policy.flow, policy.device
-    n = len(anchors)
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
     total, count = 0.0, 0
     policy.model.eval()
     with torch.no_grad():
         for draw in range(int(draws_per_anchor)):
-            u, noise = quantile_draws((*key, draw), n, chunk)
-            t = torch.from_numpy(convention.time_quantile(u).astype(np.float32))
-            for start in range(0, n, int(batch_size)):
-                stop = min(start + int(batch_size), n)
-                batch = policy.anchor_batch(anchors, np.arange(start, stop))
-                loss = policy.losses(batch, t[start:stop].to(device), torch.from_numpy(noise[start:stop]).to(device))
+            u, noise = quantile_draws((*key, draw), len(anchors), chunk)
+            for start, stop, loss in batch_losses(policy, anchors, policy.flow.time_quantile(u), noise, batch_size):
                 total += float(loss.double().sum())
                 count += stop - start
     return total / count

@@ -21,18 +21,17 @@ a ratio over a task's few anchors says little).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from vlaeval.artifacts import stable_seed
 from vlaeval.audit.statistics import information_to_baseline_ratio, proposal_distribution
 from vlaeval.choices import NoiseEnd
 from vlaeval.data.anchors import AnchorSet
 from vlaeval.policy.bound import BoundPolicy
-from vlaeval.policy.flow import sample_actions
-from vlaeval.policy.protocol import uses_loss_level
+from vlaeval.policy.flow import sample_chunks
+from vlaeval.residual.ablation import batch_losses, quantile_draws
 from vlaeval.residual.estimators import EstimatorArguments, score_anchors
 from vlaeval.residual.gradients import gradient_measurements
 
@@ -49,18 +48,21 @@ class MetricSpec:
     per_task: bool = True
 
 
+def lower_is_better(metric: str) -> bool:
+    """A metric's direction, fixed before any success is seen: every loss and error lower; the audit's
+    ratio higher (a policy that fits every anchor alike leaves the residual nothing to point at: its
+    ratio nears 1)."""
+    return metric != "audit_ratio"
+
+
 def metric_specs(metrics: Sequence[str], time_bins: int) -> Tuple[MetricSpec, ...]:
     """The metrics `metrics` names, each bin of heldout_loss_by_time its own."""
     out = []
     for name in metrics:
         if name == "heldout_loss_by_time":
             out += [MetricSpec(f"heldout_loss.bin_{k}", True) for k in range(int(time_bins))]
-        elif name == "audit_ratio":
-            # A policy that fits every anchor alike leaves the residual nothing to point at: its ratio
-            # nears 1. The direction is fixed here, before any success is seen.
-            out.append(MetricSpec(name, False, per_task=False))
-        else:
-            out.append(MetricSpec(name, True))
+        else:  # the audit's ratio is measured on all its anchors at once: pooled only
+            out.append(MetricSpec(name, lower_is_better(name), per_task=name != "audit_ratio"))
     return tuple(out)
 
 
@@ -90,21 +92,13 @@ def _per_task(values: np.ndarray, task_index: np.ndarray, tasks: int) -> Tuple[f
 
 def _fixed_draws(key: str, count: int, chunk: Tuple[int, int]) -> Tuple[np.ndarray, np.ndarray]:
     """Uniform levels (count,) and noise (count, H, A): the same for every checkpoint of a run."""
-    rng = np.random.default_rng(stable_seed("offline-metrics", key))
-    return rng.random(count), rng.standard_normal((count, *chunk)).astype(np.float32)
+    return quantile_draws((key,), count, chunk, stream="offline-metrics")
 
 
 @torch.no_grad()
 def _losses(policy: BoundPolicy, anchors: AnchorSet, t: np.ndarray, noise: np.ndarray) -> np.ndarray:
     out = np.empty(len(anchors))
-    for start in range(0, len(anchors), BATCH):
-        stop = min(start + BATCH, len(anchors))
-        batch = policy.anchor_batch(anchors, np.arange(start, stop))
-        loss = policy.losses(
-            batch,
-            torch.from_numpy(t[start:stop].astype(np.float32)).to(policy.device),
-            torch.from_numpy(noise[start:stop]).to(policy.device),
-        )
+    for start, stop, loss in batch_losses(policy, anchors, t, noise, BATCH):
         out[start:stop] = loss.double().cpu().numpy()
     return out
 
@@ -132,20 +126,13 @@ def action_errors(policy: BoundPolicy, anchors: AnchorSet) -> np.ndarray:
     the chunk's unpadded entries."""
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
     _, noise = _fixed_draws("action-error", len(anchors), chunk)
-    model: Any = policy.model
-    generator = torch.Generator().manual_seed(0)  # unused: every row has its initial noise
     out = np.empty(len(anchors))
     with torch.no_grad():
         for start in range(0, len(anchors), BATCH):
             stop = min(start + BATCH, len(anchors))
             batch = policy.anchor_batch(anchors, np.arange(start, stop))
             initial = torch.from_numpy(noise[start:stop]).to(policy.device)
-            if uses_loss_level(model):
-                sampled = model.predict_action_chunk(batch, initial)
-            else:
-                sampled = sample_actions(
-                    model, model.encode(batch), policy.sampling_steps, generator, policy.flow, initial_noise=initial
-                )
+            sampled = sample_chunks(policy.model, batch, initial, policy.sampling_steps, policy.flow)
             target = torch.from_numpy(anchors.target_actions[start:stop]).double()
             error = (sampled.double().cpu() - target) ** 2
             mask = torch.from_numpy(anchors.target_mask[start:stop]).double().unsqueeze(-1).expand_as(error)

@@ -28,8 +28,7 @@ from vlaeval.envs import simulator as registered_simulator
 from vlaeval.envs.episodes import Episode, EpisodeDisturbances
 from vlaeval.envs.protocol import Environments, Simulator
 from vlaeval.policy.bound import BoundPolicy
-from vlaeval.policy.flow import sample_actions
-from vlaeval.policy.protocol import uses_loss_level
+from vlaeval.policy.flow import sample_chunks
 from vlaeval.policy.threads import intra_op_threads
 from vlaeval.rollouts.evaluation import Evaluation, evaluation_conditions
 from vlaeval.rollouts.language import episode_instruction
@@ -65,12 +64,7 @@ def policy_chunks(
         pixels = {key: torch.cat([value, value[:1].expand(pad, -1, -1, -1)]) for key, value in pixels.items()}
     with torch.no_grad():
         batch = policy.observation_batch(obs, tokens, pixels)
-        if uses_loss_level(model):  # the policy integrates its own flow, from each episode's noise
-            chunks = model.predict_action_chunk(batch, noise)
-        else:  # the prefix encoded once, reused at every integration step
-            chunks = sample_actions(
-                model, model.encode(batch), policy.sampling_steps, generators[0], policy.flow, initial_noise=noise
-            )
+        chunks = sample_chunks(model, batch, noise, policy.sampling_steps, policy.flow)  # from each episode's noise
     return chunks[:n].float().numpy()
 
 

@@ -26,7 +26,7 @@ metric can correlate with success measured on this many episodes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Tuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -193,10 +193,3 @@ def oriented(values: ArrayLike, lower_is_better: bool) -> np.ndarray:
     """A metric as the agreements read it: higher predicts success (a loss negated)."""
     x = np.asarray(values, dtype=np.float64)
     return -x if lower_is_better else x
-
-
-def best_by(metric: ArrayLike, lower_is_better: bool, names: Sequence[str]) -> Optional[str]:
-    """The checkpoint a metric would choose (None for none)."""
-    if not len(names):
-        return None
-    return str(names[int(np.argmax(oriented(metric, lower_is_better)))])
