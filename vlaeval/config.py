@@ -235,6 +235,22 @@ class TrainConfig:
     heldout_every: int = 0
     heldout_episodes_per_task: int = 4
     heldout_draws: int = 4
+    # The held-out curve's scenes (held_out: all of them; test: the second half), and a second curve,
+    # the one a learning-rate grid chooses on, on scenes disjoint from the first (validation: the first
+    # half; null: none): what is chosen is never what is reported (vlaeval/envs/episodes.py).
+    heldout_scenes: str = "held_out"
+    validation_scenes: Optional[str] = None
+    # The realised second-moment ratio of what the run draws from (its anchor proposal x the adaptive
+    # sampler's flow-time bins as they stand) against uniform draws: exact per-sample gradient norms
+    # (every trainable parameter, the online weights) of this many fixed training anchors, one fixed
+    # draw each, at every held-out step (0: off). Below 1 the sampler is buying a larger effective batch.
+    second_moment_anchors: int = 0
+    # A compute budget instead of train.steps (null: train.steps): the run ends when it has spent this
+    # many training pairs -- one (anchor, t, noise) forward and backward -- and its schedule ends there
+    # with it. Scoring the anchors for anchor_sampling=residual is charged at its counted FLOPs, so
+    # every arm of a comparison ends at the same compute: 1.5x the batch gets 2/3 of the steps, the
+    # residual arm loses what it spent scoring.
+    budget_samples: Optional[int] = None
     # A checkpoint every save_every steps besides the last (0: none), in the run folder's
     # snapshots/step_<N>/model.pt with its sidecar: the weights evaluation would read at that step
     # (the moving average where there is one), for job=offline_validity and checkpoint selection.
@@ -251,6 +267,9 @@ class CheckpointConfig:
 class EvaluateConfig:
     episodes_per_task: int = 5
     seed: int = 1
+    # Which of the simulator's held-out scenes: all of them, or the half a learning-rate grid does not
+    # choose on (test; validation is the other half: train.validation_scenes, vlaeval/envs/episodes.py).
+    scenes: str = "held_out"
     execute_actions: int = 1  # actions of each sampled chunk executed before re-planning
     max_steps: int = 150
     # Probes run on the very same episodes besides the clean run: {name: {perturbation: {...},

@@ -49,9 +49,10 @@ def load_data(cfg: PolicyJobSettings) -> Any:
         return prepare_data(cfg.data, str(cfg.paths.cache_dir), progress)
 
 
-def load_heldout_data(cfg: PolicyJobSettings, episodes_per_task: int) -> Any:
-    """The data component's held-out scenes (data.scenes=held_out), episodes_per_task per task:
-    what a held-out flow-matching loss is measured on (recorded on first use, with progress)."""
+def load_heldout_data(cfg: PolicyJobSettings, episodes_per_task: int, scenes: str = "held_out") -> Any:
+    """The data component's held-out scenes (data.scenes=held_out, or the half `scenes` names),
+    episodes_per_task per task: what a held-out flow-matching loss is measured on (recorded on first
+    use, with progress)."""
     from vlaeval import console
     from vlaeval.errors import require
     from vlaeval.policy.builtin import prepare_data
@@ -62,7 +63,7 @@ def load_heldout_data(cfg: PolicyJobSettings, episodes_per_task: int) -> Any:
         "turn the held-out loss off",
     )
     held = OmegaConf.create(OmegaConf.to_container(cfg.data, resolve=True))
-    held.scenes = "held_out"
+    held.scenes = str(scenes)
     held.episodes_per_task = int(episodes_per_task)
     with console.unit_progress("held-out demonstrations", 1) as update:
         return prepare_data(

@@ -17,8 +17,33 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 import numpy as np
 
 from vlaeval.artifacts import stable_seed
+from vlaeval.errors import require
 
 DEFAULT_OBSTACLE = ("wall",)  # the bodies whose contact force makes an episode unsafe, unless a family names others
+
+# The held-out scenes, whole or halved: a learning-rate grid chooses on `validation` (the first half)
+# and reports on `test` (the second), so what is chosen is never what is reported
+# (train.validation_scenes, train.heldout_scenes, evaluate.scenes; data.scenes of a held-out recording).
+HELD_OUT_SPLITS = ("held_out", "validation", "test")
+
+
+def held_out_split(held_out: range, split: str) -> range:
+    """The scenes of `split` among a simulator's held-out variants: all of them, or one half."""
+    if split not in HELD_OUT_SPLITS:
+        raise ValueError(f"{split!r} is not a held-out split; choose from {', '.join(HELD_OUT_SPLITS)}")
+    middle = held_out.start + len(held_out) // 2
+    return {"held_out": held_out, "validation": range(held_out.start, middle), "test": range(middle, held_out.stop)}[
+        split
+    ]
+
+
+def require_held_out_split(name: str, split: object) -> None:
+    """A one-line error for a setting that must name a held-out split."""
+    require(
+        split in HELD_OUT_SPLITS,
+        f"{name}={split!r} is not a held-out split; choose from {', '.join(HELD_OUT_SPLITS)} "
+        "(validation and test are its two halves)",
+    )
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from vlaeval.artifacts import stable_seed
-from vlaeval.envs.episodes import Episode, camera_offset
+from vlaeval.envs.episodes import HELD_OUT_SPLITS, Episode, camera_offset, held_out_split
 from vlaeval.envs.rendering import CAMERA_PREFIX, METAWORLD_CAMERAS, RENDERER_VERSION, SceneCameras, camera_key
 
 VIDEO_CAMERA = "corner"  # what a video shows: the view a person reads best, the whole arm and table
 VARIANTS_PER_TASK = 50
 TRAIN_VARIANTS = range(0, 25)
 HELD_OUT_VARIANTS = range(25, 50)
-SCENE_SPLITS = {"train": TRAIN_VARIANTS, "held_out": HELD_OUT_VARIANTS}  # data.scenes
+# data.scenes: the training variants, or the held-out ones whole or halved (validation 25-36, test 37-49)
+SCENE_SPLITS = {"train": TRAIN_VARIANTS, **{s: held_out_split(HELD_OUT_VARIANTS, s) for s in HELD_OUT_SPLITS}}
 OBS_DIM = 39
 ACTION_DIM = 4
 

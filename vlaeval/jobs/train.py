@@ -21,10 +21,12 @@ import numpy as np
 import torch
 
 from vlaeval import console
+from vlaeval.artifacts import stable_seed
 from vlaeval.audit.statistics import proposal_distribution
 from vlaeval.choices import AnchorSampling
-from vlaeval.config import AuditConfig, EstimatorConfig, PolicyJobSettings
-from vlaeval.errors import require, require_at_least
+from vlaeval.config import AuditConfig, EstimatorConfig, PolicyJobSettings, TrainConfig
+from vlaeval.envs.episodes import require_held_out_split
+from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.policy.builtin import (
     PolicyData,
     PolicyHandle,
@@ -36,9 +38,10 @@ from vlaeval.policy.builtin import (
 )
 from vlaeval.policy.checkpoint import save_checkpoint, sidecar_path
 from vlaeval.policy.flow import FlowConvention
+from vlaeval.policy.threads import gflop_of
 from vlaeval.policy.time_sampling import validate_time_sampling
-from vlaeval.policy.training import TrainingExtras, TrainingRun, validate_training_recipe
-from vlaeval.residual.ablation import mean_loss
+from vlaeval.policy.training import TrainingExtras, TrainingRun, step_gflop, validate_training_recipe
+from vlaeval.residual.ablation import mean_loss, realised_second_moment_ratio
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
 from vlaeval.rollouts.engine import evaluate_closed_loop
 from vlaeval.rollouts.evaluation import Evaluation, evaluation_view, plot_success, print_evaluation, validate_evaluate
@@ -83,6 +86,7 @@ def validate_train(cfg: TrainJobConfig) -> None:
             f"train.init_from={t.init_from} is not a file; give a weights-only checkpoint (e.g. a job=train run's model.pt)",
         )
     require(t.heldout_every >= 0, f"train.heldout_every={t.heldout_every} must be >= 0 (0: no held-out loss)")
+    validate_comparison_settings(t)
     require(t.save_every >= 0, f"train.save_every={t.save_every} must be >= 0 (0: no snapshots)")
     if t.heldout_every > 0:
         require_at_least("train.heldout_episodes_per_task", t.heldout_episodes_per_task, 1)
@@ -95,50 +99,118 @@ def validate_train(cfg: TrainJobConfig) -> None:
 
 def comparison_extras(cfg: TrainJobConfig, data: Any) -> Optional[Callable[[torch.nn.Module], TrainingExtras]]:
     """What a training comparison needs from the model training starts from: the residual proposal
-    over every anchor (scored by that model; the scoring time charged to the run's clock) and the
-    held-out loss along the way. None for a plain run."""
+    over every anchor (scored by that model; the scoring time charged to the run's clock and its
+    FLOPs to the compute budget), the steps a compute budget leaves (train.budget_samples), and along
+    the way the held-out and validation losses and the realised second-moment ratio. None for a
+    plain run."""
     t = cfg.train
     residual = AnchorSampling.parse(t.anchor_sampling, "train.anchor_sampling") == AnchorSampling.residual
-    heldout = load_heldout_data(cfg, int(t.heldout_episodes_per_task)) if t.heldout_every > 0 else None
-    if not residual and heldout is None:
+    along = int(t.heldout_every) > 0
+    episodes = int(t.heldout_episodes_per_task)
+    heldout = load_heldout_data(cfg, episodes, str(t.heldout_scenes)) if along else None
+    validation = (
+        load_heldout_data(cfg, episodes, str(t.validation_scenes))
+        if along and t.validation_scenes is not None
+        else None
+    )
+    probed = second_moment_anchors(t, len(data.anchors)) if along else None
+    if not residual and heldout is None and t.budget_samples is None:
         return None
 
-    def make(model: torch.nn.Module) -> TrainingExtras:
-        q, seconds = None, 0.0
-        if residual:
-            started = time.perf_counter()
-            with console.unit_progress(f"scoring every anchor ({cfg.estimator.kind})", len(data.anchors)) as update:
-                scores = score_anchors(
-                    data.bind(model.eval(), cfg.flow),
-                    data.anchors,
-                    np.arange(len(data.anchors)),
-                    **estimator_arguments(cfg.estimator),
-                    progress=lambda done, total: update(completed=done),
-                )
-            q = proposal_distribution(
-                scores.estimator_residuals.mean(axis=0),
-                alpha=float(cfg.audit.alpha),
-                percentile_epsilon=float(cfg.audit.percentile_epsilon),
-                proposal_power=float(cfg.audit.proposal_power),
-            )
-            seconds = time.perf_counter() - started
-        held = None
-        if heldout is not None:
-            held_policy = data.bind(model, cfg.flow).for_instructions(heldout.demonstrations.instructions)
+    def loss_on(held: PolicyData, model: torch.nn.Module, role: str) -> Callable[[torch.nn.Module], float]:
+        policy = data.bind(model, cfg.flow).for_instructions(held.demonstrations.instructions)
+        # the held-out curve keeps its key from before validation existed: the same draws, the same numbers
+        key = ("train",) if role == "heldout" else ("train", role)
+        return lambda m: mean_loss(policy.with_model(m), held.anchors, draws_per_anchor=int(t.heldout_draws), key=key)
 
-            def held(m: torch.nn.Module) -> float:
-                return mean_loss(
-                    held_policy.with_model(m), heldout.anchors, draws_per_anchor=int(t.heldout_draws), key=("train",)
+    def make(model: torch.nn.Module) -> TrainingExtras:
+        # the scoring's work is counted first, so a budget it would exhaust is refused before it runs
+        gflop = scoring_gflop(cfg, data, model) if residual else 0.0
+        steps = budget_steps(cfg, data, model, gflop) if t.budget_samples is not None else None
+        q, seconds = residual_proposal(cfg, data, model) if residual else (None, 0.0)
+        second_moment = None
+        if probed is not None:
+
+            def second_moment(online: torch.nn.Module, bins: Optional[np.ndarray]) -> float:
+                return realised_second_moment_ratio(
+                    data.bind(online, cfg.flow),
+                    data.anchors,
+                    probed,
+                    anchor_probabilities=q,
+                    time_bin_probabilities=bins,
+                    key=("train", "second-moment"),
                 )
 
         return TrainingExtras(
-            anchor_probabilities=None if q is None else q / q.sum(),
+            anchor_probabilities=q,
             seconds_before=seconds,
-            heldout=held,
+            heldout=None if heldout is None else loss_on(heldout, model, "heldout"),
             heldout_every=int(t.heldout_every),
+            validation=None if validation is None else loss_on(validation, model, "validation"),
+            second_moment=second_moment,
+            steps=steps,
+            gflop_before=gflop,
         )
 
     return make
+
+
+def scoring_gflop(cfg: TrainJobConfig, data: PolicyData, model: torch.nn.Module) -> float:
+    """The work of scoring every anchor (estimator.*) with `model`, in GFLOP: counted on the first 64
+    anchors' scoring and scaled to all of them (an anchor's scoring costs what any other's does)."""
+    bound = data.bind(model.eval(), cfg.flow)
+    counted = np.arange(min(len(data.anchors), 64))
+    work = gflop_of(lambda: score_anchors(bound, data.anchors, counted, **estimator_arguments(cfg.estimator)))
+    return float(work * len(data.anchors) / counted.size)
+
+
+def residual_proposal(cfg: TrainJobConfig, data: PolicyData, model: torch.nn.Module) -> Tuple[np.ndarray, float]:
+    """(q over every anchor, the seconds its scoring took): the audit's proposal over the residual of
+    every anchor, scored (estimator.*) by the model training starts from."""
+    bound = data.bind(model.eval(), cfg.flow)
+    arguments = estimator_arguments(cfg.estimator)
+    started = time.perf_counter()
+    with console.unit_progress(f"scoring every anchor ({cfg.estimator.kind})", len(data.anchors)) as update:
+        scores = score_anchors(
+            bound,
+            data.anchors,
+            np.arange(len(data.anchors)),
+            **arguments,
+            progress=lambda done, total: update(completed=done),
+        )
+    q = proposal_distribution(
+        scores.estimator_residuals.mean(axis=0),
+        alpha=float(cfg.audit.alpha),
+        percentile_epsilon=float(cfg.audit.percentile_epsilon),
+        proposal_power=float(cfg.audit.proposal_power),
+    )
+    return q / q.sum(), time.perf_counter() - started
+
+
+def budget_steps(cfg: TrainJobConfig, data: PolicyData, model: torch.nn.Module, gflop_before: float) -> int:
+    """The steps train.budget_samples leaves: the budget in training pairs, less the work already
+    spent (scoring) converted at a training pair's counted FLOPs, over train.batch_size."""
+    t = cfg.train
+    batch, draws = int(t.batch_size), int(t.draws_per_anchor or 1)
+    per_pair = step_gflop(data.bind(model, cfg.flow), data.anchors, batch, draws) / batch
+    spent = gflop_before / per_pair
+    steps = int((int(t.budget_samples or 0) - spent) // batch)
+    require(
+        steps >= 1,
+        f"train.budget_samples={t.budget_samples} leaves no training step once scoring every anchor spends "
+        f"{spent:,.0f} training pairs' work; raise the budget, or train.anchor_sampling=uniform",
+    )
+    return steps
+
+
+def second_moment_anchors(train: TrainConfig, anchors: int) -> Optional[np.ndarray]:
+    """The fixed training anchors the realised second-moment ratio is measured on (None: off): the
+    same ones for every run on this data, drawn once from their own stream."""
+    count = int(train.second_moment_anchors)
+    if count <= 0:
+        return None
+    rng = np.random.default_rng(stable_seed("second-moment-anchors", anchors))
+    return np.sort(rng.choice(anchors, size=min(count, anchors), replace=False))
 
 
 SNAPSHOTS = "snapshots"  # the run folder's snapshots/step_<N>/model.pt (train.save_every)
@@ -161,6 +233,31 @@ def with_snapshots(
         return dataclasses.replace(made, snapshot=snapshot, snapshot_every=every)
 
     return make
+
+
+def validate_comparison_settings(t: TrainConfig) -> None:
+    """train.heldout_scenes, validation_scenes, second_moment_anchors and budget_samples: one-line
+    errors before any work."""
+    require_held_out_split("train.heldout_scenes", t.heldout_scenes)
+    require(
+        t.second_moment_anchors >= 0, f"train.second_moment_anchors={t.second_moment_anchors} must be >= 0 (0: off)"
+    )
+    if t.validation_scenes is not None:
+        require_held_out_split("train.validation_scenes", t.validation_scenes)
+        require(
+            {str(t.validation_scenes), str(t.heldout_scenes)} == {"validation", "test"},
+            f"train.validation_scenes={t.validation_scenes} and train.heldout_scenes={t.heldout_scenes} share scenes; "
+            "choose on one half and report on the other: train.validation_scenes=validation train.heldout_scenes=test",
+        )
+    for name in ("validation_scenes", "second_moment_anchors"):
+        if getattr(t, name) and t.heldout_every <= 0:
+            raise UserInputError(f"train.{name} is measured at the held-out steps; set train.heldout_every > 0")
+    if t.budget_samples is not None:
+        require(
+            int(t.budget_samples) >= int(t.batch_size),
+            f"train.budget_samples={t.budget_samples} is less than one step of train.batch_size={t.batch_size}; "
+            "raise it (or null: train.steps)",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,7 +289,9 @@ def run(cfg: TrainJobConfig) -> JobResult[TrainResult]:
         validate_evaluate(cfg)
     data = load_data(cfg)
     out = output_dir(cfg)
-    with console.unit_progress("training", int(cfg.train.steps)) as update:
+    budget = cfg.train.budget_samples
+    planned = int(cfg.train.steps) if budget is None else int(budget) // int(cfg.train.batch_size)  # at most
+    with console.unit_progress("training", planned) as update:
         handle = train_and_save(
             PolicySpec.of(cfg),
             data,
@@ -294,6 +393,14 @@ def training_view(metrics_train: TrainingRun) -> Tuple[Dict[str, Any], Dict[str,
         history["train.heldout_loss"] = [(step, loss) for step, _, loss in metrics_train.heldout_curve]
         metrics["train.heldout_loss_final"] = metrics_train.heldout_final
         metrics["timing.clock_seconds"] = metrics_train.clock_seconds
+    if metrics_train.validation_curve is not None:  # what a learning-rate grid chooses on
+        history["train.validation_loss"] = [(step, loss) for step, _, loss in metrics_train.validation_curve]
+        metrics["train.validation_loss_final"] = metrics_train.validation_curve[-1][2]
+    if metrics_train.second_moment_curve is not None:  # below 1: the sampler buys a larger effective batch
+        history["train.second_moment_ratio"] = list(metrics_train.second_moment_curve)
+    if metrics_train.step_gflop is not None:  # the work done by step s: gflop_before + s * step_gflop
+        metrics["train.step_gflop"] = metrics_train.step_gflop
+        metrics["train.gflop"] = (metrics_train.gflop_before or 0.0) + metrics_train.steps * metrics_train.step_gflop
     if metrics_train.time_sampling is not None:  # the adaptive sampler's bin probabilities, as curves in the UI
         sampling = metrics_train.time_sampling
         metrics["train.time_max_weight"] = sampling["max_weight"]

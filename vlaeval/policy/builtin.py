@@ -38,6 +38,9 @@ NON_WEIGHT_TRAIN_KEYS = (
     "heldout_draws",
     "threads",  # the speed only (up to rounding in a reduction's order)
     "save_every",  # snapshots along the way, not the final weights
+    "heldout_scenes",  # what is measured along the way, not what is trained
+    "validation_scenes",
+    "second_moment_anchors",
 )
 # Settings added after checkpoints were first cached, left out of the key while they train exactly as
 # before they existed (AdamW; flow time from the training distribution), so those checkpoints keep their
@@ -51,6 +54,7 @@ LATER_TRAIN_KEYS = {
     "grad_clip_norm": ("None", ()),
     "ema_decay": ("None", ()),
     "draws_per_anchor": ("1", ()),
+    "budget_samples": ("None", ()),
 }
 # Likewise the model's: tiny_vla_vision's auxiliary loss (`locate`), off unless named.
 LATER_MODEL_KEYS = {

@@ -48,12 +48,22 @@ class TrainingExtras:
         charged to the run's clock.
     heldout: the held-out loss of a model (called in eval mode every `heldout_every` steps and at
         steps 0 and the last; its time is not charged to the clock).
+    validation: a second held-out loss at the same steps, on other scenes (what a grid chooses on).
+    second_moment: the realised second-moment ratio of what the run draws from, given the online
+        model and the adaptive sampler's flow-time bin probabilities (None: uniform flow time), at the
+        same steps; its time is not charged either.
+    steps: the steps a compute budget leaves (None: train.steps); the schedule ends there.
+    gflop_before: work already spent for this run (the scoring), in GFLOP.
     """
 
     anchor_probabilities: Optional[np.ndarray] = None
     seconds_before: float = 0.0
     heldout: Optional[Callable[[torch.nn.Module], float]] = None
     heldout_every: int = 0
+    validation: Optional[Callable[[torch.nn.Module], float]] = None
+    second_moment: Optional[Callable[[torch.nn.Module, Optional[np.ndarray]], float]] = None
+    steps: Optional[int] = None
+    gflop_before: float = 0.0
     # Called every `snapshot_every` steps before the last with (step, the weights evaluation would read
     # -- the moving average where there is one --, the run so far): job=train's snapshots.
     snapshot: Optional[Callable[[int, torch.nn.Module, "TrainingRun"], None]] = None
@@ -155,10 +165,12 @@ class WeightAverage:
             online.copy_(average)
 
 
-def learning_rate_schedule(optimizer: torch.optim.Optimizer, train: Any) -> torch.optim.lr_scheduler.LRScheduler:
+def learning_rate_schedule(
+    optimizer: torch.optim.Optimizer, train: Any, steps: Optional[int] = None
+) -> torch.optim.lr_scheduler.LRScheduler:
     """Linear warmup over train.warmup_steps (from lr / warmup_steps), then a cosine to zero at
-    train.steps; a run no longer than the warmup only rises."""
-    steps, warmup = max(int(train.steps), 1), int(train.warmup_steps or 0)
+    `steps` (None: train.steps); a run no longer than the warmup only rises."""
+    steps, warmup = max(int(train.steps if steps is None else steps), 1), int(train.warmup_steps or 0)
     if warmup <= 0:
         return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
 
@@ -208,6 +220,14 @@ class TrainingRun(JsonRecord):
     clock_seconds: Optional[float] = None
     time_sampling: Optional[Dict[str, Any]] = None  # the sampler's describe() and its "history"
     threads: Optional[int] = None
+    # (step, the run's clock, loss) on the validation scenes, beside the held-out curve's
+    validation_curve: Optional[Tuple[Tuple[int, float, float], ...]] = None
+    # (step, M_p / M_uniform): the realised second-moment ratio of what the run drew from at that step
+    second_moment_curve: Optional[Tuple[Tuple[int, float], ...]] = None
+    # a step's counted work and the work spent before the first (scoring), in GFLOP: the work done by
+    # step s is gflop_before + s * step_gflop, and the pairs seen s * train.batch_size
+    step_gflop: Optional[float] = None
+    gflop_before: Optional[float] = None
 
     def written_when_none(self) -> Tuple[str, ...]:
         # Beside its curve, the auxiliary loss's final value is written even when it diverged.
@@ -238,9 +258,11 @@ def train_policy(
     extras = extras or TrainingExtras()
     torch.use_deterministic_algorithms(True)
     draws = int(train.draws_per_anchor or 1)
-    threads = threads_for(step_gflop(policy, anchors, int(train.batch_size), draws), int(train.threads or 0))
+    work = step_gflop(policy, anchors, int(train.batch_size), draws)
+    threads = threads_for(work, int(train.threads or 0))
     with intra_op_threads(threads):
-        return dataclasses.replace(_train(policy, anchors, train, progress, extras, draws), threads=threads)
+        run = _train(policy, anchors, train, progress, extras, draws)
+    return dataclasses.replace(run, threads=threads, step_gflop=work, gflop_before=float(extras.gflop_before))
 
 
 class Curves:
@@ -285,8 +307,9 @@ def _train(
 ) -> TrainingRun:
     rng = np.random.default_rng(stable_seed("train", int(train.seed)))
     model = policy.model
+    steps = int(train.steps) if extras.steps is None else int(extras.steps)
     optimizer = make_optimizer(model.parameters(), train)
-    schedule = learning_rate_schedule(optimizer, train)
+    schedule = learning_rate_schedule(optimizer, train, steps)
     clip = train.grad_clip_norm
     ema_decay = train.ema_decay
     average = WeightAverage(model, float(ema_decay)) if ema_decay is not None else None
@@ -295,15 +318,11 @@ def _train(
     sampler = time_sampler(train)
     q = extras.anchor_probabilities
     curves = Curves()
-    heldout_curve: List[Tuple[int, float, float]] = []
+    probes = Probes(extras, model, evaluated, sampler, steps)
     clock = float(extras.seconds_before)
-    heldout_steps = set()
-    if extras.heldout is not None and extras.heldout_every > 0:
-        heldout_steps = {0, int(train.steps), *range(0, int(train.steps), int(extras.heldout_every))}
-    if 0 in heldout_steps:
-        heldout_curve.append((0, clock, _heldout(extras, evaluated)))
+    probes.at(0, clock)
     diverged_at: Optional[int] = None
-    for step in range(1, int(train.steps) + 1):
+    for step in range(1, steps + 1):
         started = time.perf_counter()
         model.train()
         drawn = minibatch_loss(policy, anchors, rng, int(train.batch_size), q, sampler, draws)
@@ -324,13 +343,12 @@ def _train(
             sampler.update(drawn.u, drawn.losses.detach().double().cpu().numpy(), drawn.anchor_weights)
         curves.add(drawn)
         clock += time.perf_counter() - started
-        if step in heldout_steps:
-            heldout_curve.append((step, clock, _heldout(extras, evaluated)))
-        if step % int(train.log_every) == 0 or step == int(train.steps):
+        probes.at(step, clock)
+        if step % int(train.log_every) == 0 or step == steps:
             mean = curves.point(step, sampler)
             if progress is not None:
                 progress(step, mean)
-        _snapshot(extras, step, int(train.steps), evaluated, kept, curves, clock - float(extras.seconds_before))
+        _snapshot(extras, step, steps, evaluated, kept, curves, clock - float(extras.seconds_before))
     if average is not None:
         average.copy_to(model)
     model.eval()
@@ -339,14 +357,50 @@ def _train(
         loss_curve=tuple(curves.loss),
         final_loss=curves.loss[-1][1] if curves.loss and diverged_at is None else None,
         train_seconds=clock - float(extras.seconds_before),
-        steps=int(train.steps),
+        steps=steps,
         diverged_at_step=diverged_at,  # the step whose loss was not finite; None: trained to the end
         auxiliary_curve=tuple(curves.auxiliary) if curves.auxiliary else None,
         final_auxiliary_loss=curves.auxiliary[-1][1] if curves.auxiliary and diverged_at is None else None,
-        heldout_curve=tuple(heldout_curve) if heldout_curve else None,
-        clock_seconds=clock if heldout_curve else None,
+        heldout_curve=tuple(probes.heldout) if probes.heldout else None,
+        clock_seconds=clock if probes.heldout else None,
         time_sampling={**sampler.describe(), "history": curves.time_bins} if sampler is not None else None,
+        validation_curve=tuple(probes.validation) if probes.validation else None,
+        second_moment_curve=tuple(probes.second_moment) if probes.second_moment else None,
     )
+
+
+class Probes:
+    """What a comparison measures along the run, every extras.heldout_every steps and at steps 0 and
+    the last, off the clock: the held-out and validation losses of the weights evaluation would read,
+    and the realised second-moment ratio at the online weights under the draws in use."""
+
+    def __init__(
+        self,
+        extras: TrainingExtras,
+        online: torch.nn.Module,
+        evaluated: torch.nn.Module,
+        sampler: Optional[AdaptiveTimeSampler],
+        steps: int,
+    ) -> None:
+        self.extras, self.online, self.evaluated, self.sampler = extras, online, evaluated, sampler
+        self.heldout: List[Tuple[int, float, float]] = []
+        self.validation: List[Tuple[int, float, float]] = []
+        self.second_moment: List[Tuple[int, float]] = []
+        every = int(extras.heldout_every)
+        wanted = any(x is not None for x in (extras.heldout, extras.validation, extras.second_moment))
+        self.steps = {0, steps, *range(0, steps, every)} if wanted and every > 0 else set()
+
+    def at(self, step: int, clock: float) -> None:
+        if step not in self.steps:
+            return
+        extras = self.extras
+        if extras.heldout is not None:
+            self.heldout.append((step, clock, _heldout(extras.heldout, self.evaluated)))
+        if extras.validation is not None:
+            self.validation.append((step, clock, _heldout(extras.validation, self.evaluated)))
+        if extras.second_moment is not None:
+            bins = self.sampler.probabilities() if self.sampler is not None else None
+            self.second_moment.append((step, float(extras.second_moment(self.online, bins))))
 
 
 def _snapshot(
@@ -371,11 +425,10 @@ def _snapshot(
     extras.snapshot(step, evaluated, so_far)
 
 
-def _heldout(extras: TrainingExtras, model: torch.nn.Module) -> float:
-    assert extras.heldout is not None
+def _heldout(loss: Callable[[torch.nn.Module], float], model: torch.nn.Module) -> float:
     model.eval()
     with torch.no_grad():
-        return float(extras.heldout(model))
+        return float(loss(model))
 
 
 def validate_training_recipe(train: Any) -> None:

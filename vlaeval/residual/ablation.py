@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from vlaeval.artifacts import stable_seed
-from vlaeval.audit.proposals import Proposal
+from vlaeval.audit.proposals import Proposal, time_ratio
 from vlaeval.data.anchors import AnchorSet
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.time_sampling import AdaptiveTimeSampler
@@ -52,11 +52,15 @@ def anchor_gradients(
     draw_keys: Sequence[Sequence[Any]],
     batch_size: int,
     method: str = "auto",
+    index: Optional[np.ndarray] = None,
+    stream: str = "ablation-draws",
 ) -> AnchorGradients:
-    """Every anchor under each draw key (one flow draw per anchor per key), exact per-sample norms
-    over the `trainable` subset (vlaeval.residual.gradients), in eval mode."""
+    """Every anchor (or those in `index`) under each draw key (one flow draw per anchor per key, on
+    `stream`), exact per-sample norms over the `trainable` subset (vlaeval.residual.gradients), in
+    eval mode."""
     model, convention, device = policy.model.eval(), policy.flow, policy.device
-    n = len(anchors)
+    rows = np.arange(len(anchors)) if index is None else np.asarray(index, dtype=np.int64)
+    n = rows.size
     chunk = (anchors.horizon, anchors.target_actions.shape[-1])
     sq = np.empty((len(draw_keys), n))
     losses = np.empty((len(draw_keys), n))
@@ -64,16 +68,44 @@ def anchor_gradients(
     with only_trainable(model, trainable) as parameters:
         norms = PerSampleGradNorms(model, parameters, convention, method)
         for row, key in enumerate(draw_keys):
-            u, noise = quantile_draws(key, n, chunk)
+            u, noise = quantile_draws(key, n, chunk, stream)
             us[row] = u
             t = torch.from_numpy(convention.time_quantile(u).astype(np.float32))
             for start in range(0, n, int(batch_size)):
                 stop = min(start + int(batch_size), n)
-                batch = policy.anchor_batch(anchors, np.arange(start, stop))
+                batch = policy.anchor_batch(anchors, rows[start:stop])
                 s, loss = norms(batch, t[start:stop].to(device), torch.from_numpy(noise[start:stop]).to(device))
                 sq[row, start:stop] = s.double().cpu().numpy()
                 losses[row, start:stop] = loss.double().cpu().numpy()
     return AnchorGradients(sq, losses, us)
+
+
+def realised_second_moment_ratio(
+    policy: BoundPolicy,
+    anchors: AnchorSet,
+    index: np.ndarray,
+    *,
+    anchor_probabilities: Optional[np.ndarray],
+    time_bin_probabilities: Optional[np.ndarray],
+    key: Sequence[Any],
+    batch_size: int = 256,
+) -> float:
+    """M_p / M_uniform at the model's current weights: the per-sample second moment of the minibatch
+    gradient (every trainable parameter) when (anchor, flow time) is drawn from p -- anchors from
+    `anchor_probabilities` over all N anchors (None: uniform), flow time from K equal bins with
+    `time_bin_probabilities` (None: the training distribution) -- against uniform draws. Estimated on
+    the anchors in `index` (drawn uniformly) with one fixed draw each: E_p[w^2 ||g||^2] = E_u[w ||g||^2]
+    with w = rho(u) / (N q_i), so the ratio is sum_j w_j s_j / sum_j s_j. The same anchors and draws
+    for every call with the same key, so a run's curve moves with the model and the sampler alone."""
+    rows = np.asarray(index, dtype=np.int64)
+    grads = anchor_gradients(
+        policy, anchors, trainable="all", draw_keys=[key], batch_size=batch_size, index=rows, stream="second-moment"
+    )
+    s, u = grads.sq_norms[0], grads.u[0]
+    w = time_ratio(time_bin_probabilities, u)
+    if anchor_probabilities is not None:
+        w = w / (len(anchors) * np.asarray(anchor_probabilities, dtype=np.float64)[rows])
+    return float(np.sum(w * s) / np.sum(s))
 
 
 def weighted_losses(

@@ -25,7 +25,7 @@ from vlaeval.config import EvaluateConfig, RolloutConfig
 from vlaeval.data.cameras import channel_first
 from vlaeval.envs import DEFAULT_SIMULATOR
 from vlaeval.envs import simulator as registered_simulator
-from vlaeval.envs.episodes import Episode, EpisodeDisturbances
+from vlaeval.envs.episodes import Episode, EpisodeDisturbances, held_out_split
 from vlaeval.envs.protocol import Environments, Simulator
 from vlaeval.policy.bound import BoundPolicy
 from vlaeval.policy.flow import sample_chunks
@@ -293,9 +293,10 @@ def held_out_episodes(
     tasks: List[str], evaluate: EvaluateConfig, simulator: str = DEFAULT_SIMULATOR
 ) -> Tuple[List[Episode], range]:
     """The evaluation's episodes (evaluate.episodes_per_task per task on the simulator's held-out scene
-    variants, seeded by evaluate.seed) and those variants: the same episodes for every policy."""
+    variants, or the half evaluate.scenes names, seeded by evaluate.seed) and those variants: the same
+    episodes for every policy."""
     sim = registered_simulator(simulator)
-    held_out = sim.held_out_variants
+    held_out = held_out_split(sim.held_out_variants, str(getattr(evaluate, "scenes", "held_out")))
     plan = sim.episode_plan(tasks, int(evaluate.episodes_per_task), int(evaluate.seed), held_out)
     return [Episode(ep["task"], ep["task_index"], ep["variant"], ep["seed"]) for ep in plan], held_out
 

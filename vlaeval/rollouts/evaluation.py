@@ -14,7 +14,7 @@ from vlaeval import console
 from vlaeval.artifacts import atomic_write_bytes, atomic_write_text
 from vlaeval.choices import InstructionMode
 from vlaeval.config import PolicyJobSettings
-from vlaeval.envs.episodes import NO_PERTURBATION, Perturbation
+from vlaeval.envs.episodes import NO_PERTURBATION, Perturbation, require_held_out_split
 from vlaeval.errors import require, require_at_least
 from vlaeval.rollouts.language import instruction_mode
 
@@ -157,6 +157,7 @@ def validate_evaluate(cfg: PolicyJobSettings) -> None:
         f"evaluate.execute_actions={e.execute_actions} must be in [1, data.horizon={cfg.data.horizon}]",
     )
     require_at_least("evaluate.max_steps", e.max_steps, 1)
+    require_held_out_split("evaluate.scenes", e.scenes)
     require_at_least("flow.sampling_steps", cfg.flow.sampling_steps, 1)
     conditions = evaluation_conditions(e)
     if any(c.instructions == InstructionMode.other_task for c in conditions):
