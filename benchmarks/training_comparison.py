@@ -12,7 +12,7 @@ arm loses its scoring's FLOPs; an arm whose scoring alone exceeds the budget is 
 
 1. the learning-rate grid (2x apart) on two seeds; each arm's rate is chosen on its mean final loss on
    the validation scenes (the first half of the held-out scenes), never on what is reported; a grid
-   whose choice sits at an edge is widened by one rate on that side;
+   whose choice sits at an edge is widened by one rate on that side, at most twice;
 2. every arm at the uniform arm's chosen rate (learning rates matched) on five seeds: everything
    reported comes from these runs, on the test scenes (the other half);
 3. per arm: the final test loss; censoring-aware time to a target every arm's mean reaches (the worst
@@ -46,7 +46,12 @@ from vlaeval.audit.proposals import seed_interval
 
 ARMS = ["uniform", "uniform_large_batch", "adaptive_time", "adaptive_time_residual"]
 RESIDUAL = "adaptive_time_residual"
-LEARNING_RATES = [2.5e-3, 5e-3, 1e-2, 2e-2]  # AdamW, 2x apart (a first grid from 1.25e-3 chose 1e-2, its top, for every arm)
+LEARNING_RATES = [
+    2.5e-3,
+    5e-3,
+    1e-2,
+    2e-2,
+]  # AdamW, 2x apart (a first grid from 1.25e-3 chose 1e-2, its top, for every arm)
 BUDGET = 768_000  # training pairs: 3,000 steps at batch 256 (the preset's)
 NINE_TASKS = "[reach-v3,push-v3,pick-place-v3,peg-insert-side-v3,disassemble-v3,stick-pull-v3,reach-wall-v3,push-wall-v3,pick-place-wall-v3]"
 REGIMES = {
@@ -57,6 +62,7 @@ REGIMES = {
     ),
 }
 GRID_SEEDS, SEEDS = "0,1", [0, 1, 2, 3, 4]
+WIDENINGS = 2  # at most this many times the grid grows by a rate beyond an edge its choice sits on
 QUICK = ["data=tiny", "model=tiny_vla_small", "train.heldout_every=20", "train.heldout_episodes_per_task=1"]
 AXES = ("pairs", "gflop", "seconds")
 
@@ -400,13 +406,13 @@ def run_regime(key: str, args: argparse.Namespace, extra: List[str]) -> Dict[str
     budget = residual_budget(overrides, args.cache_dir, args.budget)
     arms = ARMS if budget["steps_left"] >= 1 else [a for a in ARMS if a != RESIDUAL]
     rates = list(args.learning_rates)
-    for _ in range(3):  # the grid, widened where a choice sits at its edge
+    for widened in range(WIDENINGS + 1):  # the grid, widened where a choice sits at its edge
         for lr in rates:
             unit = out / f"grid-lr-{lr:g}"
             once(unit, functools.partial(sweep, unit, args.cache_dir, overrides, arms, f"{lr}", GRID_SEEDS, args.jobs))
         best = choose_rates(read_runs(out), arms)
         wider = widen(rates, best)
-        if wider == rates or args.quick:
+        if wider == rates or args.quick or widened == WIDENINGS:
             break
         rates = wider
     matched = best["uniform"]
@@ -492,7 +498,10 @@ def regime_block(block: Dict[str, Any]) -> str:
         f"{name} {value:.3f} ({1 / value:.2f}x effective batch)" for name, value in summary["ceiling"].items()
     )
     grid = ", ".join(f"{lr:g}" for lr in block["grid"])
-    chosen = ", ".join(f"{arm} {lr:g}" for arm, lr in block["chosen"].items())
+    edges = (min(block["grid"]), max(block["grid"]))
+    chosen = ", ".join(
+        f"{arm} {lr:g}" + (" (the grid's edge)" if lr in edges else "") for arm, lr in block["chosen"].items()
+    )
     horizons = summary["horizons"]
     return (
         f"### {block['label']}\n\n"

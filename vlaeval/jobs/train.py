@@ -393,14 +393,19 @@ def training_view(metrics_train: TrainingRun) -> Tuple[Dict[str, Any], Dict[str,
         history["train.heldout_loss"] = [(step, loss) for step, _, loss in metrics_train.heldout_curve]
         metrics["train.heldout_loss_final"] = metrics_train.heldout_final
         metrics["timing.clock_seconds"] = metrics_train.clock_seconds
-    if metrics_train.validation_curve is not None:  # what a learning-rate grid chooses on
-        history["train.validation_loss"] = [(step, loss) for step, _, loss in metrics_train.validation_curve]
-        metrics["train.validation_loss_final"] = metrics_train.validation_curve[-1][2]
-    if metrics_train.second_moment_curve is not None:  # below 1: the sampler buys a larger effective batch
-        history["train.second_moment_ratio"] = list(metrics_train.second_moment_curve)
-    if metrics_train.step_gflop is not None:  # the work done by step s: gflop_before + s * step_gflop
-        metrics["train.step_gflop"] = metrics_train.step_gflop
-        metrics["train.gflop"] = (metrics_train.gflop_before or 0.0) + metrics_train.steps * metrics_train.step_gflop
+    validation, moments, per_step = (
+        metrics_train.validation_curve,
+        metrics_train.second_moment_curve,
+        metrics_train.step_gflop,
+    )
+    if validation is not None:  # what a learning-rate grid chooses on
+        history.update({"train.validation_loss": [(step, loss) for step, _, loss in validation]})
+        metrics.update({"train.validation_loss_final": validation[-1][2]})
+    if moments is not None:  # below 1: the sampler buys a larger effective batch
+        history.update({"train.second_moment_ratio": list(moments)})
+    if per_step is not None:  # the work done by step s: gflop_before + s * step_gflop
+        work = (metrics_train.gflop_before or 0.0) + metrics_train.steps * per_step
+        metrics.update({"train.step_gflop": per_step, "train.gflop": work})
     if metrics_train.time_sampling is not None:  # the adaptive sampler's bin probabilities, as curves in the UI
         sampling = metrics_train.time_sampling
         metrics["train.time_max_weight"] = sampling["max_weight"]
