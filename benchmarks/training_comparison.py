@@ -62,6 +62,7 @@ REGIMES = {
     ),
 }
 GRID_SEEDS, SEEDS = "0,1", [0, 1, 2, 3, 4]
+BUILD_DRAWS, JUDGE_DRAWS = 16, 4  # the ceiling's oracles: flow draws per anchor they are built and judged on
 WIDENINGS = 2  # at most this many times the grid grows by a rate beyond an edge its choice sits on
 QUICK = ["data=tiny", "model=tiny_vla_small", "train.heldout_every=20", "train.heldout_episodes_per_task=1"]
 AXES = ("pairs", "gflop", "seconds")
@@ -176,12 +177,12 @@ def interval(values: Sequence[float]) -> Dict[str, Any]:
     return {**seed_interval(x).as_dict(), "n": len(x)}
 
 
-def choose_rates(runs: List[Dict[str, Any]], arms: Sequence[str]) -> Dict[str, float]:
-    """Per arm, the rate with the lowest mean final validation loss over the grid seeds."""
+def choose_rates(runs: List[Dict[str, Any]], arms: Sequence[str], grid: Sequence[float]) -> Dict[str, float]:
+    """Per arm, the rate of `grid` with the lowest mean final validation loss over the grid seeds."""
     best = {}
     for arm in arms:
         mine = [r for r in runs if r["arm"] == arm and r["seed"] in {int(s) for s in GRID_SEEDS.split(",")}]
-        rates = sorted({r["learning_rate"] for r in mine})
+        rates = sorted({r["learning_rate"] for r in mine} & {float(lr) for lr in grid})
         best[arm] = min(
             rates, key=lambda lr: np.mean([r["final_validation_loss"] for r in mine if r["learning_rate"] == lr])
         )
@@ -223,8 +224,9 @@ def residual_budget(overrides: Sequence[str], cache: Path, budget: int) -> Dict[
 def ceiling(overrides: Sequence[str], cache: Path, checkpoint: str, anchors: int) -> Dict[str, float]:
     """The second-moment ratio (against uniform draws) of the exact-gradient oracles on a checkpoint:
     flow-time bins as the adaptive sampler has them (16 bins, its 0.2 floor) and unconstrained (no
-    floor), anchors (q ~ sqrt of each anchor's mean squared norm), and both; built on two draws per
-    anchor and judged on two others, over `anchors` fixed training anchors (the population here)."""
+    floor), anchors (q ~ sqrt of each anchor's mean squared norm), and both; built on BUILD_DRAWS
+    draws per anchor and judged on JUDGE_DRAWS others, over `anchors` fixed training anchors (the
+    population here)."""
     from vlaeval.audit.proposals import Proposal, per_sample_second_moment, time_bin_probabilities
     from vlaeval.policy.builtin import PolicySpec, load_policy, prepare_data
     from vlaeval.residual.ablation import anchor_gradients
@@ -235,11 +237,13 @@ def ceiling(overrides: Sequence[str], cache: Path, checkpoint: str, anchors: int
     rng = np.random.default_rng(20261206)
     index = np.sort(rng.choice(len(data.anchors), size=min(anchors, len(data.anchors)), replace=False))
 
-    def grads(role: str) -> Any:
-        keys = [("training-comparison-ceiling", role, k) for k in range(2)]
+    def grads(role: str, draws: int) -> Any:
+        keys = [("training-comparison-ceiling", role, k) for k in range(draws)]
         return anchor_gradients(policy, data.anchors, trainable="all", draw_keys=keys, batch_size=512, index=index)
 
-    build, judge = grads("build"), grads("judge")
+    # an anchor's expected norm needs many draws (its flow times and noises vary it more than the
+    # anchors differ): built on fewer, the anchor "oracle" fits the draws' noise and loses to uniform
+    build, judge = grads("build", BUILD_DRAWS), grads("judge", JUDGE_DRAWS)
     n = index.size
     uniform_q = np.full(n, 1.0 / n)
     root = np.sqrt(build.sq_norms.mean(axis=0))
@@ -410,7 +414,7 @@ def run_regime(key: str, args: argparse.Namespace, extra: List[str]) -> Dict[str
         for lr in rates:
             unit = out / f"grid-lr-{lr:g}"
             once(unit, functools.partial(sweep, unit, args.cache_dir, overrides, arms, f"{lr}", GRID_SEEDS, args.jobs))
-        best = choose_rates(read_runs(out), arms)
+        best = choose_rates(read_runs(out), arms, rates)
         wider = widen(rates, best)
         if wider == rates or args.quick or widened == WIDENINGS:
             break
@@ -453,6 +457,10 @@ def fmt(x: Optional[Dict[str, Any]], spec: str = ".4f") -> str:
     return f"{x['mean']:{spec}} [{x['low']:{spec}}, {x['high']:{spec}}]"
 
 
+def p_value(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.001 else "< 0.001"
+
+
 def time_cell(t: Dict[str, Any], uniform: Dict[str, Any], spec: str) -> str:
     """The restricted mean time [interval], how many reached the target, and uniform's over it."""
     speedup = uniform["mean"] / t["mean"] if t["mean"] else float("nan")
@@ -482,7 +490,7 @@ def regime_block(block: Dict[str, Any]) -> str:
                 "-"
                 if versus is None
                 else f"{versus['difference']:+.3f} [{versus['bonferroni_interval'][0]:+.3f}, {versus['bonferroni_interval'][1]:+.3f}], "
-                f"p {versus['p']:.3f}, Holm {versus['p_holm']:.3f}",
+                f"p {p_value(versus['p'])}, Holm {p_value(versus['p_holm'])}",
             )
         )
     residual = (
@@ -510,7 +518,8 @@ def regime_block(block: Dict[str, Any]) -> str:
         f"Target: {summary['target_test_loss']:.4f}, the worst arm's mean final test loss; horizons "
         f"{horizons['pairs']:,.0f} pairs, {horizons['gflop']:,.0f} GFLOP, {horizons['seconds']:.1f} s. {residual} "
         f"Training {block['training_wall_seconds']:.0f} s, closed-loop evaluation {block['evaluation_wall_seconds']:.0f} s.\n\n"
-        f"**The ceiling** (exact-gradient oracles' second-moment ratio on the uniform arm's final checkpoint, seed 0): {ceiling}.\n\n"
+        f"**The ceiling** (exact-gradient oracles' second-moment ratio on the uniform arm's final checkpoint, seed 0; built on "
+        f"{BUILD_DRAWS} draws per anchor, judged on {JUDGE_DRAWS} others): {ceiling}.\n\n"
         + markdown_table(
             [
                 "arm",
