@@ -181,8 +181,8 @@ BAD_INPUTS = {
         "has no held-out scenes (a `scenes` argument); set ablation.heldout_episodes_per_task=0",
     ),
     "unknown data scene split": (
-        lambda w: ["job=train", "data.scenes=test"],
-        "data.scenes='test' must be one of train, held_out",
+        lambda w: ["job=train", "data.scenes=heldout"],
+        "data.scenes='heldout' must be one of train, held_out, validation, test",
     ),
     "a directory given as a checkpoint": (
         lambda w: ["job=gradients", "checkpoint=path", f"checkpoint.path={w}"],
