@@ -349,8 +349,8 @@ def summarise(runs: List[Dict[str, Any]], arms: Sequence[str], rate: float) -> D
 
 
 def settled_mean(curve: Sequence[Sequence[float]], warmup: int = 200) -> float:
-    """The curve's mean after the warmup (the adaptive sampler is uniform until then); a run no longer
-    than the warmup: after step 0."""
+    """The curve's mean after the recipe's learning-rate warmup (200 steps; the sampler's own warmup,
+    train.time_warmup_steps, is over well before); a run no longer than that: after step 0."""
     after = [m for s, m in curve if s >= warmup] or [m for s, m in curve if s > 0]
     return float(np.mean(after))
 
