@@ -64,6 +64,9 @@ bench: $(STAMP)  ## the benchmarks (figures in benchmarks/results/ and docs/)
 	$(PY) benchmarks/per_sample_gradients.py
 	$(PY) benchmarks/builtin_policy.py
 	$(PY) benchmarks/seqtest_efficiency.py
+	# The peers (STEP, SAVI, Lai, Barnard): non-commercial licence, measured only, never imported by vlaeval.
+	$(PY) -m pip install --quiet "sequentialized-barnard-tests==0.0.9"
+	$(PY) benchmarks/peer_comparison.py
 	$(PY) benchmarks/certified_decisions.py
 	$(PY) benchmarks/certificate_attacks.py
 	$(PY) benchmarks/score_shards.py

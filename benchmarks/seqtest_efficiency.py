@@ -95,7 +95,9 @@ def efficiency_grid(reps: int, caps: Sequence[Union[float, str]], delta: float, 
             for rule in BET_RULES:
                 for cap in caps:
                     c = float(size_adaptive_cap(size)) if cap == "auto" else float(cap)
-                    first, passed = decision_time(exact_decision_times(x, delta, ALPHA, rule=rule, cap=c))
+                    first, passed = decision_time(
+                        exact_decision_times(x, delta, ALPHA, rule=rule, cap=c, min_cluster_size=size)
+                    )
                     median = median_or_inf(first)
                     decided = first < NEVER
                     right = (passed if expected == "PASS" else ~passed) & decided
@@ -147,7 +149,14 @@ def cap_cost(reps: int, delta: float, seed: int) -> List[Dict[str, Any]]:
             n = rng.choice(sizes, size=(reps, 2000))
             x = realistic_cluster_means(rng, reps, 2000, n, effect)
             stratum = decision_time(
-                exact_decision_times(x, delta, ALPHA, rule=DEFAULT_BET_RULE, cap=float(size_adaptive_cap(sizes.min())))
+                exact_decision_times(
+                    x,
+                    delta,
+                    ALPHA,
+                    rule=DEFAULT_BET_RULE,
+                    cap=float(size_adaptive_cap(sizes.min())),
+                    min_cluster_size=int(sizes.min()),
+                )
             )[0]
             per_cluster = decision_time(
                 exact_decision_times(x, delta, ALPHA, rule=DEFAULT_BET_RULE, cap=size_adaptive_cap(n))

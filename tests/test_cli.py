@@ -129,6 +129,22 @@ BAD_INPUTS = {
         lambda w: _outcome_file(w, lambda t: t) + ["gauntlet.estimand=unit"],
         "needs strata.safety_critical.max_cluster_size: the largest cluster its scenario distribution can produce",
     ),
+    "margin 0 for a launch": (
+        lambda w: ["job=gauntlet", "gauntlet.margin_delta=0"],
+        "to ask whether the candidate is better, set gauntlet.question=superiority (or two_sided)",
+    ),
+    "a negative superiority gain": (
+        lambda w: ["job=gauntlet", "gauntlet.question=superiority", "gauntlet.superiority_gain=-0.01"],
+        "gauntlet.superiority_gain=-0.01 must be in [0, 1)",
+    ),
+    "the horizon test on an outcome file in no declared order": (
+        lambda w: _outcome_file(w, lambda t: t) + ["gauntlet.test_mode=horizon"],
+        "an outcome file has none: leave test_mode=exact",
+    ),
+    "version columns naming two versions": (
+        lambda w: _outcome_file(w, lambda t: t.assign(candidate_version=["ab"[i % 2] for i in range(len(t))])),
+        "column candidate_version holds a, b; give it one version for the whole file",
+    ),
     "an order seed for an outcome file": (
         lambda w: _outcome_file(w, lambda t: t) + ["gauntlet.order_seed=7"],
         "gauntlet.order_seed=7 cannot be set for outcomes that all exist (an outcome file)",

@@ -39,6 +39,24 @@ class TestMode(Choice):
     exact = "exact"  # betting e-processes: valid at every sample size (the default)
     asymptotic = "asymptotic"  # opt-in, labelled: asymptotic confidence sequences
     group_sequential = "group_sequential"  # opt-in, labelled: O'Brien-Fleming spending over planned batches
+    horizon = "horizon"  # opt-in, exact within a declared horizon: alpha spent over the stratum's planned clusters
+
+    @property
+    def certifies(self) -> bool:
+        """Whether the mode's decisions are certificates (exact at their level), not approximate evidence."""
+        return self in (TestMode.exact, TestMode.horizon)
+
+
+class Question(Choice):
+    """What a gauntlet asks of each stratum (docs/gauntlet.md "The question is yours")."""
+
+    non_inferiority = "non_inferiority"  # a launch: not worse than the baseline by more than margin_delta
+    superiority = "superiority"  # "is the candidate better?": Delta > superiority_gain certified (or not)
+    two_sided = "two_sided"  # "which is better?": better, worse or undecided, each direction at alpha
+
+    @property
+    def is_launch(self) -> bool:
+        return self is Question.non_inferiority
 
 
 class BetRule(Choice):
@@ -46,11 +64,13 @@ class BetRule(Choice):
     prpl = "prpl"
     blend = "blend"
     ons = "ons"
+    mixture = "mixture"  # the average of constant bets under a Beta(3, 2) prior (vlaeval/seqtest/eprocess.py)
 
 
-# Chosen by benchmarks/seqtest_efficiency.py (docs/figures/seqtest_efficiency.md): the smallest worst-case
-# ratio of median clusters-to-decision over the information floor among caps below 1.
-DEFAULT_BET_RULE = BetRule.blend
+# The mixture of constant bets: 0.93 of the blend rule's expected trials on paired single-trial comparisons
+# within 200 trials (benchmarks/peer_comparison.py), as fast or faster on clustered strata
+# (benchmarks/seqtest_efficiency.py); blend was the default before it.
+DEFAULT_BET_RULE = BetRule.mixture
 # Fixed orders averaged by the order-free test on a file (benchmarks/certified_decisions.py, section 7).
 DEFAULT_ORDERS = 16
 

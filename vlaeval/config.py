@@ -37,6 +37,7 @@ from vlaeval.choices import (
     OfflineMetric,
     Optimizer,
     Preflight,
+    Question,
     StratumKind,
     TestMode,
     TimeDistribution,
@@ -112,10 +113,19 @@ class StratumConfig:
 
 @dataclass
 class GauntletConfig:
-    candidate_version: str = "candidate-v4"
-    baseline_version: str = "baseline-v3"
+    # The versions compared; "": the source's own names (an outcome file's baseline_version and
+    # candidate_version columns, the rollouts' checkpoint digests, the synthetic generator's
+    # demonstration names), else the roles "baseline" and "candidate" -- never a name made up.
+    candidate_version: str = ""
+    baseline_version: str = ""
     seed: int = 11
     alpha: float = 0.05
+    # What each stratum is asked (vlaeval.choices.Question, vlaeval/gauntlet/question.py): a launch's
+    # non-inferiority at margin_delta (the default), "is the candidate better?" (superiority: Delta >
+    # superiority_gain certified, or its opposite), or "which is better?" (two_sided, each direction at
+    # alpha). A comparison is not a launch: no halt, no blocker, a conclusion instead of a recommendation.
+    question: Question = Question.non_inferiority
+    superiority_gain: float = 0.0
     margin_delta: float = 0.02
     # 0.05, not the prototype's 0.03 (whose margin was 0.005): three points beyond the 0.02 margin, so
     # a halting stratum can tell a catastrophic regression from a plain one within its units; a gap

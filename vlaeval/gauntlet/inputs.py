@@ -12,12 +12,13 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from vlaeval.choices import ClusterOrder, TestMode
 from vlaeval.config import Component, GauntletConfig, SourceJobSettings, StratumConfig
 from vlaeval.errors import UserInputError, first_line, require
 from vlaeval.gauntlet.constants import OrderSeed, cluster_size_bounds, run_order_seed
 from vlaeval.gauntlet.outcomes import PlantedEffect
 from vlaeval.gauntlet.planning import GauntletPlan, StratumPlan, plan_gauntlet, stratum_plans
-from vlaeval.gauntlet.scheduler import validate_gauntlet
+from vlaeval.gauntlet.scheduler import asked_of, validate_gauntlet
 from vlaeval.gauntlet.sources import STRATA_FROM_CONFIG, CheckedSource, RunContext, checked_source
 from vlaeval.gauntlet.strata import ResolvedStrata, resolve_strata
 
@@ -31,6 +32,7 @@ class GauntletInputs:
     resolved: ResolvedStrata
     plans: Dict[str, StratumPlan]
     order: OrderSeed  # the run's cluster-order seed (drawn fresh for rollouts: recorded, replayed)
+    hold_required: bool = True  # an absent required stratum needs review (False: a preset never chosen)
 
     @property
     def strata(self) -> Dict[str, StratumConfig]:
@@ -38,7 +40,8 @@ class GauntletInputs:
 
     @property
     def required_absent(self) -> List[str]:
-        return [name for name in self.resolved.absent if self.configured[name].required]
+        held = self.hold_required and asked_of(self.settings).launch  # a comparison is not held for strata
+        return [name for name in self.resolved.absent if self.configured[name].required and held]
 
     def plan(self) -> GauntletPlan:
         """The planner's simulation of every stratum at `gauntlet.assumed_effect` (job=plan, pre-flight)."""
@@ -135,12 +138,15 @@ def gauntlet_inputs(
     outcomes: Component,
     context: Optional[RunContext] = None,
     replay_order_seed: Optional[int] = None,
+    strata_chosen: bool = True,
 ) -> GauntletInputs:
     """Validate the gauntlet settings, strata, effects and outcome source, reconcile their strata,
     read the plans, check each stratum's clusters against its declared size bounds and fix the
     cluster-order seed (the config sections `gauntlet`, `strata`, `effects`, `outcomes`; `context`:
     the run's config, for sources that run policies; `replay_order_seed`: job=reproduce's replay of
-    an earlier run's fresh seed)."""
+    an earlier run's fresh seed; `strata_chosen`: the user chose the strata (a preset or a setting
+    under strata), so a required stratum an outcome file lacks holds the recommendation; a preset
+    left at its default describes the synthetic source and does not)."""
     # Copies: what the run adds (a source's batch size) goes into its inputs, never into its config.
     settings = dataclasses.replace(gauntlet)
     configured = {str(name): dataclasses.replace(stratum) for name, stratum in strata.items()}
@@ -161,15 +167,21 @@ def gauntlet_inputs(
         if described.get("kind") == "file"
         else f"the {described.get('kind')} source"
     )
+    hold_required = strata_chosen or not source.traits.holds_outcomes
     resolved = resolve_strata(
         settings,
         configured,
         source.available_strata(),
         source_name=where,
         strata_from="config" if source.traits.strata_from == STRATA_FROM_CONFIG else "source",
+        labels_from_source=source.labels_strata,
+        hold_required=hold_required,
     )
     resolved.notices[:0] = source_notices
+    check_horizon(settings, source, resolved.strata)
+    name_versions(settings, source)
     plans = stratum_plans(source, settings, resolved.strata, planted)
+    resolved.notices += horizon_notices(settings, plans)
     for name, plan in plans.items():  # a missing declaration or a cluster outside one: refused now
         cluster_size_bounds(
             name,
@@ -179,4 +191,50 @@ def gauntlet_inputs(
             plan_fixed_in_advance=not source.traits.holds_outcomes,
         )
     order = run_order_seed(settings, source, replay=replay_order_seed)
-    return GauntletInputs(settings, configured, planted, source, resolved, plans, order)
+    return GauntletInputs(settings, configured, planted, source, resolved, plans, order, hold_required)
+
+
+def strata_chosen() -> bool:
+    """Whether the user chose the strata on the command line (a preset or a setting under strata): a
+    preset left at its default describes the synthetic source, so its required strata do not hold an
+    outcome file's recommendation (vlaeval.gauntlet.strata.resolve_strata)."""
+    from vlaeval.tracking import hydra_runtime, override_key
+
+    return any(override_key(o).split(".")[0] == "strata" for o in hydra_runtime().overrides)
+
+
+def check_horizon(settings: GauntletConfig, source: CheckedSource, strata: Mapping[str, StratumConfig]) -> None:
+    """test_mode=horizon tests a stream in its order, within a horizon a design can be synthesised for."""
+    if settings.test_mode != TestMode.horizon:
+        return
+    require(
+        not (source.traits.holds_outcomes and settings.cluster_order == ClusterOrder.shuffled),
+        "gauntlet.test_mode=horizon tests a stream in its order, and an outcome file has none: leave "
+        "test_mode=exact (a file is decided order-free), or declare the file's order random before seeing it with "
+        "gauntlet.cluster_order=as_given",
+    )
+
+
+def horizon_notices(settings: GauntletConfig, plans: Mapping[str, StratumPlan]) -> List[str]:
+    """test_mode=horizon on clusters of several trials: valid, but each cluster's mean is rounded to one
+    step, which keeps little of what a low-variance mean says -- say so before the run."""
+    if settings.test_mode != TestMode.horizon:
+        return []
+    several = [name for name, plan in plans.items() if int(plan.cluster_sizes.max(initial=1)) > 1]
+    if not several:
+        return []
+    return [
+        f"gauntlet.test_mode=horizon on clusters of several trials ({', '.join(several)}): each cluster's paired "
+        "difference is rounded to one step, which stays exact but keeps little of what a cluster's mean says; the "
+        "horizon test is built for single-trial streams (STEP's setting), the anytime test (test_mode=exact) uses "
+        "every cluster's mean"
+    ]
+
+
+def name_versions(settings: GauntletConfig, source: CheckedSource) -> None:
+    """The versions compared: the config's, else the source's own names, else the roles -- never made up."""
+    named = source.versions()
+    if not settings.baseline_version:
+        settings.baseline_version = named[0] if named and named[0] else "baseline"
+    if not settings.candidate_version:
+        settings.candidate_version = named[1] if named and named[1] else "candidate"

@@ -49,6 +49,8 @@ from vlaeval.seqtest.units import cluster_offsets
 
 # Bump when the synthetic generator changes what it produces: old cache entries become misses.
 SYNTHETIC_GENERATOR_VERSION = 1
+SYNTHETIC_VERSIONS = ("baseline-v3", "candidate-v4")  # (baseline, candidate): the prototype's demonstration names
+VERSION_COLUMNS = ("baseline_version", "candidate_version")  # optional in an outcome file: one value each
 OUTCOME_COLUMNS = ("stratum", "scenario_id", "cluster_id", "baseline", "candidate")
 LABEL_COLUMN = "data_label"  # optional: where a stratum's evidence came from (REPLAYED, SIMULATED, ...)
 # A repeated cluster is flagged when chance (rows and columns independent, each value at its
@@ -221,6 +223,10 @@ class SyntheticOutcomes(WholeStratumSource):
     def available_strata(self) -> Optional[List[str]]:
         return None  # it generates any configured stratum
 
+    def versions(self) -> Tuple[str, str]:
+        """The demonstration's names (the prototype's): generated outcomes compare no real policies."""
+        return SYNTHETIC_VERSIONS
+
     def cluster_sizes(self, request: OutcomeRequest) -> np.ndarray:
         return planned_cluster_sizes(request.spec)
 
@@ -297,6 +303,23 @@ class FileOutcomes(WholeStratumSource):
         self._notices: List[str] = []
         self._sha256: str | None = None
         self._canonical: str | None = None
+        self._versions: Tuple[Optional[str], ...] = (None, None)
+
+    def versions(self) -> Tuple[Optional[str], Optional[str]]:
+        """The optional baseline_version and candidate_version columns' values (None without them)."""
+        return self._versions[0], self._versions[1]
+
+    def _declared_version(self, column: str, values: Optional[List[object]]) -> Optional[str]:
+        """The one version an optional version column names (None without the column)."""
+        if values is None:
+            return None
+        found = sorted({str(v).strip() for v in values} - {""})
+        require(
+            len(found) == 1,
+            f"outcome file {self.path}: column {column} holds {', '.join(found) or 'nothing'}; give it one version "
+            "for the whole file (or drop the column and name it with gauntlet." + column + "=...)",
+        )
+        return found[0]
 
     def describe(self) -> Dict[str, Any]:
         return {
@@ -372,6 +395,10 @@ class FileOutcomes(WholeStratumSource):
                 f"{', '.join(strata)} (add it to the strata config, fix the file, or use outcomes.strata=file)"
             )
         self._labels = self._declared_labels(table)
+        self._versions = tuple(
+            self._declared_version(column, list(table[column].dropna()) if column in table.columns else None)
+            for column in VERSION_COLUMNS
+        )
         self._by_stratum = {}
         self._notices = []
         for name, rows in table.groupby("stratum", sort=False):

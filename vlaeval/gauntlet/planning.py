@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.gauntlet.outcomes import OutcomeRequest, PlantedEffect, planned_cluster_sizes, success_rate_effect
+from vlaeval.gauntlet.question import Asked
 from vlaeval.gauntlet.result import GauntletPlan, ObservedNeeds, StratumPlanRow
 from vlaeval.gauntlet.sources import checked_source
 from vlaeval.gauntlet.strata import alarm_alpha, priority_order
@@ -109,6 +110,7 @@ def _decision_times(
     weights: Optional[np.ndarray],
     looks: np.ndarray,
     limit_clusters: int,
+    known_smallest: Optional[int] = None,
 ) -> Dict[str, np.ndarray]:
     if settings.test_mode == MODE_ASYMPTOTIC:
         return asymptotic_decision_times(
@@ -132,7 +134,14 @@ def _decision_times(
             burn_in_clusters=settings.burn_in_clusters,
         )
     return exact_decision_times(
-        x, delta, settings.alpha, rule=settings.bet_rule, cap=cap, alarm_alpha=alarm, weights=weights
+        x,
+        delta,
+        settings.alpha,
+        rule=settings.bet_rule,
+        cap=cap,
+        alarm_alpha=alarm,
+        weights=weights,
+        min_cluster_size=known_smallest,
     )
 
 
@@ -145,8 +154,10 @@ def plan_stratum(
     alarm: float,
     effect: float,
     replications: int,
+    asked: Asked,
 ) -> StratumPlanRow:
-    delta = spec.margin_delta if spec.margin_delta is not None else settings.margin_delta
+    # The test's margin m = -delta: the launch's -margin_delta, a comparison's gain or 0.
+    delta = -asked.margin(spec.margin_delta if spec.margin_delta is not None else settings.margin_delta)
     sizes = plan.cluster_sizes
     equal = bool(np.all(sizes == sizes[0]))
     mean_size = float(sizes.mean())
@@ -160,7 +171,7 @@ def plan_stratum(
     reference = realistic_cluster_means(
         rng, 1, reference_clusters, draw_sizes(1, reference_clusters), effect, base_rate=plan.base_rate
     )[0]
-    expected = "PASS" if effect > -delta else "REGRESSION"
+    expected = "PASS" if effect > -delta else "REGRESSION"  # the test's words; the row says the question's
     side_alpha = settings.alpha if expected == "PASS" else alarm
     floor = information_floor(reference, delta, side_alpha)
     batches = plan_batches(sizes, settings.batch_units, unit_limit)
@@ -168,6 +179,9 @@ def plan_stratum(
     looks = np.array([end for _, end in batches] or [1], dtype=np.int64)
     horizon = int(min(max(limit_clusters, 3 * floor if math.isfinite(floor) else 0, 50), HORIZON_CAP_CLUSTERS))
     smallest = spec.min_cluster_size or int(sizes.min())  # undeclared for a file: the running minimum's limit
+    # What the test knows before its first cluster (the mixture's weights): a declared size, or the plan's
+    # smallest where the plan is fixed in advance (not a file's).
+    known = spec.min_cluster_size or (None if plan.observed_cluster_means is not None else int(sizes.min()))
     largest = spec.max_cluster_size or int(sizes.max())  # the unit estimand's normaliser
     cap = float(size_adaptive_cap(smallest)) if settings.bet_cap is None else settings.bet_cap
     firsts, passes, within = [], [], []
@@ -179,7 +193,7 @@ def plan_stratum(
         full = np.broadcast_to(np.asarray(drawn), x.shape)
         weights = full / largest if settings.estimand == "unit" else None
         first, passed = decision_time(
-            _decision_times(settings, x, full, delta, alarm, cap, weights, looks, limit_clusters)
+            _decision_times(settings, x, full, delta, alarm, cap, weights, looks, limit_clusters, known)
         )
         fits = np.minimum(np.sum(np.cumsum(full, axis=-1) <= unit_limit, axis=-1), sizes.size)
         firsts.append(first)
@@ -195,12 +209,12 @@ def plan_stratum(
     within_share = float(np.mean(np.concatenate(within)))
     observed = None
     if plan.observed_cluster_means is not None and plan.observed_cluster_means.size:
-        observed = observed_needs(settings, plan, delta, alarm, cap, largest, replications, rng, looks)
+        observed = observed_needs(settings, plan, delta, alarm, (cap, known), largest, replications, rng, looks, asked)
     return StratumPlanRow(
         stratum=name,
         margin_delta=delta,
         assumed_effect=effect,
-        expected_decision=expected,
+        expected_decision=asked.answer(expected),
         cluster_size=int(sizes[0]) if equal else f"{int(sizes.min())}-{int(sizes.max())}",
         clusters_available=int(sizes.size),
         unit_limit=unit_limit,
@@ -209,7 +223,7 @@ def plan_stratum(
         p90_units=p90 * mean_size,
         decision_probability_within_limit=within_share,
         # What a run most likely ends in: the expected decision only if most runs reach it in time.
-        likely_outcome=expected if within_share >= 0.5 else "INSUFFICIENT",
+        likely_outcome=asked.answer(expected if within_share >= 0.5 else "INSUFFICIENT"),
         pass_share=float(np.mean(passed & (first < NEVER))),
         floor_clusters=floor,
         fixed_n_z_clusters=fixed_n_clusters(reference, delta, side_alpha),
@@ -223,14 +237,17 @@ def observed_needs(
     plan: StratumPlan,
     delta: float,
     alarm: float,
-    cap: float,
+    bet: Tuple[float, Optional[int]],
     largest: int,
     replications: int,
     rng: np.random.Generator,
     looks: np.ndarray,
+    asked: Asked,
 ) -> ObservedNeeds:
     """Clusters to a decision at the observed effect: the stratum's own cluster means, resampled
-    (an estimate for planning only -- the test itself never looks at this)."""
+    (an estimate for planning only -- the test itself never looks at this); and what a file like
+    this one, as many clusters resampled, most likely decides (a stream's test looking after every
+    cluster: what the stream's anytime test would do, not the file's order-free certificate)."""
     observed, sizes = plan.observed_cluster_means, plan.cluster_sizes
     assert observed is not None and sizes is not None, "observed needs are planned only for strata with outcomes"
     effect = float(np.dot(observed, sizes) / sizes.sum()) if settings.estimand == "unit" else float(observed.mean())
@@ -241,12 +258,17 @@ def observed_needs(
     weights = sizes[pick] / largest if settings.estimand == "unit" else None
     step = int(looks[0])  # group-sequential: the plan's batches continued, a look every `step` clusters
     extended = np.arange(step, horizon + 1, step)
-    first, _ = decision_time(
-        _decision_times(settings, observed[pick], sizes[pick], delta, alarm, cap, weights, extended, horizon)
+    first, passed = decision_time(
+        _decision_times(settings, observed[pick], sizes[pick], delta, alarm, bet[0], weights, extended, horizon, bet[1])
     )
     median = float(np.median(first))
     median = math.inf if median >= NEVER else median
-    return ObservedNeeds(effect, median, median * float(sizes.mean()))
+    within = first <= sizes.size
+    share = float(np.mean(within))
+    likely = "INSUFFICIENT"
+    if share >= 0.5:
+        likely = "PASS" if np.mean(passed[within]) >= 0.5 else "REGRESSION"
+    return ObservedNeeds(effect, median, median * float(sizes.mean()), asked.answer(likely), share)
 
 
 def plan_gauntlet(
@@ -260,29 +282,48 @@ def plan_gauntlet(
     """The plan of every stratum in priority order, plus the budget check and warnings. `plans`:
     each stratum's scenario plan (default: the configured, synthetic one)."""
     plans = configured_plans(strata) if plans is None else plans
-    alarm = alarm_alpha(settings, strata)
+    asked = Asked(settings.question, settings.superiority_gain)
+    alarm = alarm_alpha(settings, strata) if asked.launch else settings.alpha  # a comparison: each side at alpha
     limits = stratum_unit_limits(settings, strata, plans)
     rows: List[StratumPlanRow] = []
     warnings: List[str] = []
     for name in priority_order(strata):
-        row = plan_stratum(settings, name, strata[name], plans[name], limits[name], alarm, assumed_effect, replications)
+        row = plan_stratum(
+            settings, name, strata[name], plans[name], limits[name], alarm, assumed_effect, replications, asked
+        )
         rows.append(row)
         if row.decision_probability_within_limit < MIN_DECISION_PROBABILITY:
-            median = "never" if not math.isfinite(row.median_units) else f"{row.median_units:,.0f}"
+            median = (
+                "no simulated run decided at all"
+                if not math.isfinite(row.median_units)
+                else f"the median run needs {row.median_units:,.0f} units"
+            )
+            at_margin = abs(assumed_effect + row.margin_delta) < 1e-12  # the assumed effect is the margin itself
             line = (
                 f"{name}: only {row.decision_probability_within_limit:.0%} of simulated runs decide within its "
-                f"{row.unit_limit:,}-unit limit ({row.clusters_available:,} clusters; median {median} units "
-                f"at effect {assumed_effect:+g})"
+                f"{row.unit_limit:,}-unit limit ({row.clusters_available:,} clusters; {median} at effect "
+                f"{assumed_effect:+g}"
+                + (
+                    ", the question's margin itself, where no test can decide: plan at the effect you expect with "
+                    "gauntlet.assumed_effect)"
+                    if at_margin
+                    else ")"
+                )
             )
             if row.observed is not None:
                 # The outcomes exist: advice drawn from them must not touch the margin (choosing delta
                 # after seeing the data voids the guarantee), and more data is a new test.
                 needed = row.observed.clusters_needed_at_observed_effect
+                need = (
+                    f"about {needed:,.0f} clusters"
+                    if math.isfinite(needed)
+                    else f"more clusters than the {HORIZON_CAP_CLUSTERS:,} simulated (no resampled run decided)"
+                )
                 line += (
-                    f"; at its observed effect {row.observed.observed_effect:+.3f} it would need about "
-                    f"{'more clusters than can be simulated' if not math.isfinite(needed) else f'{needed:,.0f} clusters'}"
-                    "; the margin is fixed in advance (choosing it after seeing these outcomes voids the guarantee), "
-                    "and re-running on an extended file is a new test, not a continuation of this one"
+                    f"; at its observed effect {row.observed.observed_effect:+.3f} a stream would need {need}; the "
+                    "margin is fixed in advance (choosing it after seeing these outcomes voids the guarantee), and "
+                    "an extended file continues this test through the evidence ledger -- without the ledger a "
+                    "re-run is a new test, whose errors add up"
                 )
                 warnings.append(line)
             else:

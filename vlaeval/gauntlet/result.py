@@ -48,8 +48,26 @@ class ObservedNeeds(JsonRecord):
     """For a stratum whose outcomes exist (a file): what it would need at its own observed effect."""
 
     observed_effect: float
-    clusters_needed_at_observed_effect: float  # inf: more than can be simulated
+    clusters_needed_at_observed_effect: float  # inf: no resampled run decided within the simulated horizon
     units_needed_at_observed_effect: float
+    # What a file like this one (its clusters resampled, as many as it holds) most likely decides:
+    # plans before it was planned read "" and nan.
+    likely_outcome_at_observed_effect: str = ""
+    decision_probability_at_observed_effect: float = float("nan")
+
+
+@dataclass(frozen=True)
+class RecordedOrder(JsonRecord):
+    """Where the anytime test, reading an outcome file's clusters as a stream in the order the file
+    records them, would have decided: a description of that order, never the file's certificate."""
+
+    WRITTEN_WHEN_NONE = ("decided_at_cluster", "decided_at_unit")
+
+    decision: str
+    decided_at_cluster: Optional[int]
+    decided_at_unit: Optional[int]
+    clusters: int
+    what: str = "the anytime test on the clusters in the file's recorded order: not the certificate"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +177,22 @@ class StratumResult:
     @property
     def halting(self) -> bool:
         return self.catastrophic_delta is not None
+
+    @property
+    def answer(self) -> str:
+        """The decision in the run's question's words (BETTER, WORSE, ...; a launch's: the decision)."""
+        return str(self.details.get("answer", self.decision))
+
+    @property
+    def recorded_order(self) -> Optional[RecordedOrder]:
+        """An outcome file's stratum: where a stream in the file's recorded order would have decided."""
+        found = self.details.get("recorded_order_stream")
+        return None if not found else RecordedOrder.from_json(found)
+
+    @property
+    def certifies(self) -> str:
+        """What the decision certifies, in one phrase (empty in results before it was recorded)."""
+        return str(self.details.get("certifies", ""))
 
     @property
     def continuation(self) -> Mapping[str, Any]:
@@ -274,6 +308,11 @@ class Recommendation:
     data_labels: Tuple[str, ...] = ()
     demonstration: bool = False
     rule: str = ""
+    kind: str = "launch"  # "comparison": a BETTER / NOT_BETTER / WORSE / MIXED / UNDECIDED answer, notes, no blockers
+
+    @property
+    def launch(self) -> bool:
+        return self.kind == "launch"
 
     def to_json(self) -> Dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -289,6 +328,7 @@ class Recommendation:
             data_labels=tuple(data.get("data_labels", [])),
             demonstration=bool(data.get("demonstration", False)),
             rule=str(data.get("rule", "")),
+            kind=str(data.get("kind", "launch")),
         )
 
 
@@ -417,6 +457,7 @@ class GauntletResult:
     test_mode: str
     not_evaluated: Tuple[str, ...] = ()
     absent_strata: Tuple[str, ...] = ()
+    required_absent: Tuple[str, ...] = ()  # absent strata that hold a launch's recommendation
     priority_order: Tuple[str, ...] = ()
     processed_order: Tuple[str, ...] = ()
     lineage: Lineage = field(default_factory=Lineage)
@@ -425,6 +466,8 @@ class GauntletResult:
     multiplicity: MultiplicityStatement = field(default_factory=MultiplicityStatement)
     statistical_validity: str = ""
     cluster_order: Mapping[str, Any] = field(default_factory=dict)
+    question: str = "non_inferiority"  # vlaeval.choices.Question (results before it: a launch)
+    superiority_gain: float = 0.0
     # Added by job=gauntlet after the run.
     preflight: Optional[GauntletPlan] = None
     notices: Tuple[str, ...] = ()
@@ -440,7 +483,7 @@ class GauntletResult:
 
     @property
     def valid_for_launch(self) -> bool:
-        return self.lineage_valid and not self.halted
+        return self.lineage_valid and not self.halted and self.recommendation.launch
 
     def stratum(self, name: str) -> StratumResult:
         for s in self.strata:
@@ -461,10 +504,16 @@ class GauntletResult:
             "timing.wall_s": self.timing["wall_s"],
             "timing.units_per_second": self.timing["units_per_second"],
             "halted": float(self.halted),
-            "launch": float(rec.recommendation == LAUNCH),
+            # A launch's recommendation, or a comparison's answer, as a 0/1 the runs table can sort by.
+            **(
+                {"launch": float(rec.recommendation == LAUNCH)}
+                if rec.launch
+                else {"better": float(rec.recommendation == "BETTER")}
+            ),
         }
         tags: Dict[str, Any] = {
             "recommendation": rec.recommendation,
+            "gauntlet.question": self.question,
             "halted": str(self.halted).lower(),
             "gauntlet.processed_order": ",".join(self.processed_order),
             "gauntlet.test_mode": self.test_mode,
@@ -501,6 +550,8 @@ class GauntletResult:
             if s.catastrophic_bound is not None:
                 metrics[f"{key}.catastrophic_upper_bound"] = s.catastrophic_bound.upper
             tags[f"{key}.decision"] = s.decision
+            if not rec.launch:
+                tags[f"{key}.answer"] = s.answer
             drift_z = s.drift.z if s.drift is not None else None
             if drift_z is not None:
                 metrics[f"{key}.drift_z"] = drift_z
@@ -510,16 +561,27 @@ class GauntletResult:
                     history[f"{key}.{series}"] = [(b, s.trajectory[series][i]) for b, i in enumerate(ends, start=1)]
         for name in self.absent_strata:
             tags[f"stratum.{name}.decision"] = "ABSENT"
+        return TrackingView(metrics, self.checks(), tags, history)
+
+    def checks(self) -> Dict[str, bool]:
+        """The gate checks MLflow records: a launch's, or a comparison's (did it answer, is it BETTER)."""
         evaluated = {s.stratum for s in self.strata}
-        checks = {
+        all_evaluated = not self.not_evaluated and evaluated == set(self.priority_order)
+        if not self.recommendation.launch:
+            return {
+                "lineage_valid": self.lineage_valid,
+                "all_strata_evaluated": all_evaluated,
+                "all_strata_better": bool(self.strata) and all(s.answer == "BETTER" for s in self.strata),
+                "all_strata_decided": all(s.decision != "INSUFFICIENT" for s in self.strata),
+            }
+        return {
             "no_catastrophic_halt": not self.halted,
             "lineage_valid": self.lineage_valid,
             "no_stratum_regression": all(s.decision != DECISION_REGRESSION for s in self.strata),
-            "all_strata_evaluated": not self.not_evaluated and evaluated == set(self.priority_order),
+            "all_strata_evaluated": all_evaluated,
             "all_strata_pass": all(s.decision == DECISION_PASS for s in self.strata),
-            "replayed_data_evaluated": "REPLAYED" in rec.data_labels,
+            "replayed_data_evaluated": "REPLAYED" in self.recommendation.data_labels,
         }
-        return TrackingView(metrics, checks, tags, history)
 
     def with_job_record(
         self, *, preflight: Optional[GauntletPlan], notices: Sequence[str], rollouts: Optional[RolloutsRecord]
@@ -538,6 +600,7 @@ class GauntletResult:
             "processed_order": list(self.processed_order),
             "not_evaluated": list(self.not_evaluated),
             "absent_strata": list(self.absent_strata),
+            "required_absent": list(self.required_absent),
             "halted": self.halted,
             "status": self.status,
             "events": [e.to_json() for e in self.events],
@@ -546,6 +609,8 @@ class GauntletResult:
             "lineage_valid": self.lineage_valid,
             "valid_for_launch": self.valid_for_launch,
             "recommendation": self.recommendation.to_json(),
+            "question": self.question,
+            "superiority_gain": self.superiority_gain,
             "test_mode": self.test_mode,
             "multiplicity": self.multiplicity.to_json(),
             "statistical_validity": self.statistical_validity,
@@ -574,6 +639,7 @@ class GauntletResult:
             test_mode=str(data.get("test_mode", "exact")),
             not_evaluated=tuple(data.get("not_evaluated", [])),
             absent_strata=tuple(data.get("absent_strata", [])),
+            required_absent=tuple(data.get("required_absent", [])),
             priority_order=tuple(data.get("priority_order", [])),
             processed_order=tuple(data.get("processed_order", [])),
             lineage=Lineage.from_json(data.get("lineage", {"valid": data.get("lineage_valid", False)})),
@@ -582,6 +648,8 @@ class GauntletResult:
             multiplicity=MultiplicityStatement.from_json(data.get("multiplicity", {})),
             statistical_validity=str(data.get("statistical_validity", "")),
             cluster_order=dict(data.get("cluster_order", {})),
+            question=str(data.get("question", "non_inferiority")),
+            superiority_gain=float(data.get("superiority_gain", 0.0)),
             preflight=GauntletPlan.from_json(data["preflight"]) if "preflight" in data else None,
             notices=tuple(data.get("notices", [])),
             rollouts=RolloutsRecord.from_json(data["rollouts"]) if data.get("rollouts") else None,

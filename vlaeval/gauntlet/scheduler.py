@@ -30,6 +30,7 @@ any false alarm stays <= alpha (vlaeval.gauntlet.strata.alarm_alpha).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 
 from vlaeval.artifacts import sha256_json, stable_seed
-from vlaeval.choices import AlarmFwer, ClusterOrder, HaltRule
+from vlaeval.choices import AlarmFwer, ClusterOrder, HaltRule, Question, TestMode
 from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import require, require_at_least
 from vlaeval.gauntlet.cache import ArrayCache, CacheStats
@@ -53,13 +54,15 @@ from vlaeval.gauntlet.outcomes import (
     stratum_data_label,
     success_rate_effect,
 )
-from vlaeval.gauntlet.recommendation import launch_recommendation
+from vlaeval.gauntlet.question import Asked
+from vlaeval.gauntlet.recommendation import comparison_conclusion, launch_recommendation
 from vlaeval.gauntlet.result import (
     CacheUse,
     GauntletEvent,
     GauntletResult,
     Lineage,
     MultiplicityStatement,
+    RecordedOrder,
     Scale,
     StratumResult,
 )
@@ -89,8 +92,9 @@ from vlaeval.seqtest import (
     plan_batches,
     planned_looks_of,
 )
+from vlaeval.seqtest.horizon import HorizonDesign
 from vlaeval.seqtest.sequential import SequentialTest
-from vlaeval.seqtest.state import ModeSettings
+from vlaeval.seqtest.state import HorizonSettings, ModeSettings
 from vlaeval.seqtest.units import Drift, SuccessRateInterval, success_rate_interval
 
 __all__ = ["BatchProgress", "priority_order", "run_gauntlet", "validate_gauntlet"]
@@ -116,7 +120,17 @@ def validate_gauntlet(
     is composed), as a one-line UserInputError."""
     s = settings
     require(0.0 < s.alpha < 1.0, f"gauntlet.alpha={s.alpha} must be in (0, 1), e.g. gauntlet.alpha=0.05")
+    require(
+        s.margin_delta != 0.0 or not Question(s.question).is_launch,
+        "gauntlet.margin_delta=0 asks a launch to be certified not worse by 0 points, which no finite test can; "
+        "to ask whether the candidate is better, set gauntlet.question=superiority (or two_sided)",
+    )
     require(0.0 < s.margin_delta < 1.0, f"gauntlet.margin_delta={s.margin_delta} must be in (0, 1)")
+    require(
+        0.0 <= s.superiority_gain < 1.0,
+        f"gauntlet.superiority_gain={s.superiority_gain} must be in [0, 1): the gain Delta must exceed "
+        "(gauntlet.question=superiority)",
+    )
     require(
         s.margin_delta <= s.catastrophic_delta < 1.0,
         f"gauntlet.catastrophic_delta={s.catastrophic_delta} must be in [margin_delta={s.margin_delta}, 1)",
@@ -136,11 +150,12 @@ def validate_gauntlet(
     require(s.plan_replications >= 20, f"gauntlet.plan_replications={s.plan_replications} must be >= 20")
     require(0.0 < s.cs_grid_step <= 0.1, f"gauntlet.cs_grid_step={s.cs_grid_step} must be in (0, 0.1]")
     require(bool(strata), "no strata configured; pick a preset, e.g. strata=default")
-    if s.test_mode == MODE_EXACT:
+    if TestMode(s.test_mode).certifies:
         # Decisions and the confidence sequence must speak about the same e-processes.
         for where, value in [
             ("gauntlet.margin_delta", s.margin_delta),
             ("gauntlet.catastrophic_delta", s.catastrophic_delta),
+            ("gauntlet.superiority_gain", s.superiority_gain),
         ] + [
             (f"strata.{n}.margin_delta", spec.margin_delta)
             for n, spec in strata.items()
@@ -309,7 +324,7 @@ def halt_decision(settings: GauntletConfig, state: TestState) -> Halt:
         parts.append(f"estimate {estimate:+.4f} beyond the catastrophic margin -{settings.catastrophic_delta:g}")
     if certified_catastrophic and state.catastrophic is not None:
         parts.append("certified catastrophic: " + catastrophic_message(state.catastrophic))
-    exact = state.test_mode == MODE_EXACT
+    exact = TestMode(state.test_mode).certifies
     if not exact:
         parts = [f"approximate ({state.test_mode}) " + parts[0], *parts[1:]]
     return Halt(exact, not exact, certified_catastrophic, "; ".join(parts))
@@ -337,7 +352,7 @@ def react(
     related strata promoted after a REGRESSION, the nominal allowance expanded after the critical
     stratum's PASS."""
     s, estimate = settings, state.delta_estimate
-    exact = state.test_mode == MODE_EXACT
+    exact = TestMode(state.test_mode).certifies
     events: List[GauntletEvent] = []
     halt = halt_decision(s, state) if spec.catastrophic_halt else Halt(False, False)
     if (halt.halt or halt.signal) and state.catastrophic is not None:
@@ -389,6 +404,9 @@ def react(
     return Reaction(events, False, nominal_allowance)
 
 
+HorizonDesigns = Callable[[int, float], HorizonDesign]
+
+
 def stratum_test(
     settings: GauntletConfig,
     spec: StratumConfig,
@@ -397,15 +415,19 @@ def stratum_test(
     batches: Sequence[Tuple[int, int]],
     *,
     order_free: bool = False,
+    horizon: Optional[Tuple[int, HorizonDesigns]] = None,
 ) -> SequentialTest:
     """The stratum's sequential test, every constant fixed before its first cluster; `order_free`:
-    the exact test on clusters that all exist (a file), averaged over gauntlet.orders fixed orders."""
+    the exact test on clusters that all exist (a file), averaged over gauntlet.orders fixed orders;
+    `horizon`: test_mode=horizon's rounding seed and its designs. The question sets the margin and
+    the levels: a launch's REGRESSION is an alarm (at `alarm`), a comparison's two sides are each at alpha."""
     s = settings
+    asked = asked_of(s)
     common = TestSettings(
-        delta=stratum_margin(s, spec),
+        delta=-asked.margin(stratum_margin(s, spec)),
         alpha=s.alpha,
-        catastrophic_delta=s.catastrophic_delta if spec.catastrophic_halt else None,
-        alarm_alpha=alarm,
+        catastrophic_delta=s.catastrophic_delta if spec.catastrophic_halt and asked.launch else None,
+        alarm_alpha=alarm if asked.launch else s.alpha,
         estimand=str(s.estimand),
         # Never read off the outcomes (constants.py): the unit estimand's normaliser and the bet
         # cap's smallest size (None: a running minimum).
@@ -413,16 +435,32 @@ def stratum_test(
         min_cluster_size=bounds.smallest,
         cs_grid_step=s.cs_grid_step,
     )
-    return make_sequential_test(common, mode_settings(s, batches, order_free=order_free))
+    return make_sequential_test(common, mode_settings(s, batches, order_free=order_free, horizon=horizon))
+
+
+def asked_of(settings: GauntletConfig) -> Asked:
+    return Asked(Question(settings.question), float(settings.superiority_gain))
 
 
 def mode_settings(
-    settings: GauntletConfig, batches: Sequence[Tuple[int, int]], *, order_free: bool = False
+    settings: GauntletConfig,
+    batches: Sequence[Tuple[int, int]],
+    *,
+    order_free: bool = False,
+    horizon: Optional[Tuple[int, HorizonDesigns]] = None,
 ) -> ModeSettings:
-    """The settings of gauntlet.test_mode's test (order-free: the exact test on a file)."""
+    """The settings of gauntlet.test_mode's test (order-free: the exact test on a file; horizon: the
+    stratum's planned clusters within its unit limit are the horizon)."""
     s = settings
     if order_free:
         return OrderFreeSettings(bet_rule=str(s.bet_rule), bet_cap=s.bet_cap, orders=s.orders)
+    if s.test_mode == TestMode.horizon:
+        assert horizon is not None, "test_mode=horizon needs its rounding seed and designs"
+        seed, designs = horizon
+        planned = batches[-1][1] if batches else 1
+        return HorizonSettings(
+            bet_rule=str(s.bet_rule), bet_cap=s.bet_cap, horizon=planned, rounding_seed=seed, design=designs
+        )
     if s.test_mode == MODE_EXACT:
         return ExactSettings(bet_rule=str(s.bet_rule), bet_cap=s.bet_cap)
     if s.test_mode == MODE_ASYMPTOTIC:
@@ -445,6 +483,7 @@ def test_fingerprint(
         {
             "stratum": name,
             "margin": stratum_margin(s, spec),
+            **({} if Question(s.question).is_launch else {"question": str(s.question), "gain": s.superiority_gain}),
             "alpha": s.alpha,
             "alarm_alpha": alarm,
             "estimand": str(s.estimand),
@@ -458,12 +497,35 @@ def test_fingerprint(
     )
 
 
+def synthesised_designs() -> HorizonDesigns:
+    """Horizon designs synthesised on first use and kept for the process (the job passes designs
+    cached in the content-addressed store instead)."""
+    from vlaeval.seqtest.horizon import synthesise
+
+    kept: Dict[Tuple[int, float], HorizonDesign] = {}
+
+    def design(horizon: int, level: float) -> HorizonDesign:
+        if (horizon, level) not in kept:
+            kept[(horizon, level)] = synthesise(horizon, level)
+        return kept[(horizon, level)]
+
+    return design
+
+
 def multiplicity_statement(
     settings: GauntletConfig, strata: Mapping[str, StratumConfig], alarm: float
 ) -> MultiplicityStatement:
     """How the launch rule and the alarms control their errors, in words and the alarm level."""
     s = settings
     halts = alarm_count(strata) - len(strata)
+    if not Question(s.question).is_launch:
+        return MultiplicityStatement(
+            launch=f"a comparison, not a launch: BETTER overall needs every stratum's BETTER at alpha "
+            f"(intersection-union); each stratum's two directions are each tested at alpha = {s.alpha:g}, "
+            f"uncorrected over the {len(strata)} strata",
+            alarms="none: a comparison raises no alarm and never halts",
+            alarm_alpha=s.alpha,
+        )
     return MultiplicityStatement(
         launch="intersection-union: LAUNCH needs every stratum to PASS its own level-alpha test",
         alarms=(
@@ -480,15 +542,20 @@ def multiplicity_statement(
 def validity_statement(settings: GauntletConfig) -> str:
     """What the test mode's decisions are worth, in words (result.json, the report)."""
     s = settings
+    halt = (
+        "the catastrophic halt fires on a certified REGRESSION at the alarm level whose halt's own one-sided "
+        "confidence sequence lies beyond -catastrophic_delta; while that question is open after the REGRESSION, "
+        "the stratum keeps sampling until it is decided"
+        if s.halt_rule == HaltRule.regression_beyond_margin
+        else "the catastrophic halt is decided on a one-sided upper confidence sequence at its own level"
+    )
     return {
         "exact": "every stopping decision is an anytime-valid betting e-process on cluster means in random order "
-        "(Ville's inequality); decisions are sticky; "
-        + (
-            "the catastrophic halt fires on a certified REGRESSION at the alarm level whose halt's own one-sided "
-            "confidence sequence, at the end of the deciding batch, lies beyond -catastrophic_delta"
-            if s.halt_rule == HaltRule.regression_beyond_margin
-            else "the catastrophic halt is decided on a one-sided upper confidence sequence at its own level"
-        ),
+        "(Ville's inequality); decisions are sticky; " + halt,
+        "horizon": "HORIZON mode (opt-in): each decision is a boundary that spends its level over the stratum's "
+        "planned clusters, synthesised and certified exactly for every rate of discordant outcomes (any "
+        "dependence between the policies within a pair); valid within that horizon only -- a continuation is a "
+        "new test; the CS, e-values and the halt's bound beside it are anytime-valid; " + halt,
         "asymptotic": "ASYMPTOTIC mode (opt-in): evidence from asymptotic confidence sequences (Waudby-Smith et "
         "al. 2024) after a burn-in, valid only as clusters grow; its PASS and REGRESSION are approximate "
         "evidence for review, never a certificate: they never halt and never block by themselves",
@@ -514,9 +581,11 @@ class StratumEvaluator:
         seed: OrderSeed,
         on_batch: Optional[Callable[[BatchProgress], None]],
         ledger: Optional[EvidenceLedger] = None,
+        designs: Optional[HorizonDesigns] = None,
     ) -> None:
         self.s, self.strata, self.effects, self.source, self.cache = settings, strata, effects, source, cache
         self.seed, self.on_batch, self.ledger = seed, on_batch, ledger
+        self.designs: HorizonDesigns = designs if designs is not None else synthesised_designs()
         self.order = priority_order(strata)
         self.alarm = alarm_alpha(settings, strata)  # family-wise error of the alarms (REGRESSION and halts)
         self.shuffled = settings.cluster_order == ClusterOrder.shuffled
@@ -580,10 +649,11 @@ class StratumEvaluator:
             )
             return outcomes
 
-        test = stratum_test(s, spec, self.alarm, bounds, batches)
-        await_certified_halt = (
-            spec.catastrophic_halt and s.halt_rule == HaltRule.certified_catastrophic and s.test_mode == MODE_EXACT
-        )
+        rounding_seed = stable_seed("horizon-rounding", self.seed.seed, name)
+        test = stratum_test(s, spec, self.alarm, bounds, batches, horizon=(rounding_seed, self.designs))
+        # A halting stratum's REGRESSION leaves its halt question open until the halt's own bound
+        # decides it: the stratum keeps sampling (within its units) until it does, then halts or goes on.
+        await_certified_halt = spec.catastrophic_halt and asked_of(s).launch and TestMode(s.test_mode).certifies
         run = _evaluate_stratum(
             test, fetch, sizes, batches, await_certified_halt, self.reporter(name, unit_limit, units_before)
         )
@@ -636,6 +706,7 @@ class StratumEvaluator:
             success_rates=success_rates(baseline_wins, candidate_wins, seen.cluster_sizes),
         )
         evidence = Evidence(fingerprint, tuple(Counter(keys[i] for i in block) for block in blocks), continuation)
+        recorded = recorded_order_stream(s, spec, self.alarm, bounds, whole, unit_limit)
         cluster_order = {
             "mode": "order_free",
             "orders": s.orders,
@@ -643,7 +714,7 @@ class StratumEvaluator:
         }
         return self.record(
             name, test, run, int(plan.sum()), int(plan.size), unit_limit, [status], bounds, cluster_order,
-            evidence=evidence.to_json(),
+            evidence=evidence.to_json(), recorded_order_stream=recorded.to_json(),
         ), state  # fmt: skip
 
     def record(
@@ -663,7 +734,12 @@ class StratumEvaluator:
         spec, state, used = self.strata[name], run.state, run.units_evaluated
         # What the source made: on demand, only the units the test asked for.
         produced = used if self.source.traits.produces_on_demand else (units_available if cache_statuses else 0)
+        asked = asked_of(self.s)
+        margin = asked.margin(stratum_margin(self.s, spec))
+        level = state.alpha if state.decision == DECISION_PASS else state.alarm_alpha
         details = {
+            "answer": asked.answer(state.decision),
+            "certifies": asked.certifies(state.decision, margin, level),
             "clusters_available": clusters_available,
             "batches": run.batches,
             "baseline_success_rate": run.success_rates["baseline"].rate,
@@ -693,6 +769,26 @@ class StratumEvaluator:
             trajectory=test.trajectory(),
             details=details,
         )
+
+
+def recorded_order_stream(
+    settings: GauntletConfig,
+    spec: StratumConfig,
+    alarm: float,
+    bounds: ClusterSizeBounds,
+    whole: StratumOutcomes,
+    unit_limit: int,
+) -> RecordedOrder:
+    """Where the anytime test, reading a file's clusters as a stream in the order the file records them
+    (first appearance), would have decided -- a description of the recorded order, never the file's
+    certificate: an order a user can influence is not one the guarantee may rest on."""
+    sizes = whole.cluster_sizes
+    fits = int(np.searchsorted(np.cumsum(sizes), unit_limit, side="right"))
+    exact = dataclasses.replace(settings, test_mode=TestMode.exact)
+    test = stratum_test(exact, spec, alarm, bounds, [(0, fits)])
+    differences = whole.candidate.astype(np.int8) - whole.baseline.astype(np.int8)
+    state = test.update(cluster_means(differences, sizes)[:fits], sizes[:fits])
+    return RecordedOrder(state.decision, state.decided_at_cluster, state.decided_at_unit, fits)
 
 
 def cache_delta(before: CacheStats, after: CacheStats) -> CacheUse:
@@ -740,7 +836,11 @@ def evaluate_in_priority_order(
         results.append(result)
         budget_left -= result.units_evaluated
         units_evaluated += result.units_evaluated
-        reaction = react(s, name, strata[name], state, queue, nominal_allowance)
+        reaction = (
+            react(s, name, strata[name], state, queue, nominal_allowance)
+            if asked_of(s).launch
+            else Reaction([], False, nominal_allowance)  # a comparison: no halt, no promotion, no expansion
+        )
         events.extend(reaction.events)
         halted, nominal_allowance = reaction.halted, reaction.nominal_allowance
     if queue and not halted:
@@ -767,18 +867,20 @@ def run_gauntlet(
     on_batch: Optional[Callable[[BatchProgress], None]] = None,
     order_seed: Optional[OrderSeed] = None,
     ledger: Optional[EvidenceLedger] = None,
+    designs: Optional[HorizonDesigns] = None,
 ) -> GauntletResult:
     """Run the whole gauntlet on the (resolved) strata; pure apart from the outcome source, its
     cache and the evidence ledger it reads. `absent`: configured strata the source lacks (reported;
     `required_absent` need review); `order_seed`: the run's cluster-order seed (default:
     constants.run_order_seed, drawn now); `ledger`: where an outcome file's strata find the evidence
-    their test continues (None: every test starts afresh; the caller records the result in it)."""
+    their test continues (None: every test starts afresh; the caller records the result in it);
+    `designs`: test_mode=horizon's certified boundaries (None: synthesised in this process)."""
     s = settings
     source = checked_source(source)  # a no-op for the job's source, checked when it was built
     seed = run_order_seed(s, source) if order_seed is None else order_seed
     started = time.perf_counter()
     cache_before = cache.stats.snapshot()
-    evaluator = StratumEvaluator(s, strata, effects, source, cache, seed, on_batch, ledger)
+    evaluator = StratumEvaluator(s, strata, effects, source, cache, seed, on_batch, ledger, designs)
     units_defined = evaluator.units_defined()
     run = evaluate_in_priority_order(s, strata, evaluator)
     elapsed = time.perf_counter() - started
@@ -808,11 +910,16 @@ def run_gauntlet(
             lineage=lineage,
             test_mode=s.test_mode,
             required_absent=required_absent,
-        ),
+        )
+        if asked_of(s).launch
+        else comparison_conclusion(asked_of(s), run.results, run.not_evaluated, test_mode=s.test_mode),
+        question=str(s.question),
+        superiority_gain=float(s.superiority_gain),
         halted=run.halted,
         test_mode=str(s.test_mode),
         not_evaluated=tuple(run.not_evaluated),
         absent_strata=tuple(absent),
+        required_absent=tuple(required_absent),
         priority_order=tuple(evaluator.order),
         processed_order=tuple(run.processed),
         lineage=lineage,

@@ -12,6 +12,7 @@ sliced by the scheduler). Everything else is an optional capability, all of its 
   Closable          close(): release what it holds (a Ray instance), after the gauntlet
   HasNotices        notices(): lines the report shows before the strata
   LabelsStrata      stratum_data_labels(): where each stratum's evidence came from
+  NamesVersions     versions() -> (baseline, candidate), either None: the versions its outcomes name
 
 and a few declared traits (class attributes with defaults, `SourceTraits`). `checked_source` runs
 when the source is built, before any work: a missing hook, a capability half implemented or a
@@ -42,6 +43,7 @@ CAPABILITIES: Dict[str, Tuple[str, ...]] = {
     "Closable": ("close",),
     "HasNotices": ("notices",),
     "LabelsStrata": ("stratum_data_labels",),
+    "NamesVersions": ("versions",),
 }
 STRATA_FROM_CONFIG = "config"  # strata_from: the configured strata are the source's (rollouts)
 
@@ -122,6 +124,7 @@ class CheckedSource:
         self.closable = capabilities["Closable"]
         self.has_notices = capabilities["HasNotices"]
         self.labels_strata = capabilities["LabelsStrata"]
+        self.names_versions = capabilities["NamesVersions"]
 
     @property
     def name(self) -> str:
@@ -165,6 +168,13 @@ class CheckedSource:
 
     def stratum_data_labels(self) -> Dict[str, str]:
         return {str(k): str(v) for k, v in self.source.stratum_data_labels().items()} if self.labels_strata else {}
+
+    def versions(self) -> Optional[Tuple[Optional[str], Optional[str]]]:
+        """(baseline, candidate) as the source names them (either None), or None: it names neither."""
+        if not self.names_versions:
+            return None
+        baseline, candidate = self.source.versions()
+        return (None if baseline is None else str(baseline), None if candidate is None else str(candidate))
 
     def episodes(self) -> RecordsEpisodes:
         """The source as RecordsEpisodes (only when records_episodes)."""

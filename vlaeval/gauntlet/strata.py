@@ -63,9 +63,14 @@ def resolve_strata(
     *,
     source_name: str = "the outcome source",
     strata_from: str = "source",
+    labels_from_source: bool = False,
+    hold_required: bool = True,
 ) -> ResolvedStrata:
     """Reconcile the configured strata with those `available` in the source (None: the source can
-    produce any configured stratum). strata_from="config" refuses a stratum the config lacks."""
+    produce any configured stratum). strata_from="config" refuses a stratum the config lacks;
+    `labels_from_source`: the source declares each stratum's data label (an outcome file);
+    `hold_required`: an absent `required` stratum needs review (False: the strata are a preset the user
+    never chose for this source, so its `required` flags describe another source)."""
     if available is None:
         return ResolvedStrata(dict(configured))
     present = list(dict.fromkeys(str(name) for name in available))
@@ -85,27 +90,63 @@ def resolve_strata(
         )
     resolved = {name: spec for name, spec in configured.items() if name in present}
     last = max((spec.priority for spec in configured.values()), default=0)
-    notices: List[str] = []
     for offset, name in enumerate(added, start=1):
         resolved[name] = replace(StratumConfig(), priority=last + offset, related=[])
-        notices.append(
-            f"stratum {name!r} is in {source_name} but not configured: evaluated with the defaults "
-            f"(priority {last + offset}, data label {resolved[name].data_label.value}, no related strata, "
-            f"no halt); configure strata.{name} to change them"
-        )
-    for name in absent:
-        need = "required: needs review" if configured[name].required else "not required"
-        notices.append(f"stratum {name!r} is configured but absent from {source_name}: not evaluated ({need})")
-    for role in ("critical_stratum", "nominal_stratum"):
-        name = getattr(settings, role)
-        if name and name in absent:
-            notices.append(f"gauntlet.{role}={name!r} is absent from {source_name}: its rule does not apply")
+    notices = added_notices(resolved, added, last, source_name, labels_from_source)
+    notices += absent_notices(settings, configured, absent, source_name, hold_required)
     if not resolved:
         raise UserInputError(
             f"{source_name} holds none of the configured strata ({', '.join(configured)}); "
             "check the file's stratum column"
         )
     return ResolvedStrata(resolved, absent, added, notices)
+
+
+def added_notices(
+    resolved: Mapping[str, StratumConfig], added: Sequence[str], last: int, source_name: str, labels_from_source: bool
+) -> List[str]:
+    """A line for each stratum only the source holds: the defaults it is evaluated with."""
+    notices = []
+    for offset, name in enumerate(added, start=1):
+        label = (
+            f"the data label {source_name} declares"
+            if labels_from_source
+            else f"data label {resolved[name].data_label.value}"
+        )
+        notices.append(
+            f"stratum {name!r} is in {source_name} but not configured: evaluated with the defaults "
+            f"(priority {last + offset}, {label}, no related strata, no halt); configure strata.{name} to change them"
+        )
+    return notices
+
+
+def absent_notices(
+    settings: GauntletConfig,
+    configured: Mapping[str, StratumConfig],
+    absent: Sequence[str],
+    source_name: str,
+    hold_required: bool,
+) -> List[str]:
+    """One line for the configured strata the source lacks (which hold the recommendation, which a
+    preset the user never chose does not), one for the scheduler's roles among them."""
+    notices = []
+    if absent:
+        held = [name for name in absent if configured[name].required and hold_required]
+        waived = [name for name in absent if configured[name].required and not hold_required]
+        parts = [f"configured strata absent from {source_name}, not evaluated: {', '.join(absent)}"]
+        if held:
+            parts.append(f"required (strata.<name>.required), so the recommendation needs review: {', '.join(held)}")
+        if waived:
+            parts.append(
+                f"{', '.join(waived)} is required by the strata preset you did not choose for this source, so it does "
+                f"not hold it (to require it, choose the strata: strata=<preset> or strata.{waived[0]}.required=true)"
+            )
+        notices.append("; ".join(parts))
+    roles = [f"gauntlet.{role}={getattr(settings, role)!r}" for role in ("critical_stratum", "nominal_stratum")
+             if getattr(settings, role) and getattr(settings, role) in absent]  # fmt: skip
+    if roles:
+        notices.append(f"{' and '.join(roles)} absent from {source_name}: their rules do not apply")
+    return notices
 
 
 def alarm_count(strata: Mapping[str, StratumConfig]) -> int:

@@ -23,23 +23,27 @@ from vlaeval import console
 from vlaeval.artifacts import atomic_write_npz
 from vlaeval.config import ClusterOrder, OutcomeJobSettings, ReproduceConfig, UserInputError, to_plain
 from vlaeval.gauntlet.cache import ArrayCache
-from vlaeval.gauntlet.inputs import GauntletInputs, gauntlet_inputs, run_context
+from vlaeval.gauntlet.inputs import GauntletInputs, gauntlet_inputs, run_context, strata_chosen
 from vlaeval.gauntlet.ledger import EvidenceLedger
 from vlaeval.gauntlet.lineage import build_lineage
 from vlaeval.gauntlet.plots import plot_trajectories
+from vlaeval.gauntlet.question import CONCLUSION_EXIT_CODES
 from vlaeval.gauntlet.recommendation import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW
 from vlaeval.gauntlet.report import print_summary
 from vlaeval.gauntlet.result import GauntletPlan, GauntletResult, Lineage, RolloutsRecord
-from vlaeval.gauntlet.scheduler import BatchProgress, run_gauntlet
+from vlaeval.gauntlet.scheduler import BatchProgress, HorizonDesigns, asked_of, run_gauntlet
 from vlaeval.gauntlet.sources import RecordsEpisodes
 from vlaeval.provenance import code_version
 from vlaeval.runs import JobResult, RunReport, now_ms, output_dir, publish
 from vlaeval.seqtest import MODE_EXACT
+from vlaeval.seqtest.horizon import HORIZON_DESIGN_VERSION, HorizonDesign, certify, synthesise
+from vlaeval.store import get_or_build
 from vlaeval.tracking import config_sha256
 
 JOB = "gauntlet"
 VIDEO_FOLDER = "videos"  # regression videos, in the run folder and under the MLflow run's artifacts
-RECOMMENDATION_EXIT_CODES = {LAUNCH: 0, NEEDS_REVIEW: 10, DO_NOT_LAUNCH: 11}  # gauntlet.exit_code_from_recommendation
+# gauntlet.exit_code_from_recommendation: a launch's recommendation, or a comparison's conclusion.
+RECOMMENDATION_EXIT_CODES = {LAUNCH: 0, NEEDS_REVIEW: 10, DO_NOT_LAUNCH: 11, **CONCLUSION_EXIT_CODES}
 COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures before run()
 TRAJECTORY_FILE = "trajectories.npz"
 PAIRED_OUTCOMES_FILE = "paired_outcomes.csv"  # rollout gauntlets: outcomes=file reads it
@@ -56,7 +60,13 @@ class GauntletJobConfig(OutcomeJobSettings):
 def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
     started_ms = now_ms()
     inputs = gauntlet_inputs(
-        cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes, run_context(cfg), cfg.reproduce.replay_order_seed
+        cfg.gauntlet,
+        cfg.strata,
+        cfg.effects,
+        cfg.outcomes,
+        run_context(cfg),
+        cfg.reproduce.replay_order_seed,
+        strata_chosen=strata_chosen(),
     )
     settings = inputs.settings
     for line in inputs.resolved.notices:
@@ -78,7 +88,8 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
     cache = ArrayCache(cfg.paths.cache_dir, enabled=settings.use_cache, namespace="gauntlet-units")
     ledger = EvidenceLedger(Path(cfg.paths.cache_dir) / LEDGER_FOLDER) if settings.evidence_ledger else None
     out = output_dir(cfg)
-    result, videos = evaluate_strata(inputs, cache, lineage, ledger, out)
+    designs = stored_designs(str(cfg.paths.cache_dir))
+    result, videos = evaluate_strata(inputs, cache, lineage, ledger, out, designs)
     extra: List[Tuple[Path, Optional[str]]] = []
     rollouts = None
     if inputs.source.records_episodes:
@@ -97,7 +108,8 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
             job=JOB,
             result=result.to_json(),
             started_ms=started_ms,
-            run_name=f"gauntlet {settings.candidate_version} vs {settings.baseline_version}",
+            run_name=f"{'gauntlet' if result.recommendation.launch else 'comparison'} "
+            f"{settings.candidate_version} vs {settings.baseline_version}",
             metrics=view.metrics,
             checks=view.checks,
             tags=view.tags,
@@ -114,6 +126,36 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
         print_rollouts(result.rollouts)
     exit_code = RECOMMENDATION_EXIT_CODES[result.recommendation.recommendation]
     return JobResult(result, published, exit_code if settings.exit_code_from_recommendation else 0)
+
+
+def stored_designs(cache_dir: str) -> HorizonDesigns:
+    """test_mode=horizon's certified boundaries, synthesised once per (horizon, level) and kept in the
+    content-addressed store (a design of 200 clusters takes ~30 s; each is re-certified when read)."""
+    from vlaeval.artifacts import atomic_write_npz, sha256_json
+
+    def design(horizon: int, level: float) -> HorizonDesign:
+        key = sha256_json(
+            {"kind": "horizon-design", "version": HORIZON_DESIGN_VERSION, "horizon": horizon, "level": level}
+        )
+
+        def read(folder: Path) -> HorizonDesign:
+            with np.load(folder / "design.npz") as arrays:
+                found = HorizonDesign.from_arrays(dict(arrays))
+            size, _ = certify(found.boundary)  # a stored boundary is trusted only once re-certified
+            if found.horizon != horizon or found.alpha != level or size.bound > level:
+                raise ValueError("the stored design is not the one asked for, or its size exceeds its level")
+            return found
+
+        def build(folder: Path) -> HorizonDesign:
+            console.show(f"synthesising the horizon test's boundary for {horizon} clusters at level {level:.3g}")
+            made = synthesise(horizon, level)
+            atomic_write_npz(folder / "design.npz", made.to_arrays())
+            return made
+
+        value, _ = get_or_build(cache_dir, "horizon-designs", key, ["design.npz"], read, build)
+        return value
+
+    return design
 
 
 def cluster_order(inputs: GauntletInputs) -> Tuple[Optional[int], str]:
@@ -159,11 +201,17 @@ def prepare_policies(inputs: GauntletInputs) -> None:
 
 
 def evaluate_strata(
-    inputs: GauntletInputs, cache: ArrayCache, lineage: Lineage, ledger: Optional[EvidenceLedger], out: Path
+    inputs: GauntletInputs,
+    cache: ArrayCache,
+    lineage: Lineage,
+    ledger: Optional[EvidenceLedger],
+    out: Path,
+    designs: Optional[HorizonDesigns] = None,
 ) -> Tuple[GauntletResult, List[Path]]:
     """The strata in priority order, a progress bar each; then, while the source still holds its
     policies, the videos gauntlet.videos asks for (into out/videos). The source is closed however it ends."""
 
+    asked = asked_of(inputs.settings)
     try:
         with console.strata_progress() as update:
 
@@ -178,7 +226,7 @@ def evaluate_strata(
                     p.stratum,
                     p.units_in_stratum,
                     p.unit_limit,
-                    f"{p.clusters} clusters{wealth} [{p.decision}]",
+                    f"{p.clusters} clusters{wealth} [{asked.answer(p.decision)}]",
                     p.final,
                 )
 
@@ -194,6 +242,7 @@ def evaluate_strata(
                 on_batch=on_batch,
                 order_seed=inputs.order,
                 ledger=ledger,
+                designs=designs,
             )
         videos = inputs.source.film(out / VIDEO_FOLDER, inputs.settings.videos)
         if videos:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from vlaeval import console
+from vlaeval.choices import TestMode
 from vlaeval.config import OutcomeJobSettings
-from vlaeval.gauntlet.inputs import gauntlet_inputs, run_context
+from vlaeval.gauntlet.inputs import gauntlet_inputs, run_context, strata_chosen
 from vlaeval.gauntlet.result import GauntletPlan, ObservedNeeds
 from vlaeval.runs import JobResult, RunReport, SavedAsJson, now_ms, publish
 
@@ -40,7 +41,9 @@ class PlanResult(SavedAsJson):
 
 def run(cfg: PlanJobConfig) -> JobResult[PlanResult]:
     started_ms = now_ms()
-    inputs = gauntlet_inputs(cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes, run_context(cfg))
+    inputs = gauntlet_inputs(
+        cfg.gauntlet, cfg.strata, cfg.effects, cfg.outcomes, run_context(cfg), strata_chosen=strata_chosen()
+    )
     settings = inputs.settings
     for line in inputs.resolved.notices:
         console.show(f"notice: {line}")
@@ -71,10 +74,16 @@ def units(value: float) -> str:
     return "never" if not math.isfinite(value) else f"{value:,.0f}"
 
 
-def observed_columns(observed: Optional[ObservedNeeds]) -> Tuple[str, str]:
+def observed_columns(observed: Optional[ObservedNeeds]) -> Tuple[str, str, str]:
     if observed is None:  # a stratum of the file with no outcomes to resample
-        return ("", "")
-    return (f"{observed.observed_effect:+.3f}", units(observed.clusters_needed_at_observed_effect))
+        return ("", "", "")
+    share = observed.decision_probability_at_observed_effect
+    likely = observed.likely_outcome_at_observed_effect
+    return (
+        f"{observed.observed_effect:+.3f}",
+        f"{likely} ({share:.0%} decide)" if likely else "",
+        units(observed.clusters_needed_at_observed_effect),
+    )
 
 
 def print_plan(plan: GauntletPlan) -> None:
@@ -104,7 +113,7 @@ def print_plan(plan: GauntletPlan) -> None:
                 "stratum",
                 "margin",
                 "cluster",
-                "likely outcome",
+                "likely outcome (assumed)",
                 "clusters (median)",
                 "units (median)",
                 "units (p90)",
@@ -113,13 +122,18 @@ def print_plan(plan: GauntletPlan) -> None:
                 "floor clusters",
                 "fixed-n z clusters",
             ]
-            + (["observed effect", "clusters needed at it"] if observed else []),
+            + (["observed effect", "likely at it (a stream)", "clusters needed at it"] if observed else []),
             rows,
         )
     )
     console.show(
         f"expected units to decide every stratum: {units(plan.expected_units)} of budget {plan.budget_units:,}"
     )
+    if plan.test_mode == TestMode.horizon:
+        console.show(
+            "  test_mode=horizon is planned as the anytime test; the horizon test's own power and expected "
+            "clusters within a horizon are measured in docs/figures/peer_comparison.md"
+        )
     for line in plan.warnings:
         console.print_warning(line)
     if plan.ok:

@@ -25,15 +25,24 @@ Bet rules (all predictable; validity never depends on which):
   blend   the mean of the agrapa and prpl bets: prpl's fast start where the cap binds (large
           clusters, small variance), agrapa's Kelly-like sizing where the variance limits
   ons     online Newton step on the log-loss (Cutkosky & Orabona 2018), sequential per margin
+  mixture a weighted average of e-processes (an average of e-processes is one): with weight
+          MIXTURE_PLUG_IN_WEIGHT, the blend bet scaled by 1, 2 and 3 (each clipped to the cap) --
+          where the information floor binds (low-variance cluster means at a margin) the best bet
+          is the largest safe one, which these reach; with the rest, 8 *constant* bets
+          u_j * c / (1 +- m), u_j the quantile midpoints of a Beta(3, 2) prior over the fraction of
+          the largest safe bet -- where it does not (paired single trials, small clusters), a
+          constant bet near the Kelly bet beats a plug-in that must first learn the variance. The
+          constants' c is MIXTURE_TOP unless a bet cap is set: one constant component may lose its
+          stake on an adverse cluster, the mixture keeps the others' wealth
 The plug-in rules are computed for every observation at once from prefix sums; ONS carries a
 (bet, curvature) state per margin and runs as a loop over observations, vectorised over margins
-or replications.
+or replications; the mixture carries each component's log-wealth per margin.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple, TypedDict
 
 import numpy as np
 
@@ -47,7 +56,58 @@ LOWER = "lower"  # bets that the mean falls below the margin (REGRESSION side at
 PRIOR_VARIANCE = 0.25
 
 BET_RULES = BetRule.values()
-PLUG_IN_RULES = tuple(rule for rule in BET_RULES if rule != BetRule.ons)
+PLUG_IN_RULES = tuple(rule for rule in BET_RULES if rule not in (BetRule.ons, BetRule.mixture))
+
+# The mixture (chosen on a design set of paired single-trial comparisons -- base rates .05-.95, gaps
+# .03-.4, 200 trials -- and on clustered strata at the margin; docs/figures/peer_comparison.md and
+# seqtest_efficiency.md report it elsewhere): a weight on the blend bet x {1, 2, 3}, the rest on 8
+# constant bets at the quantile midpoints of Beta(3, 2) (8 decided as 16 and 64 did on the design set). The weight is fixed before the stratum from its
+# smallest cluster known in advance. Single trials, whose paired differences are -1, 0 or +1, want an
+# interior bet the constants hold: 0.35 on the plug-ins spent 0.94 of blend's expected trials on the
+# design set (though ~18% more over thousands of single trials at small effects, where a constant bet
+# must be small). Clusters of several trials on the gauntlet's realistic generator put the best bet near
+# the largest safe one, which the scaled plug-ins reach: 0.8 on them decided in 0.95-1.03 of blend's
+# median clusters on clusters of 2-40, where 0.35 took 1.02-1.17 (on heterogeneous scenes near 50%
+# success 0.35 did better, 0.73-0.95 against 0.82-1.21: the weight is a compromise, measured both ways).
+MIXTURE_PRIOR = (3.0, 2.0)
+MIXTURE_CONSTANTS = 8
+MIXTURE_SCALES = np.array([1.0, 2.0, 3.0])
+MIXTURE_PLUG_IN_WEIGHT = 0.35  # single trials (or sizes not known in advance: a file's running minimum starts at 1)
+MIXTURE_PLUG_IN_WEIGHT_LARGE = 0.8
+MIXTURE_LARGE_CLUSTER = 2
+MIXTURE_COMPONENTS = MIXTURE_SCALES.size + MIXTURE_CONSTANTS
+MIXTURE_TOP = 0.999  # the largest constant bet's fraction c of the largest safe bet, without a bet cap
+
+
+def _beta_3_2_quantiles(levels: np.ndarray) -> np.ndarray:
+    """Quantiles of Beta(3, 2), whose CDF is 4u^3 - 3u^4 (bisection to machine precision; scipy.stats
+    costs a second to import, and the statistics are imported by --help and every config test)."""
+    lo, hi = np.zeros_like(levels), np.ones_like(levels)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        below = 4.0 * mid**3 - 3.0 * mid**4 < levels
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+MIXTURE_FRACTIONS = _beta_3_2_quantiles((np.arange(MIXTURE_CONSTANTS) + 0.5) / MIXTURE_CONSTANTS)
+
+
+def mixture_plug_in_weight(min_cluster_size: Optional[int]) -> float:
+    """The mixture's weight on its scaled plug-in bets, from the smallest cluster known before the
+    stratum (None: not known -- a file's running minimum starts at one trial)."""
+    return MIXTURE_PLUG_IN_WEIGHT_LARGE if (min_cluster_size or 1) >= MIXTURE_LARGE_CLUSTER else MIXTURE_PLUG_IN_WEIGHT
+
+
+def mixture_weights(plug_in_weight: float) -> np.ndarray:
+    """Each component's weight: the plug-in share over the scales, the rest over the constants."""
+    return np.concatenate(
+        (
+            np.full(MIXTURE_SCALES.size, plug_in_weight / MIXTURE_SCALES.size),
+            np.full(MIXTURE_CONSTANTS, (1.0 - plug_in_weight) / MIXTURE_CONSTANTS),
+        )
+    )
+
 
 # (margins x observations) elements per block of a family's update: 32k float64 temporaries
 # (256 KiB) stay in a core's L2 cache, where whole-family passes (8 MiB and more) do not.
@@ -78,6 +138,17 @@ def side_sign(side: str) -> float:
     if side not in (UPPER, LOWER):
         raise ValueError(f"side must be {UPPER!r} or {LOWER!r}, got {side!r}")
     return 1.0 if side == UPPER else -1.0
+
+
+class BetSettings(TypedDict):
+    """What a WealthFamily.update bets with besides its observations (a test's, for every update)."""
+
+    rule: str
+    cap_fraction: float | np.ndarray
+    alpha: float
+    weights: Optional[np.ndarray]
+    constant_cap: float
+    plug_in_weight: float
 
 
 @dataclass
@@ -247,12 +318,14 @@ class WealthFamily:
     log_peak_wealth: np.ndarray  # running maximum of the log-wealth (not itself an e-value)
     ons_bet: np.ndarray
     ons_curvature: np.ndarray
+    mixture_log_wealth: np.ndarray  # (margins, MIXTURE_COMPONENTS): each constant bet's log-wealth
 
     @classmethod
     def start(cls, margins: np.ndarray, side: str) -> "WealthFamily":
         margins = np.asarray(margins, dtype=np.float64)
         zeros = np.zeros(margins.shape, dtype=np.float64)
-        return cls(margins, side, zeros, zeros.copy(), zeros.copy(), np.ones(margins.shape))
+        components = np.zeros(margins.shape + (MIXTURE_COMPONENTS,))
+        return cls(margins, side, zeros, zeros.copy(), zeros.copy(), np.ones(margins.shape), components)
 
     def update(
         self,
@@ -266,8 +339,12 @@ class WealthFamily:
         weights: Optional[np.ndarray] = None,
         active: np.ndarray | None = None,
         keep: Sequence[int] = (),
+        constant_cap: float = MIXTURE_TOP,
+        plug_in_weight: float = MIXTURE_PLUG_IN_WEIGHT,
     ) -> Tuple[np.ndarray, np.ndarray]:
-        """Advance by observations x (with their predictable moments and weights).
+        """Advance by observations x (with their predictable moments and weights); `constant_cap`:
+        the mixture's constant bets' fraction of the largest safe bet, `plug_in_weight` its weight on
+        the scaled plug-ins (both fixed before the first observation).
 
         Returns (first_cross, kept): per margin, the index into x of the first crossing of its
         threshold (-1 where none); and the log-wealth after each observation of the margins listed
@@ -294,21 +371,13 @@ class WealthFamily:
         x_col = x[:, None]
         w_col = None if weights is None else np.asarray(weights)[:, None]
         cap_col = cap_fraction[:, None] if isinstance(cap_fraction, np.ndarray) and cap_fraction.ndim else cap_fraction
-        rows_per_block = max(1, BLOCK_ELEMENTS // x.size)
+        per_row = x.size * (
+            MIXTURE_COMPONENTS // 4 if rule == BetRule.mixture else 1
+        )  # the mixture: fewer, larger blocks
+        rows_per_block = max(1, BLOCK_ELEMENTS // per_row)
         for lo in range(0, index.size, rows_per_block):
             block = index[lo : lo + rows_per_block]
-            margins = self.margins[None, block]
-            y = payoffs(x_col, margins, self.side, w_col)
-            if rule == "ons":
-                logs, self.ons_bet[block], self.ons_curvature[block] = ons_log_factors(
-                    y.T, self.ons_bet[block], self.ons_curvature[block], bet_caps(margins, self.side, cap_col).T
-                )
-                logs = logs.T
-            else:
-                bets = plug_in_bets(column, margins, self.side, rule=rule, cap_fraction=cap_col, alpha=alpha)
-                logs = log_factors(bets, y)
-            path = np.cumsum(logs, axis=0, out=logs)
-            path += self.log_wealth[block]
+            path = self._block_path(block, x_col, column, w_col, cap_col, rule, alpha, (constant_cap, plug_in_weight))
             peak = path.max(axis=0)
             crossing = np.flatnonzero(peak >= thresholds[block])
             if crossing.size:
@@ -321,6 +390,91 @@ class WealthFamily:
                     kept[slot] = path[:, positions[slot]]
         return first_cross, kept
 
+    def _block_path(
+        self,
+        block: np.ndarray,
+        x_col: np.ndarray,
+        column: Moments,
+        w_col: Optional[np.ndarray],
+        cap_col: float | np.ndarray,
+        rule: str,
+        alpha: float,
+        mixture: Tuple[float, float],
+    ) -> np.ndarray:
+        """Log-wealth after each observation (observations, rows) of a block of margins, advancing
+        the rule's state (ONS, the mixture's components) for those margins; `mixture`: the constant
+        bets' cap and the plug-ins' weight."""
+        margins = self.margins[None, block]
+        y = payoffs(x_col, margins, self.side, w_col)
+        if rule == BetRule.mixture:
+            plug_in = plug_in_bets(column, margins, self.side, rule="blend", cap_fraction=cap_col, alpha=alpha)
+            constant_cap, plug_in_weight = mixture
+            path, self.mixture_log_wealth[block] = mixture_paths(
+                y,
+                plug_in,
+                bet_caps(margins, self.side, cap_col),
+                bet_caps(margins, self.side, constant_cap),
+                self.mixture_log_wealth[block],
+                mixture_weights(plug_in_weight),
+            )
+            return path
+        if rule == "ons":
+            logs, self.ons_bet[block], self.ons_curvature[block] = ons_log_factors(
+                y.T, self.ons_bet[block], self.ons_curvature[block], bet_caps(margins, self.side, cap_col).T
+            )
+            logs = logs.T
+        else:
+            bets = plug_in_bets(column, margins, self.side, rule=rule, cap_fraction=cap_col, alpha=alpha)
+            logs = log_factors(bets, y)
+        path = np.cumsum(logs, axis=0, out=logs)
+        path += self.log_wealth[block]
+        return path
+
+
+# Observations multiplied in the linear domain between renormalisations: every factor is in [0, 2], so a
+# product stays below 2^128 ~ 3e38; one that underflows to 0 (a component losing all but 1e-300 of its
+# stake) is a component out of the mixture for good, which is what its log-wealth of -700 meant anyway.
+MIXTURE_CHUNK = 128
+
+
+def mixture_paths(
+    y: np.ndarray,
+    plug_in: np.ndarray,
+    caps: np.ndarray,
+    constant_caps: np.ndarray,
+    start: np.ndarray,
+    weights: np.ndarray,
+) -> Tuple[np.ndarray, np.ndarray]:
+    """The mixture's log-wealth along the first axis of payoffs y (observations, rows): its
+    components bet the plug-in bet times each scale, clipped to `caps`, and the constant fractions
+    of `constant_caps` (each broadcast like y), with `weights`, from each row's components'
+    log-wealth `start` (rows, components). Returns (the mixture's log-wealth after each observation,
+    (obs, rows); each component's log-wealth after the last, (rows, components)).
+
+    Within chunks of MIXTURE_CHUNK observations the components' factors (each in [0, 2]) are
+    multiplied in the linear domain and mixed by one weighted sum; the log is taken once per
+    observation and row, not once per component."""
+    plug_in, caps, constant_caps = (np.broadcast_to(a, y.shape) for a in (plug_in, caps, constant_caps))
+    k = MIXTURE_SCALES.size
+    mixed = np.empty(y.shape, dtype=np.float64)
+    components = np.array(start, dtype=np.float64, copy=True)
+    for lo in range(0, y.shape[0], MIXTURE_CHUNK):
+        part = slice(lo, lo + MIXTURE_CHUNK)
+        y_part = y[part, :, None]
+        factors = np.empty(y_part.shape[:2] + (MIXTURE_COMPONENTS,))
+        np.minimum(plug_in[part, :, None] * MIXTURE_SCALES, caps[part, :, None], out=factors[..., :k])
+        factors[..., :k] *= y_part
+        np.multiply(constant_caps[part, :, None] * y_part, MIXTURE_FRACTIONS, out=factors[..., k:])
+        factors += 1.0
+        np.maximum(factors, 0.0, out=factors)
+        np.cumprod(factors, axis=0, out=factors)
+        top = components.max(axis=-1)
+        scale = np.exp(components - top[:, None]) * weights
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mixed[part] = np.log(np.einsum("brj,rj->br", factors, scale)) + top
+            components += np.log(factors[-1])
+    return mixed, components
+
 
 def log_wealth_paths(
     x: np.ndarray,
@@ -331,6 +485,8 @@ def log_wealth_paths(
     cap_fraction: float | np.ndarray = 0.95,
     alpha: float = 0.05,
     weights: Optional[np.ndarray] = None,
+    constant_cap: float = MIXTURE_TOP,
+    plug_in_weight: float = MIXTURE_PLUG_IN_WEIGHT,
 ) -> np.ndarray:
     """Log-wealth after each observation for many independent sequences at once.
 
@@ -343,6 +499,22 @@ def log_wealth_paths(
     w = None if weights is None else np.broadcast_to(np.asarray(weights, dtype=np.float64), x.shape)
     m = np.asarray(margin, dtype=np.float64)
     y = payoffs(x, m, side, w)
+    if rule == BetRule.mixture:
+        moments = predictable_moments(x, MomentState(), w)
+        plug_in = np.broadcast_to(
+            plug_in_bets(moments, m, side, rule="blend", cap_fraction=cap_fraction, alpha=alpha), x.shape
+        )
+        caps = np.broadcast_to(bet_caps(m, side, cap_fraction), x.shape)
+        constants = np.broadcast_to(bet_caps(m, side, constant_cap), x.shape)
+        mixed, _ = mixture_paths(
+            np.moveaxis(y, -1, 0),
+            np.moveaxis(plug_in, -1, 0),
+            np.moveaxis(caps, -1, 0),
+            np.moveaxis(constants, -1, 0),
+            np.zeros(x.shape[:-1] + (MIXTURE_COMPONENTS,)),
+            mixture_weights(plug_in_weight),
+        )
+        return np.moveaxis(mixed, 0, -1)
     if rule == "ons":
         start = np.zeros(x.shape[:-1])
         logs, _, _ = ons_log_factors(y, start, np.ones_like(start), bet_caps(m, side, cap_fraction))

@@ -5,12 +5,14 @@ mode's settings picks the test."""
 from __future__ import annotations
 
 from vlaeval.seqtest.group_sequential import GroupSequentialTest
+from vlaeval.seqtest.horizon import HorizonTest
 from vlaeval.seqtest.order_free import OrderFreeTest
 from vlaeval.seqtest.sequential import AsymptoticSequentialTest, PairedSequentialTest, SequentialTest
 from vlaeval.seqtest.state import (
     AsymptoticSettings,
     ExactSettings,
     GroupSequentialSettings,
+    HorizonSettings,
     ModeSettings,
     OrderFreeSettings,
     TestSettings,
@@ -19,10 +21,12 @@ from vlaeval.seqtest.state import (
 
 def make_sequential_test(settings: TestSettings, mode: ModeSettings) -> SequentialTest:
     """The test `mode`'s settings are for: exact (ExactSettings), order-free exact on clusters that
-    all exist (OrderFreeSettings), asymptotic (AsymptoticSettings) or group-sequential
+    all exist (OrderFreeSettings), horizon (HorizonSettings), asymptotic (AsymptoticSettings) or group-sequential
     (GroupSequentialSettings)."""
     if isinstance(mode, OrderFreeSettings):
         return OrderFreeTest(settings, mode)
+    if isinstance(mode, HorizonSettings):
+        return HorizonTest(settings, mode)
     if isinstance(mode, ExactSettings):
         return PairedSequentialTest(settings, mode)
     if isinstance(mode, AsymptoticSettings):

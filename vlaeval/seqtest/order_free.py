@@ -158,7 +158,7 @@ class OrderFreeTest(PairedSequentialTest):
             else:  # the running minimum of sizes seen before each bet, in this stream's order
                 before = np.minimum.accumulate(np.concatenate(([stream.smallest_seen], size_part)))[:-1]
                 cap = size_adaptive_cap(np.where(np.isfinite(before), before, 1.0))
-            common: Dict[str, Any] = dict(rule=self.bet_rule, cap_fraction=cap, alpha=self.alpha, weights=part_w)
+            common = self.bet_settings(cap, part_w)
             stream.upper.update(
                 part,
                 moments,

@@ -58,9 +58,14 @@ from vlaeval.choices import Estimand, TestMode
 from vlaeval.seqtest.eprocess import (
     BET_RULES,
     LOWER,
+    MIXTURE_CONSTANTS,
+    MIXTURE_PRIOR,
+    MIXTURE_TOP,
     UPPER,
+    BetSettings,
     MomentState,
     WealthFamily,
+    mixture_plug_in_weight,
     predictable_moments,
     size_adaptive_cap,
 )
@@ -389,6 +394,10 @@ class PairedSequentialTest(SequentialTest):
         self.cap_fraction = (
             float(size_adaptive_cap(self.min_cluster_size or 1)) if bet_cap is None else float(bet_cap)
         )  # the first bet's cap (a running minimum starts at 1, then follows the smallest cluster seen)
+        # The mixture's constant bets: no cap depends on cluster sizes (eprocess.MIXTURE_TOP); its weight
+        # on the scaled plug-ins from the smallest cluster declared before the stratum.
+        self.constant_cap = MIXTURE_TOP if bet_cap is None else float(bet_cap)
+        self.plug_in_weight = mixture_plug_in_weight(self.min_cluster_size)
 
         steps = int(round(2.0 / self.cs_grid_step))
         self._grid = np.round(np.linspace(-1.0, 1.0, steps + 1)[1:-1], 12)
@@ -428,7 +437,26 @@ class PairedSequentialTest(SequentialTest):
         else:
             rule = "size-adaptive 1 - 0.2/(smallest cluster seen before the bet: a predictable running minimum)"
             cap = float(size_adaptive_cap(self._smallest_seen)) if math.isfinite(self._smallest_seen) else None
+        if self.bet_rule == "mixture":
+            a, b = MIXTURE_PRIOR
+            rule = (
+                f"mixture: {self.plug_in_weight:g} on the blend bet x1, x2, x3 capped at the {rule} cap; "
+                f"{1 - self.plug_in_weight:g} on {MIXTURE_CONSTANTS} constant bets, Beta({a:g}, {b:g}) fractions of "
+                f"{self.constant_cap:g} x the largest safe bet"
+            )
         return ExactReport(bet_rule=str(self.bet_rule), bet_cap=cap, bet_cap_rule=rule)
+
+    def bet_settings(self, cap: float | np.ndarray, weights: Optional[np.ndarray]) -> BetSettings:
+        """What every WealthFamily.update of this test bets with: the rule, this chunk's caps and
+        weights, and the mixture's constants (all fixed before the stratum but the running caps)."""
+        return BetSettings(
+            rule=self.bet_rule,
+            cap_fraction=cap,
+            alpha=self.alpha,
+            weights=weights,
+            constant_cap=self.constant_cap,
+            plug_in_weight=self.plug_in_weight,
+        )
 
     def _caps(self, sizes: np.ndarray) -> float | np.ndarray:
         """The cap fraction of each cluster's bet: one number when it is fixed (bet_cap, or a declared
@@ -459,7 +487,7 @@ class PairedSequentialTest(SequentialTest):
             w = None if weights is None else weights[start : start + chunk]
             moments = predictable_moments(part, state, w)
             cap = caps[start : start + chunk] if isinstance(caps, np.ndarray) else caps
-            common: Dict[str, Any] = dict(rule=self.bet_rule, cap_fraction=cap, alpha=self.alpha, weights=w)
+            common = self.bet_settings(cap, w)
             up_first, up_paths = self._upper.update(
                 part,
                 moments,
@@ -536,12 +564,9 @@ class PairedSequentialTest(SequentialTest):
             first, _ = self._cat_family.update(
                 part,
                 predictable_moments(part, state, w),
-                rule=self.bet_rule,
-                cap_fraction=cap,
-                alpha=self.alpha,
-                weights=w,
                 threshold_log=self._cat_threshold,
                 active=alive,
+                **self.bet_settings(cap, w),
             )
             newly = alive & (first >= 0)
             self._cat_rejected_after[newly] = offset + first[newly] + 1

@@ -26,7 +26,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import numpy as np
 from scipy.stats import norm
 
-from vlaeval.seqtest.eprocess import LOWER, UPPER, log_wealth_paths, size_adaptive_cap
+from vlaeval.seqtest.eprocess import LOWER, UPPER, log_wealth_paths, mixture_plug_in_weight, size_adaptive_cap
 from vlaeval.seqtest.group_sequential import crossing_look, one_sided_boundaries, standard_error
 from vlaeval.seqtest.sequential import asymptotic_half_width, asymptotic_running
 
@@ -245,12 +245,20 @@ def exact_decision_times(
     cap: Union[float, np.ndarray],
     alarm_alpha: Optional[float] = None,
     weights: Optional[np.ndarray] = None,
+    min_cluster_size: Optional[int] = None,
 ) -> Dict[str, np.ndarray]:
     """Clusters until PASS and until REGRESSION for each replication (rows of x), as the exact
     test would declare them if the other decision did not stop it first. `cap` is the stratum's one
-    cap, or (to measure what a per-cluster cap would have done) an array of x's shape."""
+    cap, or (to measure what a per-cluster cap would have done) an array of x's shape;
+    `min_cluster_size`: the smallest cluster known before the stratum (the mixture's weights)."""
     alarm_alpha = alpha if alarm_alpha is None else alarm_alpha
-    common: Dict[str, Any] = dict(rule=rule, cap_fraction=cap, alpha=alpha, weights=weights)
+    common: Dict[str, Any] = dict(
+        rule=rule,
+        cap_fraction=cap,
+        alpha=alpha,
+        weights=weights,
+        plug_in_weight=mixture_plug_in_weight(min_cluster_size),
+    )
     return {
         "pass": first_crossing(log_wealth_paths(x, -delta, UPPER, **common), math.log(1.0 / alpha)),
         "regression": first_crossing(log_wealth_paths(x, -delta, LOWER, **common), math.log(1.0 / alarm_alpha)),

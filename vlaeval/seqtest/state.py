@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from vlaeval.choices import DEFAULT_BET_RULE as DEFAULT_BET_RULE_CHOICE
 from vlaeval.choices import DEFAULT_ORDERS  # every order costs one pass over the margins still alive
@@ -81,6 +81,18 @@ class GroupSequentialSettings:
 
     planned_looks: Tuple[int, ...]
     burn_in_clusters: int = 30
+
+
+@dataclass(frozen=True)
+class HorizonSettings(ExactSettings):
+    """HORIZON: decisions from a boundary spending alpha over `horizon` clusters
+    (vlaeval.seqtest.horizon), rounding drawn from `rounding_seed`'s streams where payoffs are not
+    already steps; `design(horizon, level)` gives the certified boundary (the gauntlet passes a cached
+    one; the default synthesises it). The bet settings are the anytime CS's and e-values' reported beside."""
+
+    horizon: int = 0
+    rounding_seed: int = 0
+    design: Optional[Callable[[int, float], Any]] = None
 
 
 ModeSettings = ExactSettings | AsymptoticSettings | GroupSequentialSettings
@@ -202,6 +214,17 @@ class OrderFreeReport(ExactReport):
     orders: int
     order_free: str  # what the test averages, in words
     blocks: Tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class HorizonReport(ExactReport):
+    """The horizon test: the horizon, each side's certified size, how payoffs became steps."""
+
+    horizon: int
+    design_version: int
+    certified_size: Mapping[str, float]  # side -> sup over discordance rates of P(reject within the horizon)
+    rounding: str
+    valid_within: str
 
 
 @dataclass(frozen=True)
