@@ -143,6 +143,15 @@ def file_decision(
         result = run_gauntlet(settings, strata, {}, source, ArrayCache("/none", enabled=False), LINEAGE, **kwargs)
     except UserInputError:
         return None
+    if ledger is not None:  # what job=gauntlet does after saving its result: the next run continues it
+        try:
+            from vlaeval.gauntlet.ledger import Comparison  # type: ignore[attr-defined,unused-ignore]
+
+            ledger.record_result(
+                result.strata, Comparison(result.baseline_version, result.candidate_version), str(path)
+            )
+        except ImportError:  # an older commit (--before): entries keyed by stratum alone
+            ledger.record_result(result.strata, str(path))
     return result.strata[0].decision
 
 

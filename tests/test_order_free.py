@@ -1,5 +1,6 @@
 """The order-free test of outcomes that all exist (an outcome file), its continuation across versions
-of a growing file, the evidence ledger, and the catastrophic label's own error rate.
+of a growing file, the evidence ledger, and the catastrophic label's own error rate (its level on the
+attack designs: test_order_free_validity.py).
 
 Every guarantee is attacked where it is weakest -- heterogeneous scenes, skewed and rare-event nulls,
 unequal cluster sizes where the running-minimum cap binds, both sides, both estimands -- with a
@@ -9,90 +10,27 @@ negative control that must fail: keeping the best of the orders, restarting on e
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from helpers.configs import compose_config, typed_gauntlet
+from helpers.order_free import ALPHA, DELTA, allowed, decide, heterogeneous_means
 from vlaeval.config import UserInputError
 from vlaeval.gauntlet import ArrayCache, FileOutcomes, StratumOutcomes, run_gauntlet
-from vlaeval.gauntlet.ledger import EvidenceLedger, cluster_keys
+from vlaeval.gauntlet.ledger import Comparison, EvidenceLedger, cluster_keys
 from vlaeval.gauntlet.result import Lineage
 from vlaeval.seqtest import size_adaptive_cap
 from vlaeval.seqtest.order_free import OrderFreeTest
 from vlaeval.seqtest.simulation import (
     NEVER,
-    broken_scene_cluster_means,
     exact_decision_times,
-    rare_giant_cluster_means,
-    size_dependent_designs,
-    skewed_null_cluster_means,
 )
-from vlaeval.seqtest.state import DEFAULT_ORDERS, OrderFreeSettings, TestSettings
+from vlaeval.seqtest.state import TestSettings
 
-ALPHA, DELTA = 0.05, 0.02
 LINEAGE = Lineage(valid=True)
-
-
-def allowed(reps: int, level: float = ALPHA) -> float:
-    """The most a valid test's error rate may show over `reps` runs: level + 2.33 standard errors."""
-    return level + 2.33 * math.sqrt(level * (1 - level) / reps)
-
-
-def heterogeneous_means(rng: np.random.Generator, reps: int, scenes: int, delta: float, size: int = 8) -> np.ndarray:
-    """(reps, scenes) cluster means: scene base rates U(0.35, 0.85), the candidate's effect delta +- 0.10
-    per scene (so any one file is off by chance), paired units (10% of candidate units drawn afresh)."""
-    p = rng.uniform(0.35, 0.85, (reps, scenes, 1))
-    effect = delta + 0.10 * rng.choice([-1.0, 1.0], (reps, scenes, 1))
-    u = rng.random((reps, scenes, size))
-    fresh = np.where(rng.random(u.shape) < 0.1, rng.random(u.shape), u)
-    return ((fresh < p + effect).astype(float) - (u < p)).mean(axis=2)
-
-
-def decide(
-    x: np.ndarray, sizes: np.ndarray, delta: float = DELTA, *, orders: int = DEFAULT_ORDERS, **common: Any
-) -> str:
-    """The order-free test's decision on one file; `common`: TestSettings' fields."""
-    return (
-        OrderFreeTest(TestSettings(delta, ALPHA, **common), OrderFreeSettings(orders=orders)).update(x, sizes).decision
-    )
-
-
-def designs() -> List[Tuple[str, str, float, Callable[..., Any], Dict[str, Any]]]:
-    """(name, side attacked, delta, (means, sizes) of `reps` files, test keywords)."""
-    out: List[Tuple[str, str, float, Callable[..., Any], Dict[str, Any]]] = [
-        ("heterogeneous scenes at the margin", "both", DELTA, lambda r, n: (heterogeneous_means(r, n, 150, -DELTA), 8), {}),
-        ("skewed null: rare +1 scenes", "both", DELTA, lambda r, n: (skewed_null_cluster_means(r, n, 150, -DELTA, low=-0.06), 1), {}),
-        ("2% broken scenes", "both", DELTA, lambda r, n: (broken_scene_cluster_means(r, n, 150, 8, DELTA), 8), {}),
-    ]  # fmt: skip
-    for d in size_dependent_designs():
-        keywords = {"estimand": d.estimand, "max_cluster_size": d.sizes[1] if d.estimand == "unit" else None}
-        out.append((d.name, d.side, d.margin_delta(), lambda r, n, d=d: d.draw(r, n, 150), keywords))
-    # Tiny weights (5/200) leave most of the grid unsettled: 4 orders keep this design's cost in bounds
-    # (the average is an e-value for any number of orders).
-    for side in ("regression", "pass"):
-        out.append(
-            (f"rare giant clusters ({side})", side, DELTA, lambda r, n, s=side: rare_giant_cluster_means(r, n, 400, s),
-             {"estimand": "unit", "max_cluster_size": 200, "orders": 4}),
-        )  # fmt: skip
-    return out
-
-
-@pytest.mark.parametrize("design", designs(), ids=lambda d: d[0])
-def test_order_free_decisions_hold_their_level_on_attack_designs(design):
-    name, side, delta, draw, keywords = design
-    reps = 120
-    x, n = draw(np.random.default_rng([sum(map(ord, name)), 1]), reps)
-    sizes = np.broadcast_to(np.asarray(n), x.shape)
-    decisions = [decide(x[i], sizes[i], delta, **keywords) for i in range(reps)]
-    false = {"pass": decisions.count("PASS"), "regression": decisions.count("REGRESSION")}
-    attacked = ("pass", "regression") if side == "both" else (side,)
-    for s in attacked:
-        assert false[s] / reps <= allowed(reps), (name, s, false)
 
 
 def test_keeping_the_best_of_the_orders_is_invalid_and_their_average_is_not():
@@ -184,7 +122,7 @@ def nominal_run(path, ledger, run, **setting):
     source.validate(strata, {})
     result = run_gauntlet(settings, strata, {}, source, ArrayCache(path.parent, enabled=False), LINEAGE, ledger=ledger)
     if ledger is not None:
-        ledger.record_result(result.strata, run)
+        ledger.record_result(result.strata, Comparison(result.baseline_version, result.candidate_version), run)
     return result.strata[0], result
 
 
@@ -242,12 +180,15 @@ def test_cluster_keys_are_multisets_of_paired_outcomes():
     assert cluster_keys(baseline[[1, 0, 3, 2, 5, 4]], candidate[[1, 0, 3, 2, 5, 4]], np.array([4, 2])) == keys
 
 
+UNNAMED_COMPARISON = Comparison("baseline", "candidate")
+
+
 def test_a_damaged_ledger_entry_is_no_evidence(tmp_path):
     ledger = EvidenceLedger(tmp_path)
-    folder = ledger._stratum_folder("nominal")
+    folder = ledger._stratum_folder("nominal", UNNAMED_COMPARISON)
     folder.mkdir(parents=True)
     (folder / "broken.json").write_text("{not json")
-    assert ledger.find("nominal", "f", ["1/0/0/7"] * 3).status == "new"
+    assert ledger.find("nominal", UNNAMED_COMPARISON, "f", ["1/0/0/7"] * 3).status == "new"
 
 
 # ----------------------------------------------------------------------------- the catastrophic label

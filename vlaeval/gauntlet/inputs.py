@@ -178,7 +178,7 @@ def gauntlet_inputs(
         hold_required=hold_required,
     )
     resolved.notices[:0] = source_notices
-    check_horizon(settings, source, resolved.strata)
+    check_order(settings, source)
     name_versions(settings, source)
     plans = stratum_plans(source, settings, resolved.strata, planted)
     resolved.notices += horizon_notices(settings, plans)
@@ -203,12 +203,22 @@ def strata_chosen() -> bool:
     return any(override_key(o).split(".")[0] == "strata" for o in hydra_runtime().overrides)
 
 
-def check_horizon(settings: GauntletConfig, source: CheckedSource, strata: Mapping[str, StratumConfig]) -> None:
-    """test_mode=horizon tests a stream in its order, within a horizon a design can be synthesised for."""
-    if settings.test_mode != TestMode.horizon:
+def check_order(settings: GauntletConfig, source: CheckedSource) -> None:
+    """An outcome file's order is the file's: the exact test decides it order-free, so a declared order
+    (as_given) would only let the file choose the order the certificate rests on -- a null file sorted
+    best scene first PASSes every time; test_mode=horizon tests a stream in its order, which a file has
+    only where the user declares it."""
+    if not source.traits.holds_outcomes:
         return
+    declared = settings.cluster_order == ClusterOrder.as_given
     require(
-        not (source.traits.holds_outcomes and settings.cluster_order == ClusterOrder.shuffled),
+        not (declared and settings.test_mode == TestMode.exact),
+        "gauntlet.cluster_order=as_given on an outcome file: the exact test decides a file order-free (every "
+        "order's evidence averaged), so a declared order only lets the file's row order choose the certificate; "
+        "remove the setting, or test the file as a stream in its recorded order with gauntlet.test_mode=horizon",
+    )
+    require(
+        declared or settings.test_mode != TestMode.horizon,
         "gauntlet.test_mode=horizon tests a stream in its order, and an outcome file has none: leave "
         "test_mode=exact (a file is decided order-free), or declare the file's order random before seeing it with "
         "gauntlet.cluster_order=as_given",

@@ -13,10 +13,17 @@ more block, which each order of the order-free test appends after the old ones
 
 What cannot be continued is said, not hidden: clusters of an earlier test missing from this file (a
 re-export that dropped or changed scenes), or the same evidence tested under other settings (another
-margin, level or estimand) -- the recommendation then needs review.
+margin, level or estimand) -- the recommendation then needs review. A re-test is the same comparison:
+the entries are kept per stratum *and* per pair of versions compared (the file's or the config's), so
+another candidate's file for the same stratum is neither continued nor flagged -- its outcome patterns
+may coincide, its evidence is its own. Unnamed comparisons (the roles "baseline" and "candidate") share
+one record per stratum, as a file without version columns cannot be told from another. Where nothing
+could be consulted -- the ledger off, or no earlier test of this comparison's stratum recorded (a fresh
+`paths.cache_dir`, as a CI workspace starts) -- the continuation says so, and the console and
+result.json with it.
 
-Entries live in `<cache_dir>/gauntlet-ledger/<stratum digest>/<entry digest>.json`, each written
-atomically once (the ledger is append-only; nothing is rewritten).
+Entries live in `<cache_dir>/gauntlet-ledger/<comparison and stratum digest>/<entry digest>.json`, each
+written atomically once (the ledger is append-only; nothing is rewritten).
 """
 
 from __future__ import annotations
@@ -33,6 +40,23 @@ from vlaeval.artifacts import atomic_write_json, sha256_json
 from vlaeval.seqtest.units import cluster_offsets
 
 NEW, CONTINUES, REPEATS, CANNOT_CONTINUE = "new", "continues", "repeats", "cannot_continue"
+# What the ledger could say of a stratum's earlier tests: it was read (and held this comparison's
+# stratum), it held nothing of it, or it was switched off (gauntlet.evidence_ledger=false).
+# not_given: a library caller that passed no ledger (nothing is said; run_gauntlet's docstring).
+CONSULTED, NOTHING_RECORDED, LEDGER_OFF, NOT_GIVEN = "consulted", "nothing_recorded", "off", "not_given"
+UNNAMED = ("baseline", "candidate")  # the roles, where no version names the policies
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Whose evidence a ledger entry holds: the versions compared (the roles where none are named)."""
+
+    baseline: str
+    candidate: str
+
+    @property
+    def named(self) -> bool:
+        return (self.baseline, self.candidate) != UNNAMED
 
 
 def cluster_keys(baseline: np.ndarray, candidate: np.ndarray, sizes: np.ndarray) -> List[str]:
@@ -74,11 +98,30 @@ class Continuation:
     blocks: Tuple[Mapping[str, int], ...] = ()
     run: Optional[str] = None
     note: str = ""
+    ledger: str = CONSULTED  # consulted, nothing_recorded, off, not_given
 
     @classmethod
     def cannot(cls, why: str) -> "Continuation":
         """A test that must restart, and why (the recommendation then needs review)."""
         return cls(CANNOT_CONTINUE, note=f"{why}; this test restarts, so re-testing is not covered by its guarantee")
+
+    @classmethod
+    def unconsulted(cls) -> "Continuation":
+        """The ledger is off: no earlier test was looked for (a PASS then needs review)."""
+        return cls(
+            note="the evidence ledger is off (gauntlet.evidence_ledger=false): no earlier test of this evidence was "
+            "consulted, so a re-test after an earlier decision is not covered by the guarantee",
+            ledger=LEDGER_OFF,
+        )
+
+    @classmethod
+    def first(cls, where: Path) -> "Continuation":
+        """Nothing recorded of this comparison's stratum: the first test of it that this ledger holds."""
+        return cls(
+            note=f"no earlier test of this comparison's stratum is recorded in the evidence ledger {where}: a test "
+            "run elsewhere (another paths.cache_dir, a fresh CI workspace) was not consulted",
+            ledger=NOTHING_RECORDED,
+        )
 
     @property
     def looks(self) -> int:
@@ -89,7 +132,13 @@ class Continuation:
         return sum(sum(b.values()) for b in self.blocks)
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"status": self.status, "run": self.run, "earlier_looks": self.looks, "note": self.note}
+        return {
+            "status": self.status,
+            "run": self.run,
+            "earlier_looks": self.looks,
+            "note": self.note,
+            "ledger": self.ledger,
+        }
 
 
 @dataclass(frozen=True)
@@ -115,11 +164,14 @@ class EvidenceLedger:
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
 
-    def _stratum_folder(self, stratum: str) -> Path:
-        return self.folder / sha256_json({"stratum": stratum})[:16]
+    def _stratum_folder(self, stratum: str, comparison: Comparison) -> Path:
+        key: Dict[str, str] = {"stratum": stratum}
+        if comparison.named:  # unnamed comparisons keep one record per stratum
+            key.update(baseline=comparison.baseline, candidate=comparison.candidate)
+        return self.folder / sha256_json(key)[:16]
 
-    def _entries(self, stratum: str) -> List[Dict[str, Any]]:
-        folder = self._stratum_folder(stratum)
+    def _entries(self, stratum: str, comparison: Comparison) -> List[Dict[str, Any]]:
+        folder = self._stratum_folder(stratum, comparison)
         if not folder.is_dir():
             return []
         out = []
@@ -132,13 +184,17 @@ class EvidenceLedger:
                 continue  # a damaged entry is no evidence: the test restarts rather than trust it
         return out
 
-    def find(self, stratum: str, fingerprint: str, keys: Sequence[str]) -> Continuation:
-        """The earlier evidence this stratum's clusters (`keys`) repeat or extend under the same test
-        settings (the largest such), or a note on evidence that cannot be continued."""
+    def find(self, stratum: str, comparison: Comparison, fingerprint: str, keys: Sequence[str]) -> Continuation:
+        """The earlier evidence of this comparison that this stratum's clusters (`keys`) repeat or
+        extend under the same test settings (the largest such), or a note on evidence that cannot be
+        continued, or that nothing of it is recorded."""
         here = Counter(keys)
         best: Optional[Dict[str, Any]] = None
         conflicts: List[Tuple[int, bool, str]] = []  # (size, same settings, words)
-        for entry in self._entries(stratum):
+        entries = self._entries(stratum, comparison)
+        if not entries:
+            return Continuation.first(self.folder)
+        for entry in entries:
             whole: Counter[str] = Counter()
             for block in entry["blocks"]:
                 whole.update(block)
@@ -176,26 +232,28 @@ class EvidenceLedger:
             return Continuation.cannot(conflicts[0][2])
         return Continuation()
 
-    def record(self, stratum: str, evidence: Evidence, run: str, decision: str) -> Path:
+    def record(self, stratum: str, comparison: Comparison, evidence: Evidence, run: str, decision: str) -> Path:
         """Add one stratum's tested evidence (after the run's result is saved)."""
         entry = {
             "stratum": stratum,
+            "baseline": comparison.baseline,
+            "candidate": comparison.candidate,
             "run": run,
             "fingerprint": evidence.fingerprint,
             "blocks": blocks_to_json(evidence.blocks),
             "decision": decision,
         }
-        path = self._stratum_folder(stratum) / f"{sha256_json(entry)[:24]}.json"
+        path = self._stratum_folder(stratum, comparison) / f"{sha256_json(entry)[:24]}.json"
         return path if path.exists() else atomic_write_json(path, entry)
 
-    def record_result(self, strata: Sequence[Any], run: str) -> List[Path]:
+    def record_result(self, strata: Sequence[Any], comparison: Comparison, run: str) -> List[Path]:
         """Every stratum of a gauntlet result (`StratumResult`s) whose test recorded its evidence."""
         written = []
         for s in strata:
             data = s.details.get("evidence")
             if data:
                 evidence = Evidence(data["fingerprint"], blocks_from_json(data["blocks"]))
-                written.append(self.record(s.stratum, evidence, run, s.decision))
+                written.append(self.record(s.stratum, comparison, evidence, run, s.decision))
         return written
 
 

@@ -53,8 +53,8 @@ SYNTHETIC_VERSIONS = ("baseline-v3", "candidate-v4")  # (baseline, candidate): t
 VERSION_COLUMNS = ("baseline_version", "candidate_version")  # optional in an outcome file: one value each
 OUTCOME_COLUMNS = ("stratum", "scenario_id", "cluster_id", "baseline", "candidate")
 LABEL_COLUMN = "data_label"  # optional: where a stratum's evidence came from (REPLAYED, SIMULATED, ...)
-# A repeated cluster is flagged when chance (rows and columns independent, each value at its
-# frequency in the stratum; see repeated_clusters) would repeat it this rarely.
+# A repeated cluster is flagged when chance (a scene's pairs by a Dirichlet-multinomial fitted to the
+# stratum, its per-episode columns at their frequencies; see repeated_clusters) would repeat it this rarely.
 DUPLICATE_CHANCE = 1e-6
 # An extra column whose multiset of values per cluster repeats across at least this share of the
 # clusters is fixed by design (seed indices 0..7 in every scene), not evidence of a copy.
@@ -478,16 +478,17 @@ class FileOutcomes(WholeStratumSource):
 def repeated_clusters(rows: Any) -> List[Tuple[str, str]]:
     """(first, copy) cluster ids of clusters whose rows repeat an earlier cluster's -- every column but
     the ids and data_label, compared as multisets (row order is no evidence) -- more often than chance
-    explains. Chance is the multinomial probability of the cluster's rows, each row's probability the
-    product of its values' frequencies in the stratum over the columns that carry evidence: the paired
-    outcome, and the extra columns that vary at random per episode (timestamps, episode ids, step
-    counts). An extra column fixed by design -- the same values in most clusters, like seed indices
-    0..7 in every scene -- must match too but is no evidence. A repeat is flagged below
-    DUPLICATE_CHANCE over the clusters of its size. Clusters never flagged: those whose rows are all
-    identical (a broken scene that failed every episode the same way), and, where no extra column
-    carries evidence, those whose outcomes are all alike (all-fail, all-pass: broken and trivial
-    scenes repeat by nature). So a file with only the required columns can rarely show a copy (its
-    rows are 4 kinds of pair), and per-episode columns make one stand out.
+    explains. Chance is the probability of the cluster's rows as a scene of this stratum would give
+    them: its four kinds of paired outcome by a Dirichlet-multinomial fitted to the stratum's clusters
+    (scenes differ -- a near-broken scene's 19 both-fail pairs and one both-succeed are common among
+    near-broken scenes, rare among independent episodes), and each extra column that varies at random
+    per episode (timestamps, episode ids, step counts) at its values' frequencies in the stratum. An
+    extra column fixed by design -- the same values in most clusters, like seed indices 0..7 in every
+    scene -- must match too but is no evidence. A repeat is flagged below DUPLICATE_CHANCE over the
+    clusters of its size. Clusters never flagged: those whose rows are all identical (a broken scene
+    that failed every episode the same way), and, where no extra column carries evidence, those whose
+    outcomes are all alike (all-fail, all-pass: broken and trivial scenes repeat by nature). So a file
+    with only the required columns can rarely show a copy, and per-episode columns make one stand out.
 
     rows: one stratum's rows with a cluster_id column and no scenario_id (a pandas DataFrame)."""
     import pandas as pd
@@ -498,7 +499,7 @@ def repeated_clusters(rows: Any) -> List[Tuple[str, str]]:
     extra = [c for c in values.columns if c not in OUTCOME_COLUMNS]
     random_extra = [c for c in extra if not fixed_by_design(values[c], clusters)]
     log_chance_of_row = np.zeros(len(rows))
-    for column in ["baseline", *random_extra]:
+    for column in random_extra:
         frequency = values[column].map(values[column].value_counts(normalize=True))
         log_chance_of_row += np.log(frequency.to_numpy(dtype=np.float64))
     frame = pd.DataFrame(
@@ -508,12 +509,20 @@ def repeated_clusters(rows: Any) -> List[Tuple[str, str]]:
     grouped = frame.groupby("cluster", sort=False)
     fingerprints = grouped["row"].agg(lambda r: "\x1e".join(sorted(r)))
     never = (grouped["row"].nunique() == 1) | ((grouped["pair"].nunique() == 1) & (not random_extra))
+    # P(rows) = P(the cluster's counts of each kind of pair) x (ways to give each kind its extra values)
+    # x P(those values): the orderings are within a kind of pair, the kinds' own in the multinomial.
+    from scipy.special import gammaln
+
+    kinds = pd.crosstab(frame.cluster, frame.pair).reindex(fingerprints.index)
+    counts = kinds.to_numpy(dtype=np.float64)
     multiplicity = frame.groupby(["cluster", "row"], sort=False).size()
-    log_orderings = (
-        grouped.size().map(lambda n: math.lgamma(n + 1))
-        - multiplicity.map(lambda m: math.lgamma(m + 1)).groupby(level=0, sort=False).sum()
+    log_orderings = pd.Series(gammaln(counts + 1.0).sum(axis=1), kinds.index) - (
+        pd.Series(gammaln(multiplicity.to_numpy(dtype=np.float64) + 1.0), multiplicity.index)
+        .groupby(level=0, sort=False)
+        .sum()
     )
-    log_chance = grouped["log_chance"].sum() + log_orderings
+    log_pairs = pd.Series(dirichlet_multinomial_logpmf(counts, fit_dirichlet_multinomial(counts)), kinds.index)
+    log_chance = grouped["log_chance"].sum() + log_orderings + log_pairs
     sizes = grouped.size()
     same_size = sizes.map(sizes.value_counts())
     first_seen: Dict[str, str] = {}
@@ -526,6 +535,38 @@ def repeated_clusters(rows: Any) -> List[Tuple[str, str]]:
         elif log_chance[cluster] + math.log(same_size[cluster]) < math.log(DUPLICATE_CHANCE):
             out.append((first_seen[fingerprint], str(cluster)))
     return out
+
+
+def fit_dirichlet_multinomial(counts: np.ndarray) -> np.ndarray:
+    """Dirichlet parameters for clusters' category counts (C, K) by the method of moments: the pooled
+    category shares, and the intra-cluster correlation rho from the counts' spread beyond the multinomial
+    (Var n_ck = n_c pi_k (1 - pi_k) (1 + (n_c - 1) rho)); alpha = pi (1 - rho) / rho. rho is kept in
+    [1e-6, 0.999]: near 0 the model is the multinomial of independent episodes."""
+    n = counts.sum(axis=1)
+    pi = counts.sum(axis=0) / n.sum()
+    spread = float(np.sum((counts - n[:, None] * pi) ** 2))
+    binomial = float(np.sum(pi * (1.0 - pi)))
+    pairs = float(np.sum(n * (n - 1.0)))
+    rho = (spread / binomial - n.sum()) / pairs if binomial > 0 and pairs > 0 else 0.0
+    rho = min(max(rho, 1e-6), 0.999)
+    return pi * (1.0 - rho) / rho
+
+
+def dirichlet_multinomial_logpmf(counts: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """log P(counts) per row of (C, K) under a Dirichlet-multinomial with parameters alpha (K,);
+    a category with alpha 0 never occurs (its counts are 0) and drops out."""
+    from scipy.special import gammaln
+
+    used = alpha > 0
+    x, a = counts[:, used], alpha[used]
+    n, total = x.sum(axis=1), a.sum()
+    return (
+        gammaln(n + 1.0)
+        - gammaln(x + 1.0).sum(axis=1)
+        + gammaln(total)
+        - gammaln(n + total)
+        + (gammaln(x + a) - gammaln(a)).sum(axis=1)
+    )
 
 
 def fixed_by_design(column: Any, clusters: np.ndarray) -> bool:

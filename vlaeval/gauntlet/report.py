@@ -76,8 +76,8 @@ def stratum_lines(s: StratumResult, asked: Asked) -> list[str]:
         )
         lines.append(
             f"{s.stratum}: read as a stream in the file's recorded order, the anytime test {said} -- the recorded "
-            "order, not the certificate (a file is decided order-free; to test a stream in its order, declare it "
-            "random with gauntlet.cluster_order=as_given before seeing it)"
+            "order, not the certificate (a file is decided order-free; to test it as a stream in its order, declare "
+            "that order random before seeing it: gauntlet.test_mode=horizon gauntlet.cluster_order=as_given)"
         )
     return lines
 

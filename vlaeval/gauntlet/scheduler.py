@@ -44,7 +44,15 @@ from vlaeval.config import GauntletConfig, StratumConfig
 from vlaeval.errors import require, require_at_least
 from vlaeval.gauntlet.cache import ArrayCache, CacheStats
 from vlaeval.gauntlet.constants import ClusterSizeBounds, OrderSeed, cluster_size_bounds, run_order_seed
-from vlaeval.gauntlet.ledger import Continuation, Evidence, EvidenceLedger, cluster_keys, split_blocks
+from vlaeval.gauntlet.ledger import (
+    NOT_GIVEN,
+    Comparison,
+    Continuation,
+    Evidence,
+    EvidenceLedger,
+    cluster_keys,
+    split_blocks,
+)
 from vlaeval.gauntlet.outcomes import (
     OutcomeRequest,
     PlantedEffect,
@@ -62,6 +70,7 @@ from vlaeval.gauntlet.result import (
     GauntletResult,
     Lineage,
     MultiplicityStatement,
+    Recommendation,
     RecordedOrder,
     Scale,
     StratumResult,
@@ -657,6 +666,13 @@ class StratumEvaluator:
         run = _evaluate_stratum(
             test, fetch, sizes, batches, await_certified_halt, self.reporter(name, unit_limit, units_before)
         )
+        if self.source.traits.holds_outcomes:
+            # A file in an order declared random holds every cluster: the drift reads them all, not only
+            # the prefix the test stopped in (a file sorted best scene first stops in a flat run of wins).
+            whole, _ = produce(evaluation_order)
+            differences = whole.candidate.astype(np.int8) - whole.baseline.astype(np.int8)
+            means = cluster_means(differences, whole.cluster_sizes)
+            run = dataclasses.replace(run, drift=drift_diagnostic(means, whole.cluster_sizes, s.estimand))
         cluster_order = (
             {"mode": "shuffled", **self.seed.as_dict(), "stream": f"cluster-order/{name}"}
             if self.shuffled
@@ -678,7 +694,13 @@ class StratumEvaluator:
         keys = cluster_keys(whole.baseline, whole.candidate, whole.cluster_sizes)
         unit_limit = self.unit_limit(name, int(plan.sum()), budget_left, nominal_allowance)
         fingerprint = test_fingerprint(s, name, spec, self.alarm, bounds)
-        continuation = self.ledger.find(name, fingerprint, keys) if self.ledger is not None else Continuation()
+        continuation = (
+            self.ledger.find(name, Comparison(s.baseline_version, s.candidate_version), fingerprint, keys)
+            if self.ledger is not None
+            else Continuation.unconsulted()
+            if not s.evidence_ledger
+            else Continuation(ledger=NOT_GIVEN)
+        )
         blocks = evidence_blocks(name, keys, plan, continuation, unit_limit)
         if blocks is None:  # the earlier evidence alone exceeds this run's unit limit: restart, and say so
             continuation = Continuation.cannot(
@@ -854,6 +876,32 @@ def evaluate_in_priority_order(
     return PriorityRun(results, events, processed, units_evaluated, budget_left, nominal_allowance, halted, list(queue))
 
 
+def recommend(
+    s: GauntletConfig, run: PriorityRun, lineage: Lineage, required_absent: Sequence[str], from_file: bool
+) -> Recommendation:
+    """The launch recommendation, or a comparison's conclusion, for the evaluated strata."""
+    declared = s.cluster_order == ClusterOrder.as_given  # the order is the user's word
+    if not asked_of(s).launch:
+        return comparison_conclusion(
+            asked_of(s),
+            run.results,
+            run.not_evaluated,
+            test_mode=s.test_mode,
+            declared_order=declared,
+            order_from_file=from_file,
+        )
+    return launch_recommendation(
+        run.results,
+        run.not_evaluated,
+        halted=run.halted,
+        lineage=lineage,
+        test_mode=s.test_mode,
+        required_absent=required_absent,
+        declared_order=declared,
+        order_from_file=from_file,
+    )
+
+
 def run_gauntlet(
     settings: GauntletConfig,
     strata: Mapping[str, StratumConfig],
@@ -903,16 +951,7 @@ def run_gauntlet(
         ),
         strata=tuple(run.results),
         events=tuple(run.events),
-        recommendation=launch_recommendation(
-            run.results,
-            run.not_evaluated,
-            halted=run.halted,
-            lineage=lineage,
-            test_mode=s.test_mode,
-            required_absent=required_absent,
-        )
-        if asked_of(s).launch
-        else comparison_conclusion(asked_of(s), run.results, run.not_evaluated, test_mode=s.test_mode),
+        recommendation=recommend(s, run, lineage, required_absent, source.traits.holds_outcomes),
         question=str(s.question),
         superiority_gain=float(s.superiority_gain),
         halted=run.halted,

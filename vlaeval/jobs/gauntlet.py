@@ -24,7 +24,7 @@ from vlaeval.artifacts import atomic_write_npz
 from vlaeval.config import ClusterOrder, OutcomeJobSettings, ReproduceConfig, UserInputError, to_plain
 from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.inputs import GauntletInputs, gauntlet_inputs, run_context, strata_chosen
-from vlaeval.gauntlet.ledger import EvidenceLedger
+from vlaeval.gauntlet.ledger import Comparison, EvidenceLedger
 from vlaeval.gauntlet.lineage import build_lineage
 from vlaeval.gauntlet.plots import plot_trajectories
 from vlaeval.gauntlet.question import CONCLUSION_EXIT_CODES
@@ -120,7 +120,7 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
         ),
     )
     if ledger is not None:  # after the result is saved: what this run tested, for the runs that continue it
-        ledger.record_result(result.strata, str(out))
+        ledger.record_result(result.strata, Comparison(result.baseline_version, result.candidate_version), str(out))
     print_summary(result, published)
     if result.rollouts is not None:
         print_rollouts(result.rollouts)

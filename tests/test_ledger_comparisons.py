@@ -1,0 +1,92 @@
+"""The evidence ledger knows whose evidence it holds and says when it had none (issue 50, finding 1).
+
+Before: entries were keyed by a folder and a stratum name, so another candidate's independent file for
+the same stratum in the same cache was "N of its M clusters are missing here; this test restarts" and
+sent to review (100/100 files); and with the ledger off or empty nothing said no earlier evidence was
+consulted. Each test runs job=gauntlet as a user does, two files through one paths.cache_dir."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from helpers.processes import run_main
+
+
+def scenes_file(path, rng, scenes, size, base, effect, candidate, baseline="policy-v3"):
+    """Scenes of heterogeneous difficulty (+-10 points), the candidate `effect` points better, REPLAYED."""
+    rate = np.clip(base + rng.uniform(-0.1, 0.1, scenes), 0.0, 1.0)
+    p = np.repeat(rate, size)
+    b = (rng.random(p.size) < p).astype(int)
+    c = (rng.random(p.size) < np.clip(p + effect, 0.0, 1.0)).astype(int)
+    pd.DataFrame(
+        {
+            "stratum": "pick_place",
+            "scenario_id": [f"s{i}" for i in range(p.size)],
+            "cluster_id": [f"scene-{i // size}" for i in range(p.size)],
+            "baseline": b,
+            "candidate": c,
+            "baseline_version": baseline,
+            "candidate_version": candidate,
+            "data_label": "REPLAYED",
+        }
+    ).to_csv(path, index=False)
+    return path
+
+
+def gauntlet(workdir, path, cache, *extra):
+    proc = run_main(
+        [
+            "job=gauntlet",
+            "outcomes=file",
+            f"outcomes.path={path}",
+            f"paths.cache_dir={cache}",
+            "tracking=disabled",
+            "gauntlet.plot=false",
+            "gauntlet.preflight=off",
+            *extra,
+        ],
+        workdir,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(sorted((workdir / "outputs").glob("*_gauntlet/result.json"))[-1].read_text())
+    return proc, result
+
+
+@pytest.mark.parametrize("scenes, size, base", [(300, 8, 0.6), (48, 8, 0.93)], ids=["300x8", "48x8-near-the-ceiling"])
+def test_another_candidates_file_is_its_own_evidence(workdir, tmp_path, scenes, size, base):
+    rng = np.random.default_rng(scenes)
+    cache = tmp_path / "cache"
+    v4 = scenes_file(tmp_path / "v4.csv", rng, scenes, size, base, 0.0, "policy-v4")
+    v5 = scenes_file(tmp_path / "v5.csv", rng, scenes, size, base, 0.0, "policy-v5")
+    _, first = gauntlet(workdir, v4, cache)
+    assert first["strata"][0]["evidence"]["continuation"]["ledger"] == "nothing_recorded"
+    proc, second = gauntlet(workdir, v5, cache)
+    continuation = second["strata"][0]["evidence"]["continuation"]
+    assert continuation["status"] == "new" and continuation["ledger"] == "nothing_recorded", continuation
+    assert not any("missing here" in r or "restarts" in r for r in second["recommendation"]["review_reasons"])
+    assert "missing here" not in proc.stdout
+    # The same candidate's file again is the same comparison: the ledger holds it.
+    _, again = gauntlet(workdir, v4, cache)
+    assert again["strata"][0]["evidence"]["continuation"]["status"] == "repeats"
+
+
+def test_a_run_that_consulted_no_earlier_evidence_says_so(workdir, tmp_path):
+    """A fresh cache (a CI workspace) says no earlier test is recorded there; with the ledger off a PASS
+    is not an automatic launch, and the reason is on the console."""
+    rng = np.random.default_rng(7)
+    path = scenes_file(tmp_path / "better.csv", rng, 300, 8, 0.5, 0.25, "policy-v4")
+    proc, fresh = gauntlet(workdir, path, tmp_path / "ci-workspace")
+    assert fresh["strata"][0]["decision"] == "PASS"
+    assert fresh["recommendation"]["recommendation"] == "LAUNCH"  # a first test is a valid test
+    out = " ".join(proc.stdout.split())
+    assert "no earlier test of this comparison's stratum is recorded in the evidence ledger" in out
+    proc, off = gauntlet(workdir, path, tmp_path / "ci-workspace", "gauntlet.evidence_ledger=false")
+    assert off["strata"][0]["decision"] == "PASS"
+    assert off["strata"][0]["evidence"]["continuation"]["ledger"] == "off"
+    assert off["recommendation"]["recommendation"] == "NEEDS_REVIEW"
+    assert any("PASS with the evidence ledger is off" in r for r in off["recommendation"]["review_reasons"])
+    assert "gauntlet.evidence_ledger=false" in " ".join(proc.stdout.split())
