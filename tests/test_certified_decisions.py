@@ -356,6 +356,21 @@ def test_duplicated_clusters_are_flagged_and_chance_repeats_are_not(tmp_path):
     assert source.notices() == []
 
 
+def file_notices(table, path, strata):
+    """The notices FileOutcomes gives on `table` written to `path`."""
+    table.to_csv(path, index=False)
+    source = FileOutcomes(str(path))
+    source.validate(strata, {})
+    return source.notices()
+
+
+def exported_twice(table, clusters):
+    """`table` with the rows of `clusters` appended again under new ids (a scene exported twice)."""
+    copies = table[table["cluster_id"].isin(clusters)]
+    copies = copies.assign(cluster_id="again-" + copies["cluster_id"], scenario_id="again-" + copies["scenario_id"])
+    return pd.concat([table, copies])
+
+
 def test_the_duplicate_notice_stays_quiet_on_clean_files_with_broken_scenes(tmp_path):
     """Clean files of 48 scenes x 8 with 2% broken scenes (every episode fails, 150 steps) and episode
     seeds 0..7 in every scene (steps by seed): the old notice (rows in file order, constant clusters
@@ -381,20 +396,11 @@ def test_the_duplicate_notice_stays_quiet_on_clean_files_with_broken_scenes(tmp_
             }
         )
         path = tmp_path / f"clean{f}.csv"
-        table.to_csv(path, index=False)
-        source = FileOutcomes(str(path))
-        source.validate(strata, {})
-        fired += bool(source.notices())
+        fired += bool(file_notices(table, path, strata))
         if f < 20:
             table["timestamp"] = 1_700_000_000 + rng.permutation(10**6)[:384]
-            copies = table[table["cluster_id"].isin(["scene-3", "scene-9", "scene-30"])]
-            copies = copies.assign(
-                cluster_id="again-" + copies["cluster_id"], scenario_id="again-" + copies["scenario_id"]
-            )
-            pd.concat([table, copies]).to_csv(path, index=False)
-            source = FileOutcomes(str(path))
-            source.validate(strata, {})
-            caught += any("3 cluster(s) repeat" in n for n in source.notices())
+            notices = file_notices(exported_twice(table, ["scene-3", "scene-9", "scene-30"]), path, strata)
+            caught += any("3 cluster(s) repeat" in n for n in notices)
     assert fired / files <= 0.01, fired
     assert caught == 20
 
@@ -438,20 +444,11 @@ def test_the_duplicate_notice_fits_scenes_not_independent_episodes(tmp_path, sce
         rng = np.random.default_rng([f, 50])
         table = near_broken_file(rng, scenes, size, base, broken_share)
         path = tmp_path / f"clean{f}.csv"
-        table.to_csv(path, index=False)
-        source = FileOutcomes(str(path))
-        source.validate(strata, {})
-        fired += bool(source.notices())
+        fired += bool(file_notices(table, path, strata))
         if f < 10:
             table["steps"] = rng.integers(40, 400, len(table))
-            copies = table[table["cluster_id"].isin(["scene-3", "scene-9"])]
-            copies = copies.assign(
-                cluster_id="again-" + copies["cluster_id"], scenario_id="again-" + copies["scenario_id"]
-            )
-            pd.concat([table, copies]).to_csv(path, index=False)
-            source = FileOutcomes(str(path))
-            source.validate(strata, {})
-            caught += any("2 cluster(s) repeat" in n for n in source.notices())
+            notices = file_notices(exported_twice(table, ["scene-3", "scene-9"]), path, strata)
+            caught += any("2 cluster(s) repeat" in n for n in notices)
     assert fired / files <= 0.01, fired
     assert caught == 10
 

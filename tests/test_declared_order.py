@@ -9,10 +9,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from helpers.configs import compose_config, typed_gauntlet
+from helpers.outcomes import trial_file
 from helpers.processes import run_main
 from vlaeval.gauntlet import ArrayCache, FileOutcomes, run_gauntlet
 from vlaeval.gauntlet.result import Lineage
@@ -28,23 +28,10 @@ def design(horizon: int, level: float):
     return synthesise(horizon, level)
 
 
-def write(path, baseline, candidate):
-    n = len(baseline)
-    pd.DataFrame(
-        {
-            "stratum": "nominal",
-            "scenario_id": [f"s{i}" for i in range(n)],
-            "cluster_id": [f"c{i}" for i in range(n)],
-            "baseline": baseline,
-            "candidate": candidate,
-        }
-    ).to_csv(path, index=False)
-    return path
-
-
 def null_files(folder, sort: bool):
     """Files at the PASS null, Delta = -0.02 (baseline 0.52, candidate 0.50, independent trials),
-    sorted best pair first (candidate-only successes, then ties, then baseline-only) or as drawn."""
+    sorted best pair first (candidate-only successes, then ties, then baseline-only) or as drawn;
+    REPLAYED, so nothing but the order stands between a PASS and a LAUNCH."""
     rng = np.random.default_rng(50)
     paths = []
     for i in range(FILES):
@@ -53,7 +40,7 @@ def null_files(folder, sort: bool):
         if sort:
             order = np.argsort(-(c - b), kind="stable")
             b, c = b[order], c[order]
-        paths.append(write(folder / f"null_{i}.csv", b, c))
+        paths.append(trial_file(folder / f"null_{i}.csv", b, c, stratum="nominal", data_label="REPLAYED"))
     return paths
 
 
@@ -106,7 +93,7 @@ def test_a_comparison_on_a_drifting_declared_order_is_undecided(tmp_path):
 
 def test_a_declared_order_on_a_file_is_refused_for_the_exact_test(workdir, tmp_path):
     rng = np.random.default_rng(1)
-    path = write(tmp_path / "trials.csv", (rng.random(60) < 0.5).astype(int), (rng.random(60) < 0.5).astype(int))
+    path = trial_file(tmp_path / "trials.csv", (rng.random(60) < 0.5).astype(int), (rng.random(60) < 0.5).astype(int))
     proc = run_main(
         [
             "job=gauntlet",

@@ -8,31 +8,16 @@ import json
 from dataclasses import replace
 
 import numpy as np
-import pandas as pd
 import pytest
 from scipy.stats import beta as beta_dist
 
 from helpers.configs import compose_config, typed_gauntlet
+from helpers.outcomes import trial_file
 from helpers.processes import run_main
 from vlaeval.gauntlet import ArrayCache, SyntheticOutcomes, run_gauntlet
 from vlaeval.gauntlet.result import Lineage
 
 LINEAGE = Lineage(valid=True)
-
-
-def trials(path, baseline, candidate, stratum="pick_place", **columns):
-    n = len(baseline)
-    pd.DataFrame(
-        {
-            "stratum": stratum,
-            "scenario_id": [f"s{i}" for i in range(n)],
-            "cluster_id": [f"c{i}" for i in range(n)],
-            "baseline": baseline,
-            "candidate": candidate,
-            **columns,
-        }
-    ).to_csv(path, index=False)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +27,7 @@ def lab(tmp_path_factory):
     rng = np.random.default_rng(4)
     b = (rng.random(50) < 0.30).astype(int)
     c = (rng.random(50) < 0.66).astype(int)
-    return trials(folder / "better.csv", b, c), trials(folder / "worse.csv", c, b)
+    return trial_file(folder / "better.csv", b, c), trial_file(folder / "worse.csv", c, b)
 
 
 def gauntlet(workdir, path, *extra):
@@ -115,7 +100,7 @@ def test_a_required_stratum_holds_when_the_user_chose_the_strata(workdir, lab):
 def test_versions_come_from_the_file(workdir, tmp_path):
     rng = np.random.default_rng(5)
     b, c = (rng.random(60) < 0.4).astype(int), (rng.random(60) < 0.5).astype(int)
-    path = trials(tmp_path / "named.csv", b, c, baseline_version="pi0-base", candidate_version="pi0-ft-7")
+    path = trial_file(tmp_path / "named.csv", b, c, baseline_version="pi0-base", candidate_version="pi0-ft-7")
     proc, result = gauntlet(workdir, path, "gauntlet.question=two_sided")
     assert result["candidate_version"] == "pi0-ft-7" and result["baseline_version"] == "pi0-base"
     assert "Comparison: pi0-ft-7 vs pi0-base" in " ".join(proc.stdout.split())
@@ -125,7 +110,7 @@ def test_a_file_plan_says_what_its_observed_effect_decides(workdir, tmp_path):
     """3% against 0% over 400 single trials: the plan at the assumed effect and, beside it, what a
     stream like this file most likely decides at its own effect."""
     rng = np.random.default_rng(6)
-    path = trials(tmp_path / "rare.csv", np.zeros(400, int), (rng.random(400) < 0.03).astype(int), stratum="grasp")
+    path = trial_file(tmp_path / "rare.csv", np.zeros(400, int), (rng.random(400) < 0.03).astype(int), stratum="grasp")
     proc = run_main(["job=plan", "outcomes=file", f"outcomes.path={path}", "tracking=disabled"], workdir)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "decide)" in proc.stdout  # the share of resampled streams that decide, beside the likely outcome

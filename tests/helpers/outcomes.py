@@ -54,3 +54,19 @@ def rows_from_cluster_means(x, sizes, stratum="safety_critical", extra=None) -> 
     for name, value in (extra or {}).items():
         table[name] = [value(c, p) for c, p in zip(cluster, position)]
     return table
+
+
+def trial_file(path, baseline, candidate, stratum="pick_place", **columns):
+    """A lab's trial file: one row a trial, each trial its own cluster (a robot's paired trials)."""
+    n = len(baseline)
+    pd.DataFrame(
+        {
+            "stratum": stratum,
+            "scenario_id": [f"s{i}" for i in range(n)],
+            "cluster_id": [f"c{i}" for i in range(n)],
+            "baseline": baseline,
+            "candidate": candidate,
+            **columns,
+        }
+    ).to_csv(path, index=False)
+    return path
