@@ -172,6 +172,68 @@ def test_the_ledger_continues_repeats_and_refuses_to_continue(tmp_path):
     assert fresh.details["looks"] == 1
 
 
+def paired_scenes(rng, scenes: int, first: int = 0, size: int = 8, delta: float = -DELTA) -> pd.DataFrame:
+    """Heterogeneous REPLAYED scenes at the PASS null: base rates U(0.35, 0.85), the candidate's effect
+    delta +- 0.10 per scene, paired units (a shared draw, 10% of candidate units drawn afresh)."""
+    p = np.repeat(rng.uniform(0.35, 0.85, scenes), size)
+    effect = np.repeat(delta + 0.10 * rng.choice([-1.0, 1.0], scenes), size)
+    u = rng.random(p.size)
+    fresh = np.where(rng.random(p.size) < 0.1, rng.random(p.size), u)
+    scene = np.repeat(np.arange(first, first + scenes), size)
+    return pd.DataFrame(
+        {
+            "stratum": "nominal",
+            "scenario_id": [f"scene-{c}-{i % size}" for i, c in enumerate(scene)],
+            "cluster_id": [f"scene-{c}" for c in scene],
+            "baseline": (u < p).astype(int),
+            "candidate": (fresh < p + effect).astype(int),
+            "data_label": "REPLAYED",
+        }
+    )
+
+
+def test_a_look_that_re_appends_the_files_own_scenes_is_flagged_and_never_launches(tmp_path):
+    """Issue 50: re-appending a file's scenes under new ids 'continued' as new evidence (LAUNCH 5/100 and
+    6/100 of files that had not PASSed). Copies -- the whole file again, or 100 of its scenes -- now read as
+    a look that repeats the earlier ones (review, never LAUNCH); 100 fresh scenes appended are a
+    continuation as before."""
+    flagged = {"whole file again": 0, "100 of its scenes again": 0, "100 fresh scenes": 0}
+    reps = 10
+    for r in range(reps):
+        rng = np.random.default_rng([r, 50, 1])
+        table = paired_scenes(rng, 300)
+        for what in flagged:
+            folder = tmp_path / f"{r}-{what.replace(' ', '_')}"
+            folder.mkdir()
+            ledger = EvidenceLedger(folder / "ledger")
+            table.to_csv(folder / "v1.csv", index=False)
+            nominal_run(folder / "v1.csv", ledger, "run-1")
+            if what == "100 fresh scenes":
+                added = paired_scenes(rng, 100, first=300)
+            else:
+                again = (
+                    table
+                    if what == "whole file again"
+                    else table[table["cluster_id"].isin(table["cluster_id"].unique()[:100])]
+                )
+                added = again.assign(
+                    cluster_id="again-" + again["cluster_id"], scenario_id="again-" + again["scenario_id"]
+                )
+            pd.concat([table, added]).to_csv(folder / "v2.csv", index=False)
+            second, result = nominal_run(folder / "v2.csv", ledger, "run-2")
+            status = second.details["evidence"]["continuation"]["status"]
+            flagged[what] += status == "copies"
+            if status == "copies":
+                assert result.recommendation.recommendation != "LAUNCH"
+                assert any(
+                    "repeat outcome patterns of the earlier looks" in x for x in result.recommendation.review_reasons
+                )
+            else:
+                assert status == "continues"
+    assert flagged["whole file again"] == reps and flagged["100 of its scenes again"] == reps, flagged
+    assert flagged["100 fresh scenes"] == 0, flagged
+
+
 def test_cluster_keys_are_multisets_of_paired_outcomes():
     baseline = np.array([1, 1, 0, 0, 1, 0], dtype=bool)
     candidate = np.array([1, 0, 1, 0, 0, 1], dtype=bool)

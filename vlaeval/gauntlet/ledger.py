@@ -20,7 +20,8 @@ may coincide, its evidence is its own. Unnamed comparisons (the roles "baseline"
 one record per stratum, as a file without version columns cannot be told from another. Where nothing
 could be consulted -- the ledger off, or no earlier test of this comparison's stratum recorded (a fresh
 `paths.cache_dir`, as a CI workspace starts) -- the continuation says so, and the console and
-result.json with it.
+result.json with it. A continuation whose new look only repeats the earlier looks' outcome patterns --
+the file's own scenes re-appended under new ids -- is flagged as copies (copied_look) and reviewed.
 
 Entries live in `<cache_dir>/gauntlet-ledger/<comparison and stratum digest>/<entry digest>.json`, each
 written atomically once (the ledger is append-only; nothing is rewritten).
@@ -36,10 +37,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from vlaeval.artifacts import atomic_write_json, sha256_json
-from vlaeval.seqtest.units import cluster_offsets
+from vlaeval.artifacts import atomic_write_json, sha256_json, stable_seed
+from vlaeval.seqtest.units import cluster_offsets, fit_dirichlet_multinomial
 
 NEW, CONTINUES, REPEATS, CANNOT_CONTINUE = "new", "continues", "repeats", "cannot_continue"
+COPIES = "copies"  # continues, but the new look repeats the earlier looks' clusters (the recommendation reviews it)
+# A new look is taken for copies of the earlier ones when its clusters' outcome patterns are a
+# sub-multiset of the earlier looks' and simulated fresh looks are so with chance below this level.
+COPIED_LOOK_LEVEL, COPIED_LOOK_DRAWS = 0.01, 999
 # What the ledger could say of a stratum's earlier tests: it was read (and held this comparison's
 # stratum), it held nothing of it, or it was switched off (gauntlet.evidence_ledger=false).
 # not_given: a library caller that passed no ledger (nothing is said; run_gauntlet's docstring).
@@ -255,6 +260,41 @@ class EvidenceLedger:
                 evidence = Evidence(data["fingerprint"], blocks_from_json(data["blocks"]))
                 written.append(self.record(s.stratum, comparison, evidence, run, s.decision))
         return written
+
+
+def copied_look(earlier: Sequence[Mapping[str, int]], new_keys: Sequence[str]) -> Optional[str]:
+    """Why a new look's clusters read as copies of the earlier looks' (None: they do not). Copies
+    re-appended under new ids count the same scenes twice, which no continuation covers. Copies give a
+    sub-multiset of the earlier clusters' outcome patterns; how often fresh scenes would is simulated
+    (COPIED_LOOK_DRAWS looks of as many scenes of the same sizes, each drawn from a Dirichlet-multinomial
+    over the four kinds of pair fitted to the earlier clusters, seeded from the keys): a p-value below
+    COPIED_LOOK_LEVEL flags the look."""
+    before: Counter[str] = Counter()
+    for block in earlier:
+        before.update(block)
+    if not new_keys or not _contains(before, Counter(new_keys)):
+        return None
+    held = np.asarray([[int(v) for v in k.split("/")] for k in before.elements()], dtype=np.int64)
+    alpha = fit_dirichlet_multinomial(held.astype(np.float64))
+    used = alpha > 0
+    sizes = Counter(sum(int(v) for v in k.split("/")) for k in new_keys)
+    rng = np.random.default_rng(stable_seed("copied-look", sha256_json(sorted(new_keys))))
+    contained = np.ones(COPIED_LOOK_DRAWS, dtype=np.bool_)
+    for size, count in sorted(sizes.items()):
+        shares = np.zeros((COPIED_LOOK_DRAWS, count, alpha.size))
+        shares[..., used] = rng.dirichlet(alpha[used], (COPIED_LOOK_DRAWS, count))
+        drawn = rng.multinomial(size, shares / shares.sum(axis=-1, keepdims=True))
+        for d in np.flatnonzero(contained):
+            keys = Counter("/".join(map(str, row)) for row in drawn[d].tolist())
+            contained[d] = _contains(before, keys)
+    p_value = (1 + int(contained.sum())) / (1 + COPIED_LOOK_DRAWS)
+    if p_value >= COPIED_LOOK_LEVEL:
+        return None
+    return (
+        f"its {len(new_keys)} new clusters all repeat outcome patterns of the earlier looks, which fresh scenes "
+        f"do with chance p = {p_value:.3f}: if scenes were re-appended under new ids they count twice, which the "
+        "guarantee does not cover; check the export"
+    )
 
 
 def split_blocks(keys: Sequence[str], continuation: Continuation) -> Tuple[List[np.ndarray], np.ndarray]:

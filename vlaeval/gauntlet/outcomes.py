@@ -45,7 +45,7 @@ from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.ledger import cluster_keys
 from vlaeval.gauntlet.sources import CheckedSource
 from vlaeval.seqtest.simulation import FRESH_FRACTION, RATE_RANGE, SCENE_SD
-from vlaeval.seqtest.units import cluster_offsets
+from vlaeval.seqtest.units import cluster_offsets, dirichlet_multinomial_logpmf, fit_dirichlet_multinomial
 
 # Bump when the synthetic generator changes what it produces: old cache entries become misses.
 SYNTHETIC_GENERATOR_VERSION = 1
@@ -535,38 +535,6 @@ def repeated_clusters(rows: Any) -> List[Tuple[str, str]]:
         elif log_chance[cluster] + math.log(same_size[cluster]) < math.log(DUPLICATE_CHANCE):
             out.append((first_seen[fingerprint], str(cluster)))
     return out
-
-
-def fit_dirichlet_multinomial(counts: np.ndarray) -> np.ndarray:
-    """Dirichlet parameters for clusters' category counts (C, K) by the method of moments: the pooled
-    category shares, and the intra-cluster correlation rho from the counts' spread beyond the multinomial
-    (Var n_ck = n_c pi_k (1 - pi_k) (1 + (n_c - 1) rho)); alpha = pi (1 - rho) / rho. rho is kept in
-    [1e-6, 0.999]: near 0 the model is the multinomial of independent episodes."""
-    n = counts.sum(axis=1)
-    pi = counts.sum(axis=0) / n.sum()
-    spread = float(np.sum((counts - n[:, None] * pi) ** 2))
-    binomial = float(np.sum(pi * (1.0 - pi)))
-    pairs = float(np.sum(n * (n - 1.0)))
-    rho = (spread / binomial - n.sum()) / pairs if binomial > 0 and pairs > 0 else 0.0
-    rho = min(max(rho, 1e-6), 0.999)
-    return pi * (1.0 - rho) / rho
-
-
-def dirichlet_multinomial_logpmf(counts: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    """log P(counts) per row of (C, K) under a Dirichlet-multinomial with parameters alpha (K,);
-    a category with alpha 0 never occurs (its counts are 0) and drops out."""
-    from scipy.special import gammaln
-
-    used = alpha > 0
-    x, a = counts[:, used], alpha[used]
-    n, total = x.sum(axis=1), a.sum()
-    return (
-        gammaln(n + 1.0)
-        - gammaln(x + 1.0).sum(axis=1)
-        + gammaln(total)
-        - gammaln(n + total)
-        + (gammaln(x + a) - gammaln(a)).sum(axis=1)
-    )
 
 
 def fixed_by_design(column: Any, clusters: np.ndarray) -> bool:

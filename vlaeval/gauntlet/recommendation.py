@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from vlaeval.choices import DataLabel, TestMode
-from vlaeval.gauntlet.ledger import LEDGER_OFF
+from vlaeval.gauntlet.ledger import CANNOT_CONTINUE, COPIES, LEDGER_OFF
 from vlaeval.gauntlet.question import Asked
 from vlaeval.gauntlet.result import DO_NOT_LAUNCH, LAUNCH, NEEDS_REVIEW, Lineage, Recommendation, StratumResult
 from vlaeval.seqtest import DECISION_INSUFFICIENT, DECISION_PASS, DECISION_REGRESSION
@@ -131,7 +131,7 @@ def evidence_reviews(r: StratumResult, declared_order: bool, order_from_file: bo
     declared random that drifts, a PASS in a file's own row order."""
     name, passed, continuation = r.stratum, r.decision == DECISION_PASS, r.continuation
     reasons: List[str] = []
-    if continuation.get("status") == "cannot_continue":
+    if continuation.get("status") in (CANNOT_CONTINUE, COPIES):
         reasons.append(f"{name}: {continuation.get('note')}")
     if continuation.get("ledger") == LEDGER_OFF and passed:
         # Without the ledger a re-test after a non-PASS (drop the worst scenes, run again) is a

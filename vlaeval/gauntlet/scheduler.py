@@ -45,12 +45,15 @@ from vlaeval.errors import require, require_at_least
 from vlaeval.gauntlet.cache import ArrayCache, CacheStats
 from vlaeval.gauntlet.constants import ClusterSizeBounds, OrderSeed, cluster_size_bounds, run_order_seed
 from vlaeval.gauntlet.ledger import (
+    CONTINUES,
+    COPIES,
     NOT_GIVEN,
     Comparison,
     Continuation,
     Evidence,
     EvidenceLedger,
     cluster_keys,
+    copied_look,
     split_blocks,
 )
 from vlaeval.gauntlet.outcomes import (
@@ -708,6 +711,10 @@ class StratumEvaluator:
                 f"than this run's limit of {unit_limit}"
             )
             blocks = evidence_blocks(name, keys, plan, Continuation(), unit_limit) or []
+        if continuation.status == CONTINUES and blocks:
+            copies = copied_look(continuation.blocks, [keys[i] for i in blocks[-1]])
+            if copies is not None:
+                continuation = dataclasses.replace(continuation, status=COPIES, note=f"{continuation.note}; {copies}")
         test = stratum_test(s, spec, self.alarm, bounds, [], order_free=True)
         report = self.reporter(name, unit_limit, units_before)
         evaluated = np.concatenate(blocks) if blocks else np.zeros(0, np.int64)
