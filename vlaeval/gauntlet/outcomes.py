@@ -45,7 +45,12 @@ from vlaeval.gauntlet.cache import ArrayCache
 from vlaeval.gauntlet.ledger import cluster_keys
 from vlaeval.gauntlet.sources import CheckedSource
 from vlaeval.seqtest.simulation import FRESH_FRACTION, RATE_RANGE, SCENE_SD
-from vlaeval.seqtest.units import cluster_offsets, dirichlet_multinomial_logpmf, fit_dirichlet_multinomial
+from vlaeval.seqtest.units import (
+    cluster_means,
+    cluster_offsets,
+    dirichlet_multinomial_logpmf,
+    fit_dirichlet_multinomial,
+)
 
 # Bump when the synthetic generator changes what it produces: old cache entries become misses.
 SYNTHETIC_GENERATOR_VERSION = 1
@@ -94,6 +99,10 @@ class StratumOutcomes:
         moved = self.offsets()[:-1][order] - cluster_offsets(sizes)[:-1]  # per cluster
         units = np.repeat(moved, sizes) + np.arange(int(sizes.sum()))
         return StratumOutcomes(self.baseline[units], self.candidate[units], sizes)
+
+    def paired_means(self) -> np.ndarray:
+        """Each cluster's mean paired difference, candidate minus baseline (what the tests update on)."""
+        return cluster_means(self.candidate.astype(np.int8) - self.baseline.astype(np.int8), self.cluster_sizes)
 
     def cluster_successes(self) -> Tuple[np.ndarray, np.ndarray]:
         """(baseline, candidate) successes per cluster."""

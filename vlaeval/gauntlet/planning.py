@@ -27,7 +27,7 @@ from vlaeval.gauntlet.question import Asked
 from vlaeval.gauntlet.result import GauntletPlan, ObservedNeeds, StratumPlanRow
 from vlaeval.gauntlet.sources import checked_source
 from vlaeval.gauntlet.strata import alarm_alpha, priority_order
-from vlaeval.seqtest import MODE_ASYMPTOTIC, MODE_GROUP_SEQUENTIAL, cluster_means, plan_batches, size_adaptive_cap
+from vlaeval.seqtest import MODE_ASYMPTOTIC, MODE_GROUP_SEQUENTIAL, plan_batches, size_adaptive_cap
 from vlaeval.seqtest.simulation import (
     NEVER,
     asymptotic_decision_times,
@@ -73,8 +73,7 @@ def stratum_plans(
         sizes = np.asarray(source.cluster_sizes(request), dtype=np.int64)
         if source.traits.holds_outcomes:
             outcomes, _ = source.load(request, None)
-            differences = outcomes.candidate.astype(np.int8) - outcomes.baseline.astype(np.int8)
-            plans[name] = StratumPlan(sizes, float(outcomes.baseline.mean()), cluster_means(differences, sizes))
+            plans[name] = StratumPlan(sizes, float(outcomes.baseline.mean()), outcomes.paired_means())
         else:
             plans[name] = StratumPlan(sizes, float(spec.base_rate))
     return plans

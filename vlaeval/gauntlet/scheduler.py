@@ -96,7 +96,6 @@ from vlaeval.seqtest import (
     TestSettings,
     TestState,
     catastrophic_message,
-    cluster_means,
     cluster_offsets,
     drift_diagnostic,
     make_sequential_test,
@@ -241,8 +240,7 @@ def _evaluate_stratum(
     for first, end in batches:
         batch = fetch(first, end)
         end_unit = int(offsets[end])
-        differences = batch.candidate.astype(np.int8) - batch.baseline.astype(np.int8)
-        evaluated_means.append(cluster_means(differences, sizes[first:end]))
+        evaluated_means.append(batch.paired_means())
         state = test.update(evaluated_means[-1], sizes[first:end])
         baseline_wins, candidate_wins = batch.cluster_successes()
         wins["baseline"].append(baseline_wins)
@@ -670,12 +668,12 @@ class StratumEvaluator:
             test, fetch, sizes, batches, await_certified_halt, self.reporter(name, unit_limit, units_before)
         )
         if self.source.traits.holds_outcomes:
-            # A file in an order declared random holds every cluster: the drift reads them all, not only
-            # the prefix the test stopped in (a file sorted best scene first stops in a flat run of wins).
+            # A file holds every cluster: the drift reads them all in the evaluation order, not only the
+            # prefix the test stopped in (a file sorted best scene first stops in a flat run of wins).
             whole, _ = produce(evaluation_order)
-            differences = whole.candidate.astype(np.int8) - whole.baseline.astype(np.int8)
-            means = cluster_means(differences, whole.cluster_sizes)
-            run = dataclasses.replace(run, drift=drift_diagnostic(means, whole.cluster_sizes, s.estimand))
+            run = dataclasses.replace(
+                run, drift=drift_diagnostic(whole.paired_means(), whole.cluster_sizes, s.estimand)
+            )
         cluster_order = (
             {"mode": "shuffled", **self.seed.as_dict(), "stream": f"cluster-order/{name}"}
             if self.shuffled
@@ -721,8 +719,7 @@ class StratumEvaluator:
         units, state = 0, test.state
         for look, block in enumerate(blocks, start=1):
             outcomes = whole.reordered(block)
-            differences = outcomes.candidate.astype(np.int8) - outcomes.baseline.astype(np.int8)
-            state = test.update(cluster_means(differences, outcomes.cluster_sizes), outcomes.cluster_sizes)
+            state = test.update(outcomes.paired_means(), outcomes.cluster_sizes)
             units += outcomes.units
             report(look, units, state.decision, state.clusters, state.e_values, look == len(blocks))
         seen = whole.reordered(evaluated)
@@ -815,8 +812,7 @@ def recorded_order_stream(
     fits = int(np.searchsorted(np.cumsum(sizes), unit_limit, side="right"))
     exact = dataclasses.replace(settings, test_mode=TestMode.exact)
     test = stratum_test(exact, spec, alarm, bounds, [(0, fits)])
-    differences = whole.candidate.astype(np.int8) - whole.baseline.astype(np.int8)
-    state = test.update(cluster_means(differences, sizes)[:fits], sizes[:fits])
+    state = test.update(whole.paired_means()[:fits], sizes[:fits])
     return RecordedOrder(state.decision, state.decided_at_cluster, state.decided_at_unit, fits)
 
 
