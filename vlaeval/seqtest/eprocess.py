@@ -318,7 +318,8 @@ class WealthFamily:
     log_peak_wealth: np.ndarray  # running maximum of the log-wealth (not itself an e-value)
     ons_bet: np.ndarray
     ons_curvature: np.ndarray
-    mixture_log_wealth: np.ndarray  # (margins, MIXTURE_COMPONENTS): each constant bet's log-wealth
+    # (margins, MIXTURE_COMPONENTS): each component's log-wealth, the scaled plug-ins then the constants
+    mixture_log_wealth: np.ndarray
 
     @classmethod
     def start(cls, margins: np.ndarray, side: str) -> "WealthFamily":
