@@ -6,8 +6,12 @@ were exact turns a prediction 0.001 above 0.98 into a FAIL. The verdict compares
 
     PASS       the interval's upper end is below the threshold
     FAIL       its lower end is above it
-    UNDECIDED  otherwise -- with the anchors that would decide it at the same ratio and spread
-               (the interval narrows as 1 / sqrt(N)): N * (half-width / |ratio - threshold|)^2
+    UNDECIDED  otherwise -- with the anchors a re-audit needs to decide it with 80% probability at
+               the same ratio and spread (the interval narrows as 1 / sqrt(N), the re-audit's ratio
+               falls within about SE = half-width / z of this one): N * ((z + z_0.8) SE / gap)^2,
+               gap = |ratio - threshold|. The interval merely touching the threshold
+               (N * (half-width / gap)^2, the figure before) decides half the time: a re-audit at that
+               size decided 10-80% of the time in the review's simulations.
 
 The interval is a two-level bootstrap: resample the anchors with replacement and, within each drawn
 anchor, its gradient seeds with replacement (its RMS recomputed from the resampled seeds' squared
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Optional
 
 import numpy as np
@@ -35,6 +40,9 @@ from vlaeval.choices import Verdict
 from vlaeval.records import JsonRecord
 
 RESAMPLE_CHUNK = 64  # bootstrap resamples drawn at once (bounds the (chunk, N, S) seed draws)
+ANCHORS_NEEDED_POWER = (
+    0.8  # the probability that a re-audit at "anchors needed" decides, at the audit's ratio and spread
+)
 
 
 def two_level_ratios(
@@ -93,7 +101,7 @@ class RatioVerdict(JsonRecord):
     resamples: int
     anchors: int
     gradient_seeds: int  # seeds resampled within each anchor (0: anchors only)
-    anchors_needed: Optional[int] = None  # UNDECIDED: anchors at which the interval would clear the threshold
+    anchors_needed: Optional[int] = None  # UNDECIDED: anchors at which a re-audit decides with 80% probability
     break_even_ratio: Optional[float] = None  # r*; None: a cost unknown
     scoring_seconds: Optional[float] = None  # every anchor of the dataset scored once (at this run's speed)
     training_seconds: Optional[float] = None  # the training run the proposal would sample for
@@ -127,7 +135,9 @@ def ratio_verdict(
     needed = None
     gap = abs(float(ratio) - float(threshold))
     if verdict == Verdict.UNDECIDED and gap > 0:
-        needed = int(math.ceil(anchors * ((high - low) / 2.0 / gap) ** 2))
+        z = float(NormalDist().inv_cdf(1.0 - tail))
+        se = (high - low) / 2.0 / z
+        needed = int(math.ceil(anchors * ((z + NormalDist().inv_cdf(ANCHORS_NEEDED_POWER)) * se / gap) ** 2))
     r_star = None
     if scoring_seconds is not None and training_seconds:
         r_star = break_even_ratio(float(scoring_seconds), float(training_seconds))

@@ -430,6 +430,10 @@ def validity_metrics(result: OfflineValidityResult) -> Dict[str, Optional[float]
             out[f"validity.{a.metric}.{name}"] = value
             out[f"validity.{a.metric}.{name}_low"], out[f"validity.{a.metric}.{name}_high"] = interval
         out[f"validity.{a.metric}.mmrv_unrelated"] = a.mmrv_unrelated
+        true_low, true_high = a.pearson_true_success_interval or (None, None)
+        out[f"validity.{a.metric}.pearson_true_success"] = a.pearson_true_success
+        out[f"validity.{a.metric}.pearson_true_success_low"] = true_low
+        out[f"validity.{a.metric}.pearson_true_success_high"] = true_high
         out[f"validity.{a.metric}.validates"] = float(a.validates)
     pooled = next(r for r in result.reliability if r.scope == POOLED)
     out["validity.success_reliability"] = pooled.reliability
@@ -460,11 +464,14 @@ def print_validity(result: OfflineValidityResult) -> None:
         console.table(
             f"offline metric vs closed-loop success over {len(result.checkpoints)} checkpoints "
             f"({result.episodes_per_task} episodes per task; {int(100 * pooled[0].level)}% intervals)",
-            ["metric", "Pearson", "Spearman", "MMRV (unrelated)", "validates"],
+            ["metric", "Pearson", "Pearson, true success", "Spearman", "MMRV (unrelated)", "validates"],
             [
                 (
                     a.metric,
                     f"{a.pearson:+.2f} {span(a.pearson_interval)}",
+                    "-"
+                    if a.pearson_true_success is None or a.pearson_true_success_interval is None
+                    else f"{a.pearson_true_success:+.2f} {span(a.pearson_true_success_interval)}",
                     f"{a.spearman:+.2f} {span(a.spearman_interval)}",
                     f"{a.mmrv:.3f} [{a.mmrv_interval[0]:.3f}, {a.mmrv_interval[1]:.3f}] ({a.mmrv_unrelated:.3f})",
                     "yes" if a.validates else "no",
@@ -472,6 +479,10 @@ def print_validity(result: OfflineValidityResult) -> None:
                 for a in pooled
             ],
         )
+    )
+    console.show(
+        "Pearson, Spearman and MMRV read success measured on these episodes (episode noise attenuates them); "
+        "'true success' corrects Pearson by the success rates' split-half reliability"
     )
     if len(result.checkpoints) < MIN_CHECKPOINTS:
         console.print_warning(

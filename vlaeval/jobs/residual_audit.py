@@ -433,7 +433,9 @@ def print_summary(audit: AuditResult, run: RunRecord) -> None:
 
 def print_verdict(v: RatioVerdict) -> None:
     """The ratio's three-way verdict with its interval, and the break-even ratio beside it."""
-    needed = f"; about {v.anchors_needed:,} anchors would decide it" if v.anchors_needed else ""
+    needed = (
+        f"; a re-audit of about {v.anchors_needed:,} anchors decides it 80% of the time" if v.anchors_needed else ""
+    )
     seeds = f", {v.gradient_seeds} gradient seeds within each" if v.gradient_seeds else ", anchors only"
     console.show(
         f"verdict on the ratio: {console.styled(v.verdict)} -- {v.ratio:.3f} with {v.level:.0%} interval "

@@ -56,7 +56,11 @@ LOWER = "lower"  # bets that the mean falls below the margin (REGRESSION side at
 PRIOR_VARIANCE = 0.25
 
 BET_RULES = BetRule.values()
-PLUG_IN_RULES = tuple(rule for rule in BET_RULES if rule not in (BetRule.ons, BetRule.mixture))
+# The fixed-horizon plug-in: prpl's bet with t log(1 + t) replaced by the number of observations the
+# test will see, known before the first (a file's block of clusters). Not a choice a stream can make --
+# a stream has no horizon -- so it is not a BetRule: the order-free test bets it on a file.
+FIXED_HORIZON = "fixed_horizon"
+PLUG_IN_RULES = tuple(rule for rule in BET_RULES if rule not in (BetRule.ons, BetRule.mixture)) + (FIXED_HORIZON,)
 
 # The mixture (chosen on a design set of paired single-trial comparisons -- base rates .05-.95, gaps
 # .03-.4, 200 trials -- and on clustered strata at the margin; docs/figures/peer_comparison.md and
@@ -149,6 +153,7 @@ class BetSettings(TypedDict):
     weights: Optional[np.ndarray]
     constant_cap: float
     plug_in_weight: float
+    horizon: Optional[float]  # the fixed-horizon plug-in's n (None for every other rule)
 
 
 @dataclass
@@ -242,15 +247,30 @@ def bet_caps(margins: np.ndarray, side: str, cap_fraction: float | np.ndarray) -
 
 
 def plug_in_bets(
-    moments: Moments, margins: np.ndarray, side: str, *, rule: str, cap_fraction: float | np.ndarray, alpha: float
+    moments: Moments,
+    margins: np.ndarray,
+    side: str,
+    *,
+    rule: str,
+    cap_fraction: float | np.ndarray,
+    alpha: float,
+    horizon: Optional[float] = None,
 ) -> np.ndarray:
     """agrapa: (edge) / (var + edge^2), zero when the past points the other way.
     prpl:   sqrt(2 log(1/alpha) / (var t log(1+t))), always placed on the alternative's side.
-    blend:  their mean (each clipped to the cap first, so the mean is within it too)."""
+    blend:  their mean (each clipped to the cap first, so the mean is within it too).
+    fixed_horizon: sqrt(2 log(1/alpha) / (var n)), n = `horizon`, the observations still to come
+            when the block began: the bet that makes the Bernstein bound tightest at n (the file's
+            size is known before its first cluster, so the bet stays predictable)."""
     if rule not in PLUG_IN_RULES:
         raise ValueError(f"{rule!r} is not a plug-in bet rule; use one of {PLUG_IN_RULES}")
     edge, variance = payoff_moments(moments, margins, side)
     caps = bet_caps(margins, side, cap_fraction)
+    if rule == FIXED_HORIZON:
+        if horizon is None or horizon < 1:
+            raise ValueError(f"the fixed-horizon bet needs the block's size (>= 1), got {horizon!r}")
+        shape = np.broadcast_shapes(np.shape(variance), np.shape(caps))
+        return np.broadcast_to(np.minimum(np.sqrt(2.0 * np.log(1.0 / alpha) / (variance * horizon)), caps), shape)
     t = moments.before + 1.0
     shape = np.broadcast_shapes(np.shape(edge), np.shape(variance), np.shape(caps))
     agrapa = None
@@ -342,10 +362,12 @@ class WealthFamily:
         keep: Sequence[int] = (),
         constant_cap: float = MIXTURE_TOP,
         plug_in_weight: float = MIXTURE_PLUG_IN_WEIGHT,
+        horizon: Optional[float] = None,
     ) -> Tuple[np.ndarray, np.ndarray]:
         """Advance by observations x (with their predictable moments and weights); `constant_cap`:
         the mixture's constant bets' fraction of the largest safe bet, `plug_in_weight` its weight on
-        the scaled plug-ins (both fixed before the first observation).
+        the scaled plug-ins (both fixed before the first observation); `horizon`: the fixed-horizon
+        bet's n.
 
         Returns (first_cross, kept): per margin, the index into x of the first crossing of its
         threshold (-1 where none); and the log-wealth after each observation of the margins listed
@@ -378,7 +400,9 @@ class WealthFamily:
         rows_per_block = max(1, BLOCK_ELEMENTS // per_row)
         for lo in range(0, index.size, rows_per_block):
             block = index[lo : lo + rows_per_block]
-            path = self._block_path(block, x_col, column, w_col, cap_col, rule, alpha, (constant_cap, plug_in_weight))
+            path = self._block_path(
+                block, x_col, column, w_col, cap_col, rule, alpha, (constant_cap, plug_in_weight), horizon
+            )
             peak = path.max(axis=0)
             crossing = np.flatnonzero(peak >= thresholds[block])
             if crossing.size:
@@ -401,10 +425,11 @@ class WealthFamily:
         rule: str,
         alpha: float,
         mixture: Tuple[float, float],
+        horizon: Optional[float] = None,
     ) -> np.ndarray:
         """Log-wealth after each observation (observations, rows) of a block of margins, advancing
         the rule's state (ONS, the mixture's components) for those margins; `mixture`: the constant
-        bets' cap and the plug-ins' weight."""
+        bets' cap and the plug-ins' weight; `horizon`: the fixed-horizon bet's n."""
         margins = self.margins[None, block]
         y = payoffs(x_col, margins, self.side, w_col)
         if rule == BetRule.mixture:
@@ -425,7 +450,9 @@ class WealthFamily:
             )
             logs = logs.T
         else:
-            bets = plug_in_bets(column, margins, self.side, rule=rule, cap_fraction=cap_col, alpha=alpha)
+            bets = plug_in_bets(
+                column, margins, self.side, rule=rule, cap_fraction=cap_col, alpha=alpha, horizon=horizon
+            )
             logs = log_factors(bets, y)
         path = np.cumsum(logs, axis=0, out=logs)
         path += self.log_wealth[block]

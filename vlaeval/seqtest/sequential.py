@@ -456,6 +456,7 @@ class PairedSequentialTest(SequentialTest):
             weights=weights,
             constant_cap=self.constant_cap,
             plug_in_weight=self.plug_in_weight,
+            horizon=None,
         )
 
     def _caps(self, sizes: np.ndarray) -> float | np.ndarray:

@@ -61,9 +61,14 @@ class ExactSettings:
 
 @dataclass(frozen=True)
 class OrderFreeSettings(ExactSettings):
-    """The exact test on clusters that all exist (a file): `orders` fixed orders averaged."""
+    """The exact test on clusters that all exist (a file): `orders` fixed orders averaged, each
+    betting the fixed-horizon plug-in over each block (`fixed_horizon`; False: `bet_rule`, as a
+    stream bets), each stopped at `stop_factor` times the threshold (None: min(4, orders) times;
+    vlaeval.seqtest.order_free.STOP_FACTOR)."""
 
     orders: int = DEFAULT_ORDERS
+    fixed_horizon: bool = True
+    stop_factor: Optional[float] = None
 
 
 @dataclass(frozen=True)
