@@ -45,7 +45,6 @@ import numpy as np
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.seqtest.eprocess import (
-    FIXED_HORIZON,
     LOWER,
     UPPER,
     MomentState,
@@ -186,9 +185,8 @@ class OrderFreeTest(PairedSequentialTest):
             else:  # the running minimum of sizes seen before each bet, in this stream's order
                 before = np.minimum.accumulate(np.concatenate(([stream.smallest_seen], size_part)))[:-1]
                 cap = size_adaptive_cap(np.where(np.isfinite(before), before, 1.0))
-            common = self.bet_settings(cap, part_w)
-            if self.fixed_horizon:  # the block's size is known before its first cluster: bet for it
-                common["rule"], common["horizon"] = FIXED_HORIZON, float(x.size)
+            # The block's size is known before its first cluster: the fixed-horizon bet is sized for it.
+            common = self.bet_settings(cap, part_w, horizon=float(x.size) if self.fixed_horizon else None)
             stream.upper.update(
                 part,
                 moments,

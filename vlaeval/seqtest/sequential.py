@@ -57,6 +57,7 @@ import numpy as np
 from vlaeval.choices import Estimand, TestMode
 from vlaeval.seqtest.eprocess import (
     BET_RULES,
+    FIXED_HORIZON,
     LOWER,
     MIXTURE_CONSTANTS,
     MIXTURE_PRIOR,
@@ -446,17 +447,21 @@ class PairedSequentialTest(SequentialTest):
             )
         return ExactReport(bet_rule=str(self.bet_rule), bet_cap=cap, bet_cap_rule=rule)
 
-    def bet_settings(self, cap: float | np.ndarray, weights: Optional[np.ndarray]) -> BetSettings:
+    def bet_settings(
+        self, cap: float | np.ndarray, weights: Optional[np.ndarray], horizon: Optional[float] = None
+    ) -> BetSettings:
         """What every WealthFamily.update of this test bets with: the rule, this chunk's caps and
-        weights, and the mixture's constants (all fixed before the stratum but the running caps)."""
+        weights, and the mixture's constants (all fixed before the stratum but the running caps);
+        `horizon`: the observations to come, known before the first (a file's block): the
+        fixed-horizon plug-in then replaces the rule."""
         return BetSettings(
-            rule=self.bet_rule,
+            rule=self.bet_rule if horizon is None else FIXED_HORIZON,
             cap_fraction=cap,
             alpha=self.alpha,
             weights=weights,
             constant_cap=self.constant_cap,
             plug_in_weight=self.plug_in_weight,
-            horizon=None,
+            horizon=horizon,
         )
 
     def _caps(self, sizes: np.ndarray) -> float | np.ndarray:
