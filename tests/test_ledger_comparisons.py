@@ -16,7 +16,7 @@ import pytest
 from helpers.processes import run_main
 
 
-def scenes_file(path, rng, scenes, size, base, effect, candidate, baseline="policy-v3"):
+def scenes_file(path, rng, scenes, size, base, effect, candidate, baseline="policy-v3", stratum="pick_place"):
     """Scenes of heterogeneous difficulty (+-10 points), the candidate `effect` points better, REPLAYED."""
     rate = np.clip(base + rng.uniform(-0.1, 0.1, scenes), 0.0, 1.0)
     p = np.repeat(rate, size)
@@ -24,7 +24,7 @@ def scenes_file(path, rng, scenes, size, base, effect, candidate, baseline="poli
     c = (rng.random(p.size) < np.clip(p + effect, 0.0, 1.0)).astype(int)
     pd.DataFrame(
         {
-            "stratum": "pick_place",
+            "stratum": stratum,
             "scenario_id": [f"s{i}" for i in range(p.size)],
             "cluster_id": [f"scene-{i // size}" for i in range(p.size)],
             "baseline": b,
@@ -37,14 +37,14 @@ def scenes_file(path, rng, scenes, size, base, effect, candidate, baseline="poli
     return path
 
 
-def gauntlet(workdir, path, cache, *extra):
+def gauntlet(workdir, path, cache, *extra, tracking=("tracking=disabled",)):
     proc = run_main(
         [
             "job=gauntlet",
             "outcomes=file",
             f"outcomes.path={path}",
             f"paths.cache_dir={cache}",
-            "tracking=disabled",
+            *tracking,
             "gauntlet.plot=false",
             "gauntlet.preflight=off",
             *extra,
@@ -90,3 +90,70 @@ def test_a_run_that_consulted_no_earlier_evidence_says_so(workdir, tmp_path):
     assert off["recommendation"]["recommendation"] == "NEEDS_REVIEW"
     assert any("PASS with the evidence ledger is off" in r for r in off["recommendation"]["review_reasons"])
     assert "gauntlet.evidence_ledger=false" in " ".join(proc.stdout.split())
+
+
+def drop_worst(path, out, scenes=20, stratum=None):
+    """The file without its `scenes` scenes where the candidate did worst against the baseline (the
+    attack: after a non-PASS, drop them and test again), optionally under another stratum name."""
+    table = pd.read_csv(path)
+    gap = (table["candidate"] - table["baseline"]).groupby(table["cluster_id"]).mean()
+    kept = table[~table["cluster_id"].isin(gap.nsmallest(scenes).index)]
+    if stratum is not None:
+        kept = kept.assign(stratum=stratum)
+    kept.to_csv(out, index=False)
+    return out
+
+
+def test_a_renamed_stratum_is_the_same_evidence(workdir, tmp_path):
+    """The drop-20 attack under a new stratum name in the same cache: the ledger finds the clusters in
+    the earlier test of "pick_place" (beyond what fresh scenes do) and the run cannot continue it, so it
+    is reviewed, never launched. An independent file under the new name is its own evidence."""
+    rng = np.random.default_rng(50)
+    cache = tmp_path / "cache"
+    path = scenes_file(tmp_path / "null.csv", rng, 300, 8, 0.6, -0.02, "policy-v4")
+    _, first = gauntlet(workdir, path, cache)
+    assert first["strata"][0]["decision"] != "PASS"
+    renamed = drop_worst(path, tmp_path / "renamed.csv", stratum="pick_place_v2")
+    proc, second = gauntlet(workdir, renamed, cache)
+    continuation = second["strata"][0]["evidence"]["continuation"]
+    assert continuation["status"] == "cannot_continue", continuation
+    assert "as stratum 'pick_place'" in continuation["note"] and "renamed stratum or version" in continuation["note"]
+    assert second["recommendation"]["recommendation"] != "LAUNCH"
+    assert "renamed stratum or version" in " ".join(proc.stdout.split())
+    fresh = scenes_file(tmp_path / "fresh.csv", rng, 280, 8, 0.6, -0.02, "policy-v4", stratum="pick_place_v3")
+    _, own = gauntlet(workdir, fresh, cache)
+    assert own["strata"][0]["evidence"]["continuation"]["status"] == "new"
+
+
+def test_a_fresh_workspace_reads_the_evidence_its_tracking_store_holds(workdir, tmp_path):
+    """Issue 50, finding 1: a CI workspace starts with a fresh paths.cache_dir, so dropping the worst
+    scenes after a non-PASS was a first test there (0.251 of null files then LAUNCHed). Runs tracked to
+    one store share their evidence: the second workspace finds the first's test of this comparison's
+    stratum in the store and cannot continue it from a file that dropped 20 of its clusters."""
+    from mlflow.tracking import MlflowClient
+
+    from helpers.processes import sqlite_uri
+
+    rng = np.random.default_rng(51)
+    store = sqlite_uri(tmp_path / "mlflow.db")
+    tracked = ("tracking=sqlite", f"tracking.uri={store}")
+    path = scenes_file(tmp_path / "null.csv", rng, 300, 8, 0.6, -0.02, "policy-v4")
+    _, first = gauntlet(workdir, path, tmp_path / "workspace-1", tracking=tracked)
+    assert first["strata"][0]["decision"] != "PASS"
+    note = first["strata"][0]["evidence"]["continuation"]["note"]
+    assert "nor in the tracking store" in note, note
+    runs = MlflowClient(tracking_uri=store).search_runs(
+        [e.experiment_id for e in MlflowClient(tracking_uri=store).search_experiments()]
+    )
+    assert any(k.startswith("vlaeval.ledger.") for r in runs for k in r.data.tags)
+    dropped = drop_worst(path, tmp_path / "dropped.csv")
+    proc, second = gauntlet(workdir, dropped, tmp_path / "workspace-2", tracking=tracked)
+    continuation = second["strata"][0]["evidence"]["continuation"]
+    assert (
+        continuation["status"] == "cannot_continue"
+        and "20 of its 300 clusters are missing here" in continuation["note"]
+    )
+    assert second["recommendation"]["recommendation"] != "LAUNCH"
+    # Untracked, the same attack in a third fresh workspace is a first test, and says where it did not look.
+    proc, untracked = gauntlet(workdir, dropped, tmp_path / "workspace-3")
+    assert "tracking is off" in untracked["strata"][0]["evidence"]["continuation"]["note"]

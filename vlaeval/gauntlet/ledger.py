@@ -17,10 +17,18 @@ margin, level or estimand) -- the recommendation then needs review. A re-test is
 the entries are kept per stratum *and* per pair of versions compared (the file's or the config's), so
 another candidate's file for the same stratum is neither continued nor flagged -- its outcome patterns
 may coincide, its evidence is its own. Unnamed comparisons (the roles "baseline" and "candidate") share
-one record per stratum, as a file without version columns cannot be told from another. Where nothing
-could be consulted -- the ledger off, or no earlier test of this comparison's stratum recorded (a fresh
-`paths.cache_dir`, as a CI workspace starts) -- the continuation says so, and the console and
-result.json with it. A continuation whose new look only repeats the earlier looks' outcome patterns --
+one record per stratum, as a file without version columns cannot be told from another. A file whose
+clusters are an earlier test's under another stratum name or other versions (a sub-multiset of them,
+or holding all of them, beyond what fresh scenes do) is that evidence renamed: it cannot continue and
+is reviewed. Where nothing could be consulted -- the ledger off, or no earlier test of this
+comparison's stratum recorded -- the continuation says so, and the console and result.json with it.
+
+Where evidence lives. A CI workspace starts with a fresh `paths.cache_dir`; the tracking store is
+what its runs share. So a tracked gauntlet run tags itself `vlaeval.ledger.<key>` for each stratum
+whose evidence it recorded (its result.json holds that evidence), and before testing, job=gauntlet
+reads every run so tagged for this comparison's strata from the store into the local ledger
+(vlaeval/jobs/gauntlet.py: shared_evidence): a fresh workspace continues, or cannot continue, what
+any workspace tracked to the same store tested. A continuation whose new look only repeats the earlier looks' outcome patterns --
 the file's own scenes re-appended under new ids -- is flagged as copies (copied_look) and reviewed.
 
 Entries live in `<cache_dir>/gauntlet-ledger/<comparison and stratum digest>/<entry digest>.json`, each
@@ -120,11 +128,17 @@ class Continuation:
         )
 
     @classmethod
-    def first(cls, where: Path) -> "Continuation":
-        """Nothing recorded of this comparison's stratum: the first test of it that this ledger holds."""
+    def first(cls, where: Path, shared: Optional[str]) -> "Continuation":
+        """Nothing recorded of this comparison's stratum: the first test of it that this ledger holds
+        (`shared`: the tracking store its entries were also read from; None: tracking is off)."""
+        elsewhere = (
+            f" nor in the tracking store {shared} (runs tracked there by any workspace were read)"
+            if shared
+            else ": tracking is off, so a test run elsewhere (another paths.cache_dir, a fresh CI workspace) "
+            "was not consulted -- track runs to a shared store (tracking.uri) so that none is forgotten"
+        )
         return cls(
-            note=f"no earlier test of this comparison's stratum is recorded in the evidence ledger {where}: a test "
-            "run elsewhere (another paths.cache_dir, a fresh CI workspace) was not consulted",
+            note=f"no earlier test of this comparison's stratum is recorded in the evidence ledger {where}{elsewhere}",
             ledger=NOTHING_RECORDED,
         )
 
@@ -166,28 +180,51 @@ class Evidence:
 class EvidenceLedger:
     """The append-only record of tested evidence under `folder` (see the module docstring)."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, shared: Optional[str] = None) -> None:
         self.folder = Path(folder)
+        self.shared = shared  # the tracking store this ledger's entries were also read from (None: not read)
 
-    def _stratum_folder(self, stratum: str, comparison: Comparison) -> Path:
+    @staticmethod
+    def key(stratum: str, comparison: Comparison) -> str:
+        """The digest naming one comparison's stratum: its folder here, its tag in the tracking store."""
         key: Dict[str, str] = {"stratum": stratum}
         if comparison.named:  # unnamed comparisons keep one record per stratum
             key.update(baseline=comparison.baseline, candidate=comparison.candidate)
-        return self.folder / sha256_json(key)[:16]
+        return sha256_json(key)[:16]
+
+    def _stratum_folder(self, stratum: str, comparison: Comparison) -> Path:
+        return self.folder / self.key(stratum, comparison)
 
     def _entries(self, stratum: str, comparison: Comparison) -> List[Dict[str, Any]]:
         folder = self._stratum_folder(stratum, comparison)
-        if not folder.is_dir():
-            return []
-        out = []
-        for path in sorted(folder.glob("*.json")):
-            try:
-                entry = json.loads(path.read_text())
-                entry["blocks"] = blocks_from_json(entry["blocks"])
-                out.append(entry)
-            except (OSError, ValueError, KeyError, AttributeError):
-                continue  # a damaged entry is no evidence: the test restarts rather than trust it
-        return out
+        return _read_entries(sorted(folder.glob("*.json"))) if folder.is_dir() else []
+
+    def _relabelled(self, stratum: str, comparison: Comparison, keys: Sequence[str]) -> Optional[str]:
+        """Why this stratum's clusters are another comparison's (or stratum's) tested evidence under a
+        new name (None: they are not): the clusters are a sub-multiset of an earlier test's, or hold all
+        of its clusters, which fresh scenes would be with chance below COPIED_LOOK_LEVEL. A renamed
+        stratum or version makes no new evidence; an independent file of another comparison is not
+        contained in it (its outcome patterns differ) and is neither continued nor flagged."""
+        here = Counter(keys)
+        own = self._stratum_folder(stratum, comparison)
+        for entry in _read_entries(sorted(p for p in self.folder.glob("*/*.json") if p.parent != own)):
+            whole: Counter[str] = Counter()
+            for block in entry["blocks"]:
+                whole.update(block)
+            if _contains(whole, here):
+                p_value = copies_p_value(whole, list(keys))
+            elif _contains(here, whole):
+                p_value = copies_p_value(here, list(whole.elements()))
+            else:
+                continue
+            if p_value is not None and p_value < COPIED_LOOK_LEVEL:
+                return (
+                    f"run {entry.get('run')} tested {_shared(whole, here)} of these clusters as stratum "
+                    f"{entry.get('stratum')!r} ({entry.get('candidate')} vs {entry.get('baseline')}), which fresh "
+                    f"scenes would repeat with chance p = {p_value:.3f}: a renamed stratum or version is the same "
+                    "evidence, and its earlier test counts"
+                )
+        return None
 
     def find(self, stratum: str, comparison: Comparison, fingerprint: str, keys: Sequence[str]) -> Continuation:
         """The earlier evidence of this comparison that this stratum's clusters (`keys`) repeat or
@@ -198,7 +235,8 @@ class EvidenceLedger:
         conflicts: List[Tuple[int, bool, str]] = []  # (size, same settings, words)
         entries = self._entries(stratum, comparison)
         if not entries:
-            return Continuation.first(self.folder)
+            relabelled = self._relabelled(stratum, comparison, keys)
+            return Continuation.cannot(relabelled) if relabelled else Continuation.first(self.folder, self.shared)
         for entry in entries:
             whole: Counter[str] = Counter()
             for block in entry["blocks"]:
@@ -262,16 +300,40 @@ class EvidenceLedger:
         return written
 
 
+def _read_entries(paths: Sequence[Path]) -> List[Dict[str, Any]]:
+    out = []
+    for path in paths:
+        try:
+            entry = json.loads(path.read_text())
+            entry["blocks"] = blocks_from_json(entry["blocks"])
+            out.append(entry)
+        except (OSError, ValueError, KeyError, AttributeError):
+            continue  # a damaged entry is no evidence: the test restarts rather than trust it
+    return out
+
+
 def copied_look(earlier: Sequence[Mapping[str, int]], new_keys: Sequence[str]) -> Optional[str]:
     """Why a new look's clusters read as copies of the earlier looks' (None: they do not). Copies
-    re-appended under new ids count the same scenes twice, which no continuation covers. Copies give a
-    sub-multiset of the earlier clusters' outcome patterns; how often fresh scenes would is simulated
-    (COPIED_LOOK_DRAWS looks of as many scenes of the same sizes, each drawn from a Dirichlet-multinomial
-    over the four kinds of pair fitted to the earlier clusters, seeded from the keys): a p-value below
-    COPIED_LOOK_LEVEL flags the look."""
+    re-appended under new ids count the same scenes twice, which no continuation covers."""
     before: Counter[str] = Counter()
     for block in earlier:
         before.update(block)
+    p_value = copies_p_value(before, new_keys)
+    if p_value is None or p_value >= COPIED_LOOK_LEVEL:
+        return None
+    return (
+        f"its {len(new_keys)} new clusters all repeat outcome patterns of the earlier looks, which fresh scenes "
+        f"do with chance p = {p_value:.3f}: if scenes were re-appended under new ids they count twice, which the "
+        "guarantee does not cover; check the export"
+    )
+
+
+def copies_p_value(before: Mapping[str, int], new_keys: Sequence[str]) -> Optional[float]:
+    """How often fresh scenes would be a sub-multiset of `before`'s outcome patterns as `new_keys` is
+    (None: it is not one). Simulated: COPIED_LOOK_DRAWS looks of as many scenes of the same sizes,
+    each drawn from a Dirichlet-multinomial over the four kinds of pair fitted to `before`'s clusters,
+    seeded from the keys; the p-value counts the draw itself."""
+    before = Counter(before)
     if not new_keys or not _contains(before, Counter(new_keys)):
         return None
     held = np.asarray([[int(v) for v in k.split("/")] for k in before.elements()], dtype=np.int64)
@@ -287,14 +349,7 @@ def copied_look(earlier: Sequence[Mapping[str, int]], new_keys: Sequence[str]) -
         for d in np.flatnonzero(contained):
             keys = Counter("/".join(map(str, row)) for row in drawn[d].tolist())
             contained[d] = _contains(before, keys)
-    p_value = (1 + int(contained.sum())) / (1 + COPIED_LOOK_DRAWS)
-    if p_value >= COPIED_LOOK_LEVEL:
-        return None
-    return (
-        f"its {len(new_keys)} new clusters all repeat outcome patterns of the earlier looks, which fresh scenes "
-        f"do with chance p = {p_value:.3f}: if scenes were re-appended under new ids they count twice, which the "
-        "guarantee does not cover; check the export"
-    )
+    return (1 + int(contained.sum())) / (1 + COPIED_LOOK_DRAWS)
 
 
 def split_blocks(keys: Sequence[str], continuation: Continuation) -> Tuple[List[np.ndarray], np.ndarray]:

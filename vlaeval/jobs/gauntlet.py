@@ -34,7 +34,7 @@ from vlaeval.gauntlet.result import GauntletPlan, GauntletResult, Lineage, Rollo
 from vlaeval.gauntlet.scheduler import BatchProgress, HorizonDesigns, asked_of, run_gauntlet
 from vlaeval.gauntlet.sources import RecordsEpisodes
 from vlaeval.provenance import code_version
-from vlaeval.runs import JobResult, RunReport, now_ms, output_dir, publish
+from vlaeval.runs import RESULT_FILE, JobResult, RunReport, now_ms, output_dir, publish
 from vlaeval.seqtest import MODE_EXACT
 from vlaeval.seqtest.horizon import HORIZON_DESIGN_VERSION, HorizonDesign, certify, synthesise
 from vlaeval.store import get_or_build
@@ -48,6 +48,9 @@ COMPONENTS = ("outcomes",)  # `_target_` groups checked against their signatures
 TRAJECTORY_FILE = "trajectories.npz"
 PAIRED_OUTCOMES_FILE = "paired_outcomes.csv"  # rollout gauntlets: outcomes=file reads it
 LEDGER_FOLDER = "gauntlet-ledger"  # under paths.cache_dir: each file stratum's tested evidence
+# The tracking store's copy: a tracked run tags each stratum whose evidence it recorded; the newest
+# LEDGER_RUNS such runs of a comparison's stratum are read back (each holds every look before it).
+LEDGER_TAG, LEDGER_TAG_VALUE, LEDGER_RUNS = "vlaeval.ledger", "recorded", 200
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +89,7 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
         require_clean_code=settings.require_clean_code,
     )
     cache = ArrayCache(cfg.paths.cache_dir, enabled=settings.use_cache, namespace="gauntlet-units")
-    ledger = EvidenceLedger(Path(cfg.paths.cache_dir) / LEDGER_FOLDER) if settings.evidence_ledger else None
+    ledger = shared_evidence(cfg, inputs) if settings.evidence_ledger else None
     out = output_dir(cfg)
     designs = stored_designs(str(cfg.paths.cache_dir))
     result, videos = evaluate_strata(inputs, cache, lineage, ledger, out, designs)
@@ -112,7 +115,7 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
             f"{settings.candidate_version} vs {settings.baseline_version}",
             metrics=view.metrics,
             checks=view.checks,
-            tags=view.tags,
+            tags={**view.tags, **(ledger_tags(result) if ledger is not None else {})},
             history=view.history,
             plots=plots,
             code=code,
@@ -126,6 +129,52 @@ def run(cfg: GauntletJobConfig) -> JobResult[GauntletResult]:
         print_rollouts(result.rollouts)
     exit_code = RECOMMENDATION_EXIT_CODES[result.recommendation.recommendation]
     return JobResult(result, published, exit_code if settings.exit_code_from_recommendation else 0)
+
+
+def shared_evidence(cfg: GauntletJobConfig, inputs: GauntletInputs) -> EvidenceLedger:
+    """The evidence ledger under paths.cache_dir, with what the tracking store holds of this comparison's
+    strata copied into it first: a CI workspace starts with a fresh cache, and the store is what its
+    runs share (vlaeval/gauntlet/ledger.py, "Where evidence lives"). Each run that recorded a stratum's
+    evidence carries the tag vlaeval.ledger.<key>; its result.json holds the evidence. A store that
+    cannot be read is said, and the local ledger alone is consulted."""
+    folder = Path(cfg.paths.cache_dir) / LEDGER_FOLDER
+    if not cfg.tracking.enabled or not inputs.source.traits.holds_outcomes:
+        return EvidenceLedger(folder)
+    from vlaeval.tracking import TrackingError
+    from vlaeval.tracking.store import run_store
+
+    store = run_store(cfg.tracking)
+    ledger = EvidenceLedger(folder, shared=store.uri)
+    comparison = Comparison(inputs.settings.baseline_version, inputs.settings.candidate_version)
+    try:
+        for name in inputs.strata:
+            tag = {f"tags.{LEDGER_TAG}.{EvidenceLedger.key(name, comparison)}": LEDGER_TAG_VALUE}
+            for run in store.runs(JOB, LEDGER_RUNS, tag):
+                data = store.read_json(run, RESULT_FILE)
+                if data is None:
+                    continue
+                earlier = GauntletResult.from_json(data)
+                found = Comparison(earlier.baseline_version, earlier.candidate_version)
+                # The run's folder, as the workspace that ran it recorded it (the same entry, not a copy).
+                label = run.tags.get("hydra.output_dir") or f"tracked run {run.run_id}"
+                ledger.record_result(earlier.strata, found, label)
+    except (TrackingError, OSError, ValueError, KeyError) as error:
+        console.print_warning(
+            f"the tracking store {store.uri} could not be read for earlier evidence ({error}); only the local "
+            f"evidence ledger {folder} is consulted"
+        )
+        return EvidenceLedger(folder)
+    return ledger
+
+
+def ledger_tags(result: GauntletResult) -> Dict[str, str]:
+    """vlaeval.ledger.<key> for each stratum whose tested evidence this run recorded (shared_evidence)."""
+    comparison = Comparison(result.baseline_version, result.candidate_version)
+    return {
+        f"{LEDGER_TAG}.{EvidenceLedger.key(s.stratum, comparison)}": LEDGER_TAG_VALUE
+        for s in result.strata
+        if s.details.get("evidence")
+    }
 
 
 def stored_designs(cache_dir: str) -> HorizonDesigns:
