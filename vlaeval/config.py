@@ -161,6 +161,8 @@ class GauntletConfig:
     # The sequential test (docs/gauntlet.md "What the e-process guarantees"; defaults chosen by
     # benchmarks/seqtest_efficiency.py).
     test_mode: TestMode = TestMode.exact  # asymptotic and group_sequential are opt-in and labelled
+    # A stream's bet (rollouts, generated outcomes, as_given files); a file's orders bet the
+    # fixed-horizon plug-in, their size being known before their first cluster (seqtest/order_free.py).
     bet_rule: BetRule = DEFAULT_BET_RULE
     # Fraction c of the largest bet that keeps wealth non-negative on [-1, 1]; null: the
     # size-adaptive cap 1 - 0.2 / (the stratum's smallest planned cluster size), one per stratum.

@@ -29,7 +29,8 @@ def rate(interval: Optional[SuccessRateInterval]) -> str:
 MODE_LABEL = {"exact": "", "horizon": "HORIZON", "asymptotic": "ASYMPTOTIC", "group_sequential": "GROUP-SEQUENTIAL"}
 ORDER_FREE_NOTE = (
     "an outcome file's e-value is the average over its fixed orders of each order's e-value, each stopped once it "
-    "reaches orders/alpha: a decided file stratum reads at most orders/alpha (320 at 16 orders and alpha 0.05)"
+    "reaches min(4, orders)/alpha: a decided file stratum reads at most min(4, orders)/alpha (80 at 16 orders and "
+    "alpha 0.05)"
 )
 
 

@@ -88,6 +88,7 @@ from vlaeval.seqtest import (
     DECISION_REGRESSION,
     MODE_ASYMPTOTIC,
     MODE_EXACT,
+    ORDER_FREE_BET,
     AsymptoticSettings,
     EValues,
     ExactSettings,
@@ -502,6 +503,8 @@ def test_fingerprint(
             "cs_grid_step": s.cs_grid_step,
             "catastrophic_delta": s.catastrophic_delta if spec.catastrophic_halt else None,
             "orders": s.orders,
+            # How each order bets and stops: evidence tested under another bet is another test.
+            "order_free_bet": ORDER_FREE_BET,
             "cluster_size_bounds": [bounds.largest, bounds.smallest],
         }
     )

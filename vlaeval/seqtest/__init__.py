@@ -3,7 +3,7 @@
 from vlaeval.seqtest.eprocess import BET_RULES, log_wealth_paths, size_adaptive_cap
 from vlaeval.seqtest.group_sequential import GroupSequentialTest, obf_spending, one_sided_boundaries
 from vlaeval.seqtest.modes import make_sequential_test
-from vlaeval.seqtest.order_free import OrderFreeTest
+from vlaeval.seqtest.order_free import ORDER_FREE_BET, OrderFreeTest
 from vlaeval.seqtest.sequential import (
     CATASTROPHIC,
     CATASTROPHIC_UNDECIDED,
@@ -47,6 +47,7 @@ __all__ = [
     "EValues",
     "ExactSettings",
     "GroupSequentialSettings",
+    "ORDER_FREE_BET",
     "OrderFreeSettings",
     "TestSettings",
     "TestState",

@@ -45,6 +45,7 @@ import numpy as np
 
 from vlaeval.artifacts import stable_seed
 from vlaeval.seqtest.eprocess import (
+    FIXED_HORIZON,
     LOWER,
     UPPER,
     MomentState,
@@ -77,6 +78,9 @@ from vlaeval.seqtest.state import (
 # 0.045 PASS power at 240 scenes (0.29 -> 0.335) and took the size-dependent designs' false decisions
 # down (benchmarks/certified_decisions.py, section 7).
 STOP_FACTOR = 4.0
+# What a file's orders bet and where they stop, as the evidence ledger's test fingerprint records it:
+# evidence tested under another bet (the mixture, stopped at orders/alpha, before issue 50) is another test.
+ORDER_FREE_BET = f"fixed-horizon plug-in; stop at min({STOP_FACTOR:g}, orders)/alpha"
 
 
 def block_digest(x: np.ndarray, sizes: np.ndarray, before: str = "") -> str:
@@ -139,7 +143,7 @@ class OrderFreeTest(PairedSequentialTest):
     def _report(self) -> OrderFreeReport:
         bet = super()._report()
         return OrderFreeReport(
-            bet_rule=bet.bet_rule,
+            bet_rule=FIXED_HORIZON if self.fixed_horizon else bet.bet_rule,
             bet_cap=bet.bet_cap,
             bet_cap_rule=bet.bet_cap_rule,
             orders=self.orders,
@@ -279,4 +283,4 @@ class OrderFreeTest(PairedSequentialTest):
         )
 
 
-__all__ = ["DEFAULT_ORDERS", "OrderFreeTest", "block_digest"]
+__all__ = ["DEFAULT_ORDERS", "ORDER_FREE_BET", "OrderFreeTest", "block_digest"]
