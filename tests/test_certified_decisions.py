@@ -39,7 +39,7 @@ from vlaeval.seqtest.simulation import (
     skewed_null_cluster_means,
 )
 from vlaeval.seqtest.state import TestSettings
-from vlaeval.seqtest.units import success_rate_interval
+from vlaeval.seqtest.units import FEW_SCENES, success_rate_interval
 
 ALPHA, DELTA, CAT = 0.05, 0.02, 0.05
 ALARM = ALPHA / 7  # the default strata's Bonferroni alarm level: 6 REGRESSION alarms + 1 halt
@@ -537,9 +537,18 @@ def test_an_approximate_mode_never_halts_and_never_blocks(mode):
 
 
 # ----------------------------------------------------------------------------- 5. intervals and words
-def coverage(wins: np.ndarray, size: int | np.ndarray, truth: float, **kwargs: int | bool) -> float:
+def coverage(
+    wins: np.ndarray, size: int | np.ndarray, truth: float, few_scenes: int = FEW_SCENES, unseen_scene: bool = True
+) -> float:
     sizes = np.broadcast_to(np.asarray(size), wins.shape)
-    return float(np.mean([success_rate_interval(row, n, **kwargs).covers(truth) for row, n in zip(wins, sizes)]))
+    return float(
+        np.mean(
+            [
+                success_rate_interval(row, n, few_scenes=few_scenes, unseen_scene=unseen_scene).covers(truth)
+                for row, n in zip(wins, sizes)
+            ]
+        )
+    )
 
 
 @pytest.mark.parametrize("broken, stray", [(0.02, 0.005), (0.04, 0.01)])

@@ -208,9 +208,7 @@ class EvidenceLedger:
         here = Counter(keys)
         own = self._stratum_folder(stratum, comparison)
         for entry in _read_entries(sorted(p for p in self.folder.glob("*/*.json") if p.parent != own)):
-            whole: Counter[str] = Counter()
-            for block in entry["blocks"]:
-                whole.update(block)
+            whole = _evidence(entry)
             if _contains(whole, here):
                 p_value = copies_p_value(whole, list(keys))
             elif _contains(here, whole):
@@ -238,9 +236,7 @@ class EvidenceLedger:
             relabelled = self._relabelled(stratum, comparison, keys)
             return Continuation.cannot(relabelled) if relabelled else Continuation.first(self.folder, self.shared)
         for entry in entries:
-            whole: Counter[str] = Counter()
-            for block in entry["blocks"]:
-                whole.update(block)
+            whole = _evidence(entry)
             size = sum(whole.values())
             same = entry.get("fingerprint") == fingerprint
             if same and _contains(here, whole):
@@ -298,6 +294,14 @@ class EvidenceLedger:
                 evidence = Evidence(data["fingerprint"], blocks_from_json(data["blocks"]))
                 written.append(self.record(s.stratum, comparison, evidence, run, s.decision))
         return written
+
+
+def _evidence(entry: Mapping[str, Any]) -> Counter[str]:
+    """All of an entry's clusters (its blocks' union) as one multiset of keys."""
+    whole: Counter[str] = Counter()
+    for block in entry["blocks"]:
+        whole.update(block)
+    return whole
 
 
 def _read_entries(paths: Sequence[Path]) -> List[Dict[str, Any]]:
