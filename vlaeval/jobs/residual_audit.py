@@ -27,7 +27,7 @@ from vlaeval.audit.decomposition import NoiseDecomposition, noise_decomposition
 from vlaeval.audit.plots import plot_audit, plot_noise_decomposition
 from vlaeval.audit.result import AnchorScore, AuditResult, GateDecision, ScoreDefinition
 from vlaeval.audit.statistics import LeaveOneOut, Repeatability
-from vlaeval.audit.verdict import RatioVerdict, ratio_verdict, two_level_ratios
+from vlaeval.audit.verdict import RatioVerdict, ratio_verdict, tail_deviations, two_level_ratios
 from vlaeval.choices import CheckpointKind
 from vlaeval.config import AuditConfig, EstimatorConfig, GateConfig, GradientsConfig, PolicyJobSettings
 from vlaeval.errors import UserInputError, require, require_at_least
@@ -185,6 +185,15 @@ def ratio_verdict_of(
         resamples=int(g.verdict_resamples),
         seed=int(a.permutation_seed),
     )
+    deviations = tail_deviations(
+        score,
+        gradient_rms,
+        alpha=a.alpha,
+        percentile_epsilon=a.percentile_epsilon,
+        proposal_power=a.proposal_power,
+        resamples=int(g.verdict_resamples),
+        seed=int(a.permutation_seed),
+    )
     return ratio_verdict(
         ratio,
         replicates,
@@ -194,6 +203,7 @@ def ratio_verdict_of(
         gradient_seeds=0 if per_seed_rms is None else int(per_seed_rms.shape[0]),
         scoring_seconds=costs[0],
         training_seconds=costs[1],
+        deviations=deviations,
     )
 
 
@@ -439,8 +449,9 @@ def print_verdict(v: RatioVerdict) -> None:
     seeds = f", {v.gradient_seeds} gradient seeds within each" if v.gradient_seeds else ", anchors only"
     console.show(
         f"verdict on the ratio: {console.styled(v.verdict)} -- {v.ratio:.3f} with {v.level:.0%} interval "
-        f"[{v.low:.3f}, {v.high:.3f}] (two-level bootstrap over {v.anchors} anchors{seeds}) against "
-        f"{v.threshold:.2f}{needed}"
+        f"[{v.low:.3f}, {v.high:.3f}] (two-level bootstrap over {v.anchors} anchors{seeds}"
+        f"{'; its lower end from the log-normal tail model' if v.tail_low is not None and v.tail_low <= v.low else ''}"
+        f") against {v.threshold:.2f}{needed}"
     )
     if v.break_even_ratio is not None:
         console.show(
