@@ -28,7 +28,7 @@ from vlaeval.seqtest.simulation import (
     NEVER,
     exact_decision_times,
 )
-from vlaeval.seqtest.state import TestSettings
+from vlaeval.seqtest.state import OrderFreeSettings, TestSettings
 
 LINEAGE = Lineage(valid=True)
 
@@ -324,3 +324,23 @@ def test_order_seed_on_a_file_is_refused_but_orders_must_be_positive(tmp_path):
     settings, strata, _ = typed_gauntlet(compose_config([]))
     with pytest.raises(UserInputError, match=r"^gauntlet.orders=0 must be >= 1"):
         validate_gauntlet(replace(settings, orders=0), strata, {})
+
+
+def test_a_file_bets_for_its_known_size_and_certifies_more_of_the_same_files():
+    """Issue 50, finding 5: a file's size is known before its first cluster, so each order bets the
+    fixed-horizon plug-in and stops at min(4, orders)/alpha. On the same 150 heterogeneous files of 240
+    scenes of 8 at Delta = 0 (PASS true), it certifies PASS on more of them than the test before (each
+    order betting the mixture, stopped at 16/alpha: the negative control) -- 0.245 -> 0.335 on 400 files
+    -- and on the same files at the margin (Delta = -delta) its false PASS stays within alpha."""
+    rng = np.random.default_rng([50, 5])
+    before = OrderFreeSettings(bet_rule="mixture", fixed_horizon=False, stop_factor=16.0)
+    sizes = np.full(240, 8)
+
+    def passes(x: np.ndarray, mode: OrderFreeSettings) -> int:
+        return sum(OrderFreeTest(TestSettings(DELTA, ALPHA), mode).update(row, sizes).decision == "PASS" for row in x)
+
+    better = heterogeneous_means(rng, 150, 240, 0.0)
+    now, then = passes(better, OrderFreeSettings()), passes(better, before)
+    assert now - then >= 8, (now, then)
+    null = heterogeneous_means(rng, 150, 240, -DELTA)
+    assert passes(null, OrderFreeSettings()) / 150 <= allowed(150)
