@@ -63,10 +63,10 @@ def test_another_candidates_file_is_its_own_evidence(workdir, tmp_path, scenes, 
     v4 = scenes_file(tmp_path / "v4.csv", rng, scenes, size, base, 0.0, "policy-v4")
     v5 = scenes_file(tmp_path / "v5.csv", rng, scenes, size, base, 0.0, "policy-v5")
     _, first = gauntlet(workdir, v4, cache)
-    assert first["strata"][0]["evidence"]["continuation"]["ledger"] == "nothing_recorded"
+    assert first["strata"][0]["evidence"]["continuation"]["ledger"] == "nothing_recorded_untracked"
     proc, second = gauntlet(workdir, v5, cache)
     continuation = second["strata"][0]["evidence"]["continuation"]
-    assert continuation["status"] == "new" and continuation["ledger"] == "nothing_recorded", continuation
+    assert continuation["status"] == "new" and continuation["ledger"] == "nothing_recorded_untracked", continuation
     assert not any("missing here" in r or "restarts" in r for r in second["recommendation"]["review_reasons"])
     assert "missing here" not in proc.stdout
     # The same candidate's file again is the same comparison: the ledger holds it.
@@ -75,15 +75,25 @@ def test_another_candidates_file_is_its_own_evidence(workdir, tmp_path, scenes, 
 
 
 def test_a_run_that_consulted_no_earlier_evidence_says_so(workdir, tmp_path):
-    """A fresh cache (a CI workspace) says no earlier test is recorded there; with the ledger off a PASS
-    is not an automatic launch, and the reason is on the console."""
+    """A fresh cache (a CI workspace) says no earlier test is recorded there. Untracked, nothing could
+    remember a test run in another workspace, so its PASS is reviewed, the reason on the console; tracked
+    to a store that holds nothing of it, a first test is a valid test. With the ledger off a PASS is not
+    an automatic launch either."""
     rng = np.random.default_rng(7)
     path = scenes_file(tmp_path / "better.csv", rng, 300, 8, 0.5, 0.25, "policy-v4")
     proc, fresh = gauntlet(workdir, path, tmp_path / "ci-workspace")
     assert fresh["strata"][0]["decision"] == "PASS"
-    assert fresh["recommendation"]["recommendation"] == "LAUNCH"  # a first test is a valid test
+    assert fresh["strata"][0]["evidence"]["continuation"]["ledger"] == "nothing_recorded_untracked"
+    assert fresh["recommendation"]["recommendation"] == "NEEDS_REVIEW"
     out = " ".join(proc.stdout.split())
     assert "no earlier test of this comparison's stratum is recorded in the evidence ledger" in out
+    assert "no tracking store was read" in out
+    from helpers.processes import sqlite_uri
+
+    tracked = ("tracking=sqlite", f"tracking.uri={sqlite_uri(tmp_path / 'mlflow.db')}")
+    _, first = gauntlet(workdir, path, tmp_path / "tracked-workspace", tracking=tracked)
+    assert first["strata"][0]["evidence"]["continuation"]["ledger"] == "nothing_recorded"
+    assert first["recommendation"]["recommendation"] == "LAUNCH"  # a first test the store would remember
     proc, off = gauntlet(workdir, path, tmp_path / "ci-workspace", "gauntlet.evidence_ledger=false")
     assert off["strata"][0]["decision"] == "PASS"
     assert off["strata"][0]["evidence"]["continuation"]["ledger"] == "off"
@@ -154,6 +164,8 @@ def test_a_fresh_workspace_reads_the_evidence_its_tracking_store_holds(workdir, 
         and "20 of its 300 clusters are missing here" in continuation["note"]
     )
     assert second["recommendation"]["recommendation"] != "LAUNCH"
-    # Untracked, the same attack in a third fresh workspace is a first test, and says where it did not look.
+    # Untracked, the same attack in a third fresh workspace finds nothing, says where it did not look, and
+    # whatever it decides is not a launch.
     proc, untracked = gauntlet(workdir, dropped, tmp_path / "workspace-3")
-    assert "tracking is off" in untracked["strata"][0]["evidence"]["continuation"]["note"]
+    assert "no tracking store was read" in untracked["strata"][0]["evidence"]["continuation"]["note"]
+    assert untracked["recommendation"]["recommendation"] != "LAUNCH"

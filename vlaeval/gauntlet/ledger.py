@@ -21,7 +21,9 @@ one record per stratum, as a file without version columns cannot be told from an
 clusters are an earlier test's under another stratum name or other versions (a sub-multiset of them,
 or holding all of them, beyond what fresh scenes do) is that evidence renamed: it cannot continue and
 is reviewed. Where nothing could be consulted -- the ledger off, or no earlier test of this
-comparison's stratum recorded -- the continuation says so, and the console and result.json with it.
+comparison's stratum recorded -- the continuation says so, and the console and result.json with it; where job=gauntlet also read no
+tracking store (tracking off, or unreadable), nothing could remember a test run in another workspace,
+and a PASS is reviewed (UNTRACKED), as with the ledger off.
 
 Where evidence lives. A CI workspace starts with a fresh `paths.cache_dir`; the tracking store is
 what its runs share. So a tracked gauntlet run tags itself `vlaeval.ledger.<key>` for each stratum
@@ -57,6 +59,9 @@ COPIED_LOOK_LEVEL, COPIED_LOOK_DRAWS = 0.01, 999
 # stratum), it held nothing of it, or it was switched off (gauntlet.evidence_ledger=false).
 # not_given: a library caller that passed no ledger (nothing is said; run_gauntlet's docstring).
 CONSULTED, NOTHING_RECORDED, LEDGER_OFF, NOT_GIVEN = "consulted", "nothing_recorded", "off", "not_given"
+# Nothing recorded in the local ledger and no tracking store read (job=gauntlet with tracking off, or a
+# store it could not read): the evidence of a test run in another workspace is lost, so a PASS is reviewed.
+UNTRACKED = "nothing_recorded_untracked"
 UNNAMED = ("baseline", "candidate")  # the roles, where no version names the policies
 
 
@@ -128,18 +133,22 @@ class Continuation:
         )
 
     @classmethod
-    def first(cls, where: Path, shared: Optional[str]) -> "Continuation":
+    def first(cls, where: Path, shared: Optional[str], untracked: bool) -> "Continuation":
         """Nothing recorded of this comparison's stratum: the first test of it that this ledger holds
-        (`shared`: the tracking store its entries were also read from; None: tracking is off)."""
-        elsewhere = (
-            f" nor in the tracking store {shared} (runs tracked there by any workspace were read)"
-            if shared
-            else ": tracking is off, so a test run elsewhere (another paths.cache_dir, a fresh CI workspace) "
-            "was not consulted -- track runs to a shared store (tracking.uri) so that none is forgotten"
-        )
+        (`shared`: the tracking store its entries were also read from; `untracked`: job=gauntlet read
+        none -- tracking is off or the store could not be read)."""
+        if shared:
+            elsewhere = f" nor in the tracking store {shared} (runs tracked there by any workspace were read)"
+        elif untracked:
+            elsewhere = (
+                " and no tracking store was read, so a test run elsewhere (another paths.cache_dir, a fresh CI "
+                "workspace) is not known here -- track runs to a shared store (tracking.uri) so that none is forgotten"
+            )
+        else:
+            elsewhere = ""
         return cls(
             note=f"no earlier test of this comparison's stratum is recorded in the evidence ledger {where}{elsewhere}",
-            ledger=NOTHING_RECORDED,
+            ledger=UNTRACKED if untracked and not shared else NOTHING_RECORDED,
         )
 
     @property
@@ -180,9 +189,10 @@ class Evidence:
 class EvidenceLedger:
     """The append-only record of tested evidence under `folder` (see the module docstring)."""
 
-    def __init__(self, folder: str | Path, shared: Optional[str] = None) -> None:
+    def __init__(self, folder: str | Path, shared: Optional[str] = None, untracked: bool = False) -> None:
         self.folder = Path(folder)
         self.shared = shared  # the tracking store this ledger's entries were also read from (None: not read)
+        self.untracked = untracked  # job=gauntlet read no tracking store (off, or unreadable)
 
     @staticmethod
     def key(stratum: str, comparison: Comparison) -> str:
@@ -234,7 +244,9 @@ class EvidenceLedger:
         entries = self._entries(stratum, comparison)
         if not entries:
             relabelled = self._relabelled(stratum, comparison, keys)
-            return Continuation.cannot(relabelled) if relabelled else Continuation.first(self.folder, self.shared)
+            if relabelled:
+                return Continuation.cannot(relabelled)
+            return Continuation.first(self.folder, self.shared, self.untracked)
         for entry in entries:
             whole = _evidence(entry)
             size = sum(whole.values())

@@ -136,10 +136,13 @@ def shared_evidence(cfg: GauntletJobConfig, inputs: GauntletInputs) -> EvidenceL
     strata copied into it first: a CI workspace starts with a fresh cache, and the store is what its
     runs share (vlaeval/gauntlet/ledger.py, "Where evidence lives"). Each run that recorded a stratum's
     evidence carries the tag vlaeval.ledger.<key>; its result.json holds the evidence. A store that
-    cannot be read is said, and the local ledger alone is consulted."""
+    cannot be read is said, and the local ledger alone is consulted; with none read (that, or tracking
+    off) a first test's PASS is reviewed (ledger.UNTRACKED)."""
     folder = Path(cfg.paths.cache_dir) / LEDGER_FOLDER
-    if not cfg.tracking.enabled or not inputs.source.traits.holds_outcomes:
+    if not inputs.source.traits.holds_outcomes:
         return EvidenceLedger(folder)
+    if not cfg.tracking.enabled:
+        return EvidenceLedger(folder, untracked=True)
     from vlaeval.tracking import TrackingError
     from vlaeval.tracking.store import run_store
 
@@ -163,7 +166,7 @@ def shared_evidence(cfg: GauntletJobConfig, inputs: GauntletInputs) -> EvidenceL
             f"the tracking store {store.uri} could not be read for earlier evidence ({error}); only the local "
             f"evidence ledger {folder} is consulted"
         )
-        return EvidenceLedger(folder)
+        return EvidenceLedger(folder, untracked=True)
     return ledger
 
 
