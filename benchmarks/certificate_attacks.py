@@ -12,6 +12,9 @@ CSV/Parquet files, FileOutcomes and run_gauntlet, with Clopper-Pearson intervals
    heterogeneous scenes (+-10 points), 600 scenes of 20, batches of 4, 16, 48 clusters and the default.
 5. Success-rate interval coverage (nominal 95%) near the ceiling, on few scenes, unequal sizes and the
    synthetic design.
+6. The ledger lost (issue 50): after a non-PASS on a null file, drop the 20 worst scenes and run again
+   with the ledger off, in a fresh workspace (untracked, or tracked to the first run's store), or under
+   a renamed stratum: how often it PASSes and how often it LAUNCHes.
 
 Every scene's candidate effect is Delta + 0.10 or Delta - 0.10 (equally likely): the scene distribution's
 mean is Delta, while any one file is off by chance, which is what re-testing shops for.
@@ -223,6 +226,86 @@ def growing(reps: int, seed: int) -> Dict[str, Any]:
         "rerun_until_pass": rate(until_pass, reps),
         "one_run_on_full_file": rate(full_file, reps),
         "median_versions_to_false_pass": float(np.median(looks_to_pass)) if looks_to_pass else None,
+    }
+
+
+def file_recommendation(
+    path: Path, settings: GauntletConfig, strata: Dict[str, StratumConfig], ledger: Any
+) -> Tuple[str, str, str]:
+    """(decision, continuation status, recommendation) of a file's one stratum, as job=gauntlet records
+    it in `ledger` afterwards (None: the ledger is off)."""
+    from vlaeval.gauntlet.ledger import Comparison
+
+    source = FileOutcomes(str(path))
+    source.validate(strata, {})
+    kwargs = {"ledger": ledger} if ledger is not None else {}
+    result = run_gauntlet(settings, strata, {}, source, ArrayCache("/none", enabled=False), LINEAGE, **kwargs)
+    if ledger is not None:
+        ledger.record_result(result.strata, Comparison(result.baseline_version, result.candidate_version), str(path))
+    stratum = result.strata[0]
+    return stratum.decision, str(stratum.continuation.get("status")), result.recommendation.recommendation
+
+
+# Where the drop-20 attack's second run looks for the first run's evidence (issue 50, finding 1).
+LEDGER_LOST = (
+    "ledger off (gauntlet.evidence_ledger=false)",
+    "fresh workspace, untracked",
+    "fresh workspace, no store known (a library caller's ledger: the behaviour before)",
+    "fresh workspace tracked to the store the first run was tracked to",
+    "same cache, the stratum renamed",
+)
+
+
+def ledger_lost(files: int, seed: int, scenes: int = 300, dropped: int = 20) -> Dict[str, Any]:
+    """Null files (Delta = -delta); after a first run that did not PASS, drop the `dropped` scenes where
+    the candidate did worst and run again where the first run's evidence may be lost: how often the second
+    run PASSes, how often it LAUNCHes."""
+    from vlaeval.gauntlet.ledger import EvidenceLedger
+
+    settings, strata = nominal_settings()
+    renamed_strata = {"nominal_v2": strata["nominal"]}
+    counts = {case: {"pass": 0, "launch": 0, "reviewed": 0} for case in LEDGER_LOST}
+    eligible = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in range(files):
+            rng = np.random.default_rng([seed, 6, f])
+            b, c, cluster, _ = scene_units(rng, scenes, 8, -DELTA)
+            folder = Path(tmp) / f"file{f}"
+            folder.mkdir()
+            table = table_of(b, c, cluster).assign(data_label="REPLAYED")  # real outcomes: a launch is possible
+            table.to_csv(folder / "full.csv", index=False)
+            first = EvidenceLedger(folder / "workspace-1")
+            if file_recommendation(folder / "full.csv", settings, strata, first)[0] == "PASS":
+                continue
+            eligible += 1
+            gap = (table["candidate"] - table["baseline"]).groupby(table["cluster_id"]).mean()
+            kept = table[~table["cluster_id"].isin(gap.nsmallest(dropped).index)]
+            kept.to_csv(folder / "dropped.csv", index=False)
+            kept.assign(stratum="nominal_v2").to_csv(folder / "renamed.csv", index=False)
+            store = EvidenceLedger(folder / "workspace-3", shared="the shared store")
+            for entry in (folder / "workspace-1").glob("*/*.json"):  # what shared_evidence copies in
+                target = folder / "workspace-3" / entry.parent.name / entry.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(entry.read_bytes())
+            dropped_file = (folder / "dropped.csv", strata)
+            runs = {
+                LEDGER_LOST[0]: (*dropped_file, replace(settings, evidence_ledger=False), None),
+                LEDGER_LOST[1]: (*dropped_file, settings, EvidenceLedger(folder / "ws-2", untracked=True)),
+                LEDGER_LOST[2]: (*dropped_file, settings, EvidenceLedger(folder / "ws-4")),
+                LEDGER_LOST[3]: (*dropped_file, settings, store),
+                LEDGER_LOST[4]: (folder / "renamed.csv", renamed_strata, settings, first),
+            }
+            for case, (path, run_strata, run_settings, ledger) in runs.items():
+                decision, _, recommendation = file_recommendation(path, run_settings, run_strata, ledger)
+                counts[case]["pass"] += decision == "PASS"
+                counts[case]["launch"] += recommendation == "LAUNCH"
+                counts[case]["reviewed"] += decision == "PASS" and recommendation != "LAUNCH"
+    return {
+        "files": files,
+        "scenes": scenes,
+        "dropped": dropped,
+        "first_run_not_pass": eligible,
+        "cases": [{"case": case, **{k: rate(v, eligible) for k, v in counts[case].items()}} for case in LEDGER_LOST],
     }
 
 
@@ -475,6 +558,23 @@ def markdown(r: Mapping[str, Any], before: Optional[Mapping[str, Any]] = None) -
             ],
         )  # fmt: skip
     )
+    if "ledger_lost" in r:
+        lost = r["ledger_lost"]
+        out.append(
+            f"\n## 6. The ledger lost: drop the {lost['dropped']} worst scenes after a non-PASS ({lost['files']} null "
+            f"files of {lost['scenes']} scenes x 8, Delta = -0.02; {lost['first_run_not_pass']} did not PASS first)\n"
+        )
+        out.append(
+            markdown_table(
+                ["where the second run looks", "PASS", "LAUNCH", "PASS sent to review"],
+                [[x["case"], show(x["pass"]), show(x["launch"]), show(x["reviewed"])] for x in lost["cases"]],
+            )
+        )
+        out.append(
+            "\nIssue 50's review measured LAUNCH 50/199 = 0.251 [0.193, 0.317] where the ledger was lost. The "
+            "tracked case copies the first run's entries into a fresh ledger, as job=gauntlet's shared_evidence "
+            "does from the tracking store (tests/test_ledger_comparisons.py runs it through MLflow)."
+        )
     out.append(
         f"\nWall time {r['wall_s']:.0f} s"
         + (f"; the before column is this script run on {b.get('commit')}." if b else ".")
@@ -488,7 +588,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--label", default="after")
     parser.add_argument("--no-figures", action="store_true")
-    parser.add_argument("--only", nargs="*", default=None, help="sections: shopper growing duplicates halts coverage")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="sections: shopper growing duplicates halts coverage ledger_lost"
+    )
     parser.add_argument(
         "--before",
         default=str(REPO / "benchmarks" / "records" / "certificate_attacks_9f79e0d.json"),
@@ -503,6 +605,7 @@ def main() -> None:
         "duplicates": lambda: duplicates(n, args.seed),
         "halts": lambda: false_catastrophic(n // 2 if args.quick else 200, args.seed),
         "coverage": lambda: coverage(10 * n, args.seed),
+        "ledger_lost": lambda: ledger_lost(n, args.seed),
     }
     out = REPO / "benchmarks" / "results"
     saved = out / f"certificate_attacks_{args.label}.json"
