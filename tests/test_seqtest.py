@@ -25,7 +25,15 @@ from vlaeval.seqtest import (
     make_sequential_test,
     plan_batches,
 )
-from vlaeval.seqtest.eprocess import LOWER, UPPER, MomentState, WealthFamily, plug_in_bets, predictable_moments
+from vlaeval.seqtest.eprocess import (
+    FIXED_HORIZON,
+    LOWER,
+    UPPER,
+    MomentState,
+    WealthFamily,
+    plug_in_bets,
+    predictable_moments,
+)
 from vlaeval.seqtest.state import (
     AsymptoticSettings,
     ExactSettings,
@@ -159,7 +167,9 @@ def test_update_returns_a_frozen_state_each_mode(mode):
     assert report["catastrophic_bound"]["upper"] == second.catastrophic.bound.upper
     if isinstance(mode, ExactSettings):  # the betting modes report their wealth
         assert report["e_value_regression"] == second.e_values.regression > 1.0
-        assert report["bet_rule"] == mode.bet_rule
+        # A file's orders bet the fixed-horizon plug-in (their size is known), and the report says so.
+        fixed = isinstance(mode, OrderFreeSettings) and mode.fixed_horizon
+        assert report["bet_rule"] == (FIXED_HORIZON if fixed else mode.bet_rule)
     else:
         assert second.e_values.regression is None and report["e_value_regression"] is None
     assert make_sequential_test(TestSettings(0.02, 0.05), mode).state.catastrophic is None  # no halt question
