@@ -15,6 +15,8 @@ CSV/Parquet files, FileOutcomes and run_gauntlet, with Clopper-Pearson intervals
 6. The ledger lost (issue 50): after a non-PASS on a null file, drop the 20 worst scenes and run again
    with the ledger off, in a fresh workspace (untracked, or tracked to the first run's store), or under
    a renamed stratum: how often it PASSes and how often it LAUNCHes.
+7. Re-appended copies (issue 50): a null file that did not PASS, then the whole file again under new
+   ids, or 50 of its scenes more per re-run: how often any version LAUNCHes.
 
 Every scene's candidate effect is Delta + 0.10 or Delta - 0.10 (equally likely): the scene distribution's
 mean is Delta, while any one file is off by chance, which is what re-testing shops for.
@@ -309,6 +311,53 @@ def ledger_lost(files: int, seed: int, scenes: int = 300, dropped: int = 20) -> 
     }
 
 
+def copies(files: int, seed: int, scenes: int = 300, reruns: int = 4) -> Dict[str, Any]:
+    """Null files that did not PASS, then re-appended under new ids -- the whole file once, or 50 of its
+    scenes per re-run (up to `reruns`) -- each version re-run through the ledger: how often any LAUNCHes."""
+    from vlaeval.gauntlet.ledger import EvidenceLedger
+
+    settings, strata = nominal_settings()
+    launched = {"the whole file again": 0, "50 of its scenes again, per re-run": 0}
+    eligible = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in range(files):
+            rng = np.random.default_rng([seed, 7, f])
+            b, c, cluster, _ = scene_units(rng, scenes, 8, -DELTA)
+            table = table_of(b, c, cluster).assign(data_label="REPLAYED")
+            folder = Path(tmp) / f"file{f}"
+            folder.mkdir()
+            table.to_csv(folder / "v0.csv", index=False)
+            ledgers = {what: EvidenceLedger(folder / f"ledger{i}") for i, what in enumerate(launched)}
+            first = [file_recommendation(folder / "v0.csv", settings, strata, ledger)[0] for ledger in ledgers.values()]
+            if "PASS" in first:
+                continue
+            eligible += 1
+            for what, ledger in ledgers.items():
+                grown, scene_ids = table, table["cluster_id"].unique()
+                for k in range(1 if what.startswith("the whole") else reruns):
+                    again = (
+                        table
+                        if what.startswith("the whole")
+                        else table[table["cluster_id"].isin(scene_ids[50 * k : 50 * (k + 1)])]
+                    )
+                    grown = pd.concat(
+                        [
+                            grown,
+                            again.assign(
+                                cluster_id=f"again{k}-" + again["cluster_id"],
+                                scenario_id=f"again{k}-" + again["scenario_id"],
+                            ),
+                        ]
+                    )
+                    path = folder / f"{what[:5]}{k}.csv"
+                    grown.to_csv(path, index=False)
+                    if file_recommendation(path, settings, strata, ledger)[2] == "LAUNCH":
+                        launched[what] += 1
+                        break
+    return {"files": files, "scenes": scenes, "first_run_not_pass": eligible,
+            "cases": [{"case": what, "launch": rate(n, eligible)} for what, n in launched.items()]}  # fmt: skip
+
+
 def duplicates(files: int, seed: int, scenes: int = 48) -> List[Dict[str, Any]]:
     strata = {"nominal": StratumConfig(priority=1, units=1, cluster_size=8)}
 
@@ -575,6 +624,22 @@ def markdown(r: Mapping[str, Any], before: Optional[Mapping[str, Any]] = None) -
             "tracked case copies the first run's entries into a fresh ledger, as job=gauntlet's shared_evidence "
             "does from the tracking store (tests/test_ledger_comparisons.py runs it through MLflow)."
         )
+    if "copies" in r:
+        cp = r["copies"]
+        out.append(
+            f"\n## 7. Re-appended copies ({cp['files']} null files of {cp['scenes']} scenes x 8, "
+            f"{cp['first_run_not_pass']} did not PASS first; each version re-run through the ledger)\n"
+        )
+        out.append(
+            markdown_table(
+                ["what is re-appended under new ids", "any version LAUNCHes"],
+                [[x["case"], show(x["launch"])] for x in cp["cases"]],
+            )
+        )
+        out.append(
+            "\nIssue 50's review measured LAUNCH 5/100 (the whole file again) and 6/100 (50 copies per re-run) "
+            "before a new look that repeats the earlier looks' clusters was flagged (copied_look)."
+        )
     out.append(
         f"\nWall time {r['wall_s']:.0f} s"
         + (f"; the before column is this script run on {b.get('commit')}." if b else ".")
@@ -606,6 +671,7 @@ def main() -> None:
         "halts": lambda: false_catastrophic(n // 2 if args.quick else 200, args.seed),
         "coverage": lambda: coverage(10 * n, args.seed),
         "ledger_lost": lambda: ledger_lost(n, args.seed),
+        "copies": lambda: copies(n // 2, args.seed),
     }
     out = REPO / "benchmarks" / "results"
     saved = out / f"certificate_attacks_{args.label}.json"
