@@ -137,17 +137,13 @@ def nominal_settings() -> Tuple[GauntletConfig, Dict[str, StratumConfig]]:
     return settings, {"nominal": StratumConfig(priority=1, units=1, cluster_size=8, data_label=DataLabel.REPLAYED)}
 
 
-def file_decision(
-    path: Path, settings: GauntletConfig, strata: Dict[str, StratumConfig], ledger: Any = None
-) -> Optional[str]:
-    """The nominal stratum's decision on a file (None: refused)."""
+def file_result(path: Path, settings: GauntletConfig, strata: Dict[str, StratumConfig], ledger: Any = None) -> Any:
+    """The gauntlet's result on a file, recorded in `ledger` afterwards as job=gauntlet does (None: no
+    ledger); raises UserInputError where the file is refused."""
     source = FileOutcomes(str(path))
-    try:
-        source.validate(strata, {})
-        kwargs = {"ledger": ledger} if ledger is not None else {}
-        result = run_gauntlet(settings, strata, {}, source, ArrayCache("/none", enabled=False), LINEAGE, **kwargs)
-    except UserInputError:
-        return None
+    source.validate(strata, {})
+    kwargs = {"ledger": ledger} if ledger is not None else {}
+    result = run_gauntlet(settings, strata, {}, source, ArrayCache("/none", enabled=False), LINEAGE, **kwargs)
     if ledger is not None:  # what job=gauntlet does after saving its result: the next run continues it
         try:
             from vlaeval.gauntlet.ledger import Comparison  # type: ignore[attr-defined,unused-ignore]
@@ -157,7 +153,17 @@ def file_decision(
             )
         except ImportError:  # an older commit (--before): entries keyed by stratum alone
             ledger.record_result(result.strata, str(path))
-    return result.strata[0].decision
+    return result
+
+
+def file_decision(
+    path: Path, settings: GauntletConfig, strata: Dict[str, StratumConfig], ledger: Any = None
+) -> Optional[str]:
+    """The nominal stratum's decision on a file (None: refused)."""
+    try:
+        return str(file_result(path, settings, strata, ledger).strata[0].decision)
+    except UserInputError:
+        return None
 
 
 def make_ledger(folder: Path) -> Any:
@@ -166,16 +172,25 @@ def make_ledger(folder: Path) -> Any:
     return EvidenceLedger(folder)
 
 
+def null_file(
+    tmp: str, seed: int, section: int, f: int, scenes: int
+) -> Tuple[np.random.Generator, np.ndarray, np.ndarray, np.ndarray, Path]:
+    """File f of a section: its generator, a null file's units at Delta = -delta (baseline, candidate,
+    cluster) and an empty folder of its own under `tmp`."""
+    rng = np.random.default_rng([seed, section, f])
+    b, c, cluster, _ = scene_units(rng, scenes, 8, -DELTA)
+    folder = Path(tmp) / f"file{f}"
+    folder.mkdir()
+    return rng, b, c, cluster, folder
+
+
 def shopper(files: int, seed: int, scenes: int = 240) -> Dict[str, Any]:
     settings, strata = nominal_settings()
     first = any_of_ten = seed_shopper = refused = 0
     distinct_decisions = 0
     with tempfile.TemporaryDirectory() as tmp:
         for f in range(files):
-            rng = np.random.default_rng([seed, 1, f])
-            b, c, cluster, _ = scene_units(rng, scenes, 8, -DELTA)
-            folder = Path(tmp) / f"file{f}"
-            folder.mkdir()
+            rng, b, c, cluster, folder = null_file(tmp, seed, 1, f, scenes)
             decisions = [file_decision(p, settings, strata) for p in resaves(table_of(b, c, cluster), rng, folder)]
             first += decisions[0] == "PASS"
             any_of_ten += any(d == "PASS" for d in decisions)
@@ -233,19 +248,10 @@ def growing(reps: int, seed: int) -> Dict[str, Any]:
 
 def file_recommendation(
     path: Path, settings: GauntletConfig, strata: Dict[str, StratumConfig], ledger: Any
-) -> Tuple[str, str, str]:
-    """(decision, continuation status, recommendation) of a file's one stratum, as job=gauntlet records
-    it in `ledger` afterwards (None: the ledger is off)."""
-    from vlaeval.gauntlet.ledger import Comparison
-
-    source = FileOutcomes(str(path))
-    source.validate(strata, {})
-    kwargs = {"ledger": ledger} if ledger is not None else {}
-    result = run_gauntlet(settings, strata, {}, source, ArrayCache("/none", enabled=False), LINEAGE, **kwargs)
-    if ledger is not None:
-        ledger.record_result(result.strata, Comparison(result.baseline_version, result.candidate_version), str(path))
-    stratum = result.strata[0]
-    return stratum.decision, str(stratum.continuation.get("status")), result.recommendation.recommendation
+) -> Tuple[str, str]:
+    """(decision, recommendation) of a file's one stratum, recorded in `ledger` (None: the ledger is off)."""
+    result = file_result(path, settings, strata, ledger)
+    return result.strata[0].decision, result.recommendation.recommendation
 
 
 # Where the drop-20 attack's second run looks for the first run's evidence (issue 50, finding 1).
@@ -270,10 +276,7 @@ def ledger_lost(files: int, seed: int, scenes: int = 300, dropped: int = 20) -> 
     eligible = 0
     with tempfile.TemporaryDirectory() as tmp:
         for f in range(files):
-            rng = np.random.default_rng([seed, 6, f])
-            b, c, cluster, _ = scene_units(rng, scenes, 8, -DELTA)
-            folder = Path(tmp) / f"file{f}"
-            folder.mkdir()
+            _, b, c, cluster, folder = null_file(tmp, seed, 6, f, scenes)
             table = table_of(b, c, cluster).assign(data_label="REPLAYED")  # real outcomes: a launch is possible
             table.to_csv(folder / "full.csv", index=False)
             first = EvidenceLedger(folder / "workspace-1")
@@ -298,7 +301,7 @@ def ledger_lost(files: int, seed: int, scenes: int = 300, dropped: int = 20) -> 
                 LEDGER_LOST[4]: (folder / "renamed.csv", renamed_strata, settings, first),
             }
             for case, (path, run_strata, run_settings, ledger) in runs.items():
-                decision, _, recommendation = file_recommendation(path, run_settings, run_strata, ledger)
+                decision, recommendation = file_recommendation(path, run_settings, run_strata, ledger)
                 counts[case]["pass"] += decision == "PASS"
                 counts[case]["launch"] += recommendation == "LAUNCH"
                 counts[case]["reviewed"] += decision == "PASS" and recommendation != "LAUNCH"
@@ -321,11 +324,8 @@ def copies(files: int, seed: int, scenes: int = 300, reruns: int = 4) -> Dict[st
     eligible = 0
     with tempfile.TemporaryDirectory() as tmp:
         for f in range(files):
-            rng = np.random.default_rng([seed, 7, f])
-            b, c, cluster, _ = scene_units(rng, scenes, 8, -DELTA)
+            _, b, c, cluster, folder = null_file(tmp, seed, 7, f, scenes)
             table = table_of(b, c, cluster).assign(data_label="REPLAYED")
-            folder = Path(tmp) / f"file{f}"
-            folder.mkdir()
             table.to_csv(folder / "v0.csv", index=False)
             ledgers = {what: EvidenceLedger(folder / f"ledger{i}") for i, what in enumerate(launched)}
             first = [file_recommendation(folder / "v0.csv", settings, strata, ledger)[0] for ledger in ledgers.values()]
@@ -351,7 +351,7 @@ def copies(files: int, seed: int, scenes: int = 300, reruns: int = 4) -> Dict[st
                     )
                     path = folder / f"{what[:5]}{k}.csv"
                     grown.to_csv(path, index=False)
-                    if file_recommendation(path, settings, strata, ledger)[2] == "LAUNCH":
+                    if file_recommendation(path, settings, strata, ledger)[1] == "LAUNCH":
                         launched[what] += 1
                         break
     return {"files": files, "scenes": scenes, "first_run_not_pass": eligible,

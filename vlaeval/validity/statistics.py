@@ -206,11 +206,16 @@ def _odd_even(successes: np.ndarray, episode_task: np.ndarray) -> Tuple[np.ndarr
 def _corrected(metric: np.ndarray, odd: np.ndarray, even: np.ndarray) -> np.ndarray:
     """Pearson with the success rate over sqrt(Spearman-Brown reliability), row by row; nan where the
     reliability is not positive. Clipped to [-1, 1] (the corrected estimate can pass it; the truth cannot)."""
-    split = pearson_rows(odd, even)
+    reliability = _spearman_brown(pearson_rows(odd, even))
+    observed = pearson_rows(metric, (odd + even) / 2.0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        reliability = 2.0 * split / (1.0 + split)
-        observed = pearson_rows(metric, (odd + even) / 2.0)
         return np.where(reliability > 0, np.clip(observed / np.sqrt(reliability), -1.0, 1.0), np.nan)
+
+
+def _spearman_brown(split: np.ndarray) -> np.ndarray:
+    """The full-length reliability 2 r / (1 + r) from split-half correlations r (nan where r <= -1 or nan)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(split > -1, 2.0 * split / (1.0 + split), np.nan)
 
 
 def _disattenuated(
@@ -238,14 +243,9 @@ def _disattenuated(
 
 def success_reliability(scope: str, successes: ArrayLike, episode_task: ArrayLike) -> SuccessReliability:
     """Odd against even episodes within each task (C, E) -> their correlation over checkpoints."""
-    s = np.asarray(successes, dtype=np.float64)
     tasks = np.asarray(episode_task)
-    halves = np.zeros(tasks.size, dtype=bool)
-    for task in np.unique(tasks):
-        members = np.flatnonzero(tasks == task)
-        halves[members[1::2]] = True
-    split = float(pearson_rows(s[:, ~halves].mean(axis=1), s[:, halves].mean(axis=1)))
-    reliability = float(2 * split / (1 + split)) if np.isfinite(split) and split > -1 else float("nan")
+    split = float(pearson_rows(*_odd_even(np.asarray(successes, dtype=np.float64), tasks)))
+    reliability = float(_spearman_brown(np.asarray(split)))
     return SuccessReliability(scope=scope, episodes=int(tasks.size), split_half=split, reliability=reliability)
 
 
