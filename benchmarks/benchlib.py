@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,13 @@ def main_py(arguments: Sequence[str], env: Dict[str, str]) -> float:
     if proc.returncode != 0:
         raise SystemExit(f"main.py {' '.join(arguments)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return time.perf_counter() - started
+
+
+def saved_results(name: str, empty: Dict[str, Any]) -> Tuple[Path, Dict[str, Any]]:
+    """benchmarks/results/<name>.json and what it holds (`empty` before any run): a benchmark that
+    measures part of its page keeps the other parts' last figures."""
+    path = REPO / "benchmarks" / "results" / f"{name}.json"
+    return path, (json.loads(path.read_text()) if path.is_file() else empty)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -26,7 +26,7 @@ LAYERS: List[Set[str]] = [
     {"data"},
     {"policy"},
     {"rollouts"},
-    {"gauntlet", "residual"},
+    {"gauntlet", "residual", "recipes"},
     {"runs"},
     {"jobs"},
     {"help"},

@@ -140,8 +140,8 @@ def test_the_verdict_its_anchors_needed_and_the_break_even_ratio():
         level=0.95,
         anchors=64,
         gradient_seeds=8,
-        scoring_seconds=50.0,
-        training_seconds=100.0,
+        scoring_gflop=50.0,
+        training_gflop=100.0,
     )  # r* = 1 / 1.5 = 0.667: the whole interval below it pays
     assert costed.break_even_ratio == pytest.approx(2 / 3) and costed.pays_for_its_scoring
     assert type(costed).from_json(costed.to_json()) == costed

@@ -412,6 +412,63 @@ class AblationConfig:
 
 
 @dataclass
+class RecipeConfig:
+    """One recipe of job=recipe_comparison: its name and its overrides of the sections that decide a
+    built-in policy's weights (model.*, data.*, flow.*, train.*; vlaeval/recipes/spec.py)."""
+
+    name: str = "recipe"
+    overrides: List[str] = field(default_factory=list)
+    # Seed pair k trains this recipe with train.seed = recipes.first_seed + k + seed_offset: an A/A
+    # (the same recipe twice) needs another offset on one side, or both sides are one checkpoint.
+    seed_offset: int = 0
+
+
+@dataclass
+class RecipesConfig:
+    """job=recipe_comparison: is the candidate recipe better than the baseline over training seeds
+    (docs/recipes.md)? Checked once, when the job's config is typed."""
+
+    baseline: RecipeConfig = field(default_factory=lambda: RecipeConfig(name="baseline"))
+    candidate: RecipeConfig = field(default_factory=lambda: RecipeConfig(name="candidate"))
+    # Seed pair k trains both recipes with train.seed = first_seed + k; pairs are added until the test
+    # decides or max_seeds pairs have run (each pair is two training runs: the expensive unit).
+    first_seed: int = 0
+    max_seeds: int = 10
+    # The test over seed pairs (vlaeval/seqtest/seeds.py): its level; the margin in success points
+    # inside which the recipes are EQUIVALENT (0: never certified); the standardised effect's prior
+    # variance g (2: tuned for differences of 1-3 seed-pair SDs; the planner shows what it costs).
+    alpha: float = 0.05
+    margin: float = 0.05
+    prior_scale: float = 2.0
+    # Decide from an outcome file with a seed column (what a comparison writes: seed_outcomes.csv)
+    # instead of training: the same test on the same seed pairs.
+    file: Optional[str] = None
+    # The planner: seed pairs needed for these differences (success points), at this seed-pair SD
+    # (null: the SD the comparison measured).
+    plan_effects: List[float] = field(default_factory=lambda: [0.05, 0.1, 0.2])
+    plan_sd: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        require(
+            self.baseline.name != self.candidate.name,
+            f"recipes.baseline.name and recipes.candidate.name are both {self.baseline.name!r}; give them different names",
+        )
+        require(self.first_seed >= 0, f"recipes.first_seed={self.first_seed} must be >= 0")
+        require(
+            self.max_seeds >= 2,
+            f"recipes.max_seeds={self.max_seeds} must be >= 2 (one pair says nothing about the spread)",
+        )
+        require(0.0 < self.alpha < 1.0, f"recipes.alpha={self.alpha} must be in (0, 1)")
+        require(0.0 <= self.margin < 1.0, f"recipes.margin={self.margin} must be in [0, 1) (success points)")
+        require(self.prior_scale > 0.0, f"recipes.prior_scale={self.prior_scale} must be > 0")
+        require(
+            all(-1.0 < e < 1.0 for e in self.plan_effects),
+            f"recipes.plan_effects={list(self.plan_effects)} must be success differences in (-1, 1)",
+        )
+        require(self.plan_sd is None or self.plan_sd > 0.0, f"recipes.plan_sd={self.plan_sd} must be > 0 (or null)")
+
+
+@dataclass
 class ValidityConfig:
     """job=offline_validity: does an offline metric rank checkpoints the way closed-loop success does
     (docs/offline_validity.md)?"""
@@ -469,9 +526,7 @@ class GateConfig:
     verdict_level: float = 0.95
     verdict_resamples: int = 2000
     # The break-even ratio r* = 1 / (1 + C_score / C_train) weighs scoring the dataset's anchors once
-    # (this run's speed) against training: this many seconds a sample x train.steps x train.batch_size;
-    # null: the built-in checkpoint's own recorded training time (unknown for a checkpoint from elsewhere).
-    training_seconds_per_sample: Optional[float] = None
+    # against the training run the train section plans (steps x batch x draws), both in counted FLOPs.
 
 
 @dataclass
@@ -557,6 +612,7 @@ class VlaevalConfig:
     regressions: RegressionsConfig = field(default_factory=RegressionsConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     validity: ValidityConfig = field(default_factory=ValidityConfig)
+    recipes: RecipesConfig = field(default_factory=RecipesConfig)
 
 
 def register_configs() -> None:

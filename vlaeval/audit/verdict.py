@@ -131,10 +131,10 @@ def tail_deviations(
     return np.concatenate(audits) - population
 
 
-def break_even_ratio(scoring_seconds: float, training_seconds: float) -> float:
-    """r* = 1 / (1 + C_score / C_train), from the totals: scoring every anchor of the dataset once
-    against the training run it would sample for."""
-    return 1.0 / (1.0 + scoring_seconds / training_seconds)
+def break_even_ratio(scoring_cost: float, training_cost: float) -> float:
+    """r* = 1 / (1 + C_score / C_train), from the totals (in one unit: counted GFLOP): scoring every
+    anchor of the dataset once against the training run it would sample for."""
+    return 1.0 / (1.0 + scoring_cost / training_cost)
 
 
 @dataclass(frozen=True)
@@ -155,8 +155,10 @@ class RatioVerdict(JsonRecord):
     # The log-normal tail model's lower bound (tail_deviations); `low` is the lower of it and the bootstrap's.
     tail_low: Optional[float] = None
     break_even_ratio: Optional[float] = None  # r*; None: a cost unknown
-    scoring_seconds: Optional[float] = None  # every anchor of the dataset scored once (at this run's speed)
-    training_seconds: Optional[float] = None  # the training run the proposal would sample for
+    # Counted work, not the clock (a clock measures the machine and what else it ran): every anchor of
+    # the dataset scored once, and the training run the proposal would sample for (the train section).
+    scoring_gflop: Optional[float] = None
+    training_gflop: Optional[float] = None
     pays_for_its_scoring: Optional[bool] = None  # the interval's upper end below r*
 
     @property
@@ -172,8 +174,8 @@ def ratio_verdict(
     level: float,
     anchors: int,
     gradient_seeds: int,
-    scoring_seconds: Optional[float] = None,
-    training_seconds: Optional[float] = None,
+    scoring_gflop: Optional[float] = None,
+    training_gflop: Optional[float] = None,
     deviations: Optional[np.ndarray] = None,
 ) -> RatioVerdict:
     """The verdict on `ratio` from its bootstrap `replicates` (percentile interval at `level`), its
@@ -197,8 +199,8 @@ def ratio_verdict(
         se = (high - low) / 2.0 / z
         needed = int(math.ceil(anchors * ((z + NormalDist().inv_cdf(ANCHORS_NEEDED_POWER)) * se / gap) ** 2))
     r_star = None
-    if scoring_seconds is not None and training_seconds:
-        r_star = break_even_ratio(float(scoring_seconds), float(training_seconds))
+    if scoring_gflop is not None and training_gflop:
+        r_star = break_even_ratio(float(scoring_gflop), float(training_gflop))
     return RatioVerdict(
         verdict=verdict.value,
         threshold=float(threshold),
@@ -213,7 +215,7 @@ def ratio_verdict(
         anchors_needed=needed,
         tail_low=tail_low,
         break_even_ratio=r_star,
-        scoring_seconds=scoring_seconds,
-        training_seconds=training_seconds,
+        scoring_gflop=scoring_gflop,
+        training_gflop=training_gflop,
         pays_for_its_scoring=None if r_star is None else bool(high < r_star),
     )

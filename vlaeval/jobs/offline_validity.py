@@ -32,9 +32,8 @@ from vlaeval.policy.checkpoint import read_sidecar, validate_checkpoint_config
 from vlaeval.records import JsonRecord
 from vlaeval.residual.estimators import estimator_arguments, validate_estimator_config
 from vlaeval.residual.offline import CheckpointMetrics, MetricSpec, OfflineSettings, metric_specs, offline_metrics
-from vlaeval.rollouts.engine import RolloutJob, held_out_episodes, rollout_jobs
+from vlaeval.rollouts.engine import RolloutJob, held_out_episodes, run_rollout_jobs
 from vlaeval.rollouts.evaluation import validate_evaluate
-from vlaeval.rollouts.executors import make_executor
 from vlaeval.runs import JobResult, RunReport, SavedAsJson, load_data, load_heldout_data, now_ms, output_dir, publish
 from vlaeval.tracking.record import ChildRun
 from vlaeval.validity.plots import plot_validity
@@ -323,19 +322,13 @@ def closed_loop(
     """Every policy on the evaluation's held-out episodes, all handed to the rollout engine at once:
     successes (checkpoints, episodes) as 0/1, and each episode's task index."""
     episodes, _ = held_out_episodes(tasks, cfg.evaluate, cfg.simulator)
-    executor = make_executor(str(cfg.rollout.executor), int(cfg.rollout.workers), cfg.rollout.ray_address)
-    try:
-        with console.unit_progress("closed-loop episodes", len(episodes) * len(policies)) as update:
-            outcomes = rollout_jobs(
-                [RolloutJob(policy, episodes, cfg.simulator) for policy in policies],
-                executor,
-                execute_actions=int(cfg.evaluate.execute_actions),
-                max_steps=int(cfg.evaluate.max_steps),
-                group_size=int(cfg.rollout.lockstep_group),
-                progress=lambda done, total: update(completed=done, total=total),
-            )
-    finally:
-        executor.close()
+    with console.unit_progress("closed-loop episodes", len(episodes) * len(policies)) as update:
+        outcomes = run_rollout_jobs(
+            [RolloutJob(policy, episodes, cfg.simulator) for policy in policies],
+            cfg.evaluate,
+            cfg.rollout,
+            lambda done, total: update(completed=done, total=total),
+        )
     return np.stack([o.success for o in outcomes]).astype(np.float64), np.asarray([e.task_index for e in episodes])
 
 

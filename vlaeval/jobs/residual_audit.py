@@ -32,9 +32,10 @@ from vlaeval.choices import CheckpointKind
 from vlaeval.config import AuditConfig, EstimatorConfig, GateConfig, GradientsConfig, PolicyJobSettings
 from vlaeval.errors import UserInputError, require, require_at_least
 from vlaeval.memory import PeakMemory
-from vlaeval.policy.builtin import PolicyHandle
+from vlaeval.policy.builtin import PolicyData, PolicyHandle
 from vlaeval.policy.checkpoint import validate_checkpoint_config
 from vlaeval.policy.flow import FlowConvention
+from vlaeval.policy.training import step_gflop
 from vlaeval.residual.artifact import (
     cached_gradient_artifact,
     load_gradient_artifact,
@@ -47,6 +48,7 @@ from vlaeval.residual.estimators import (
     UNBIASED,
     estimator_arguments,
     score_anchors,
+    scoring_gflop,
     validate_estimator_config,
 )
 from vlaeval.runs import (
@@ -77,10 +79,6 @@ def validate_audit(cfg: AuditJobConfig) -> None:
     require(g.min_anchors >= 4, f"gate.min_anchors={g.min_anchors} must be >= 4")
     require(0.0 < g.verdict_level < 1.0, f"gate.verdict_level={g.verdict_level} must be in (0, 1), e.g. 0.95")
     require_at_least("gate.verdict_resamples", g.verdict_resamples, 100)
-    require(
-        g.training_seconds_per_sample is None or g.training_seconds_per_sample > 0,
-        f"gate.training_seconds_per_sample={g.training_seconds_per_sample} must be > 0 (or null: the checkpoint's record)",
-    )
     FlowConvention.of(cfg.flow).validate()
     validate_checkpoint_config(cfg.checkpoint)
 
@@ -155,14 +153,15 @@ def score_the_anchors(
     return scores, runtime
 
 
-def training_seconds(cfg: AuditJobConfig, handle: PolicyHandle) -> Optional[float]:
-    """C_train's total for the break-even ratio: the training run the proposal would sample for --
-    gate.training_seconds_per_sample x the train section's steps x batch, else the checkpoint's own
-    recorded training time; None when neither says."""
-    if cfg.gate.training_seconds_per_sample is not None:
-        return float(cfg.gate.training_seconds_per_sample) * int(cfg.train.steps) * int(cfg.train.batch_size)
-    run = handle.training
-    return float(run.train_seconds) if run is not None and run.train_seconds else None
+def break_even_costs(cfg: AuditJobConfig, data: PolicyData, handle: PolicyHandle) -> Tuple[float, float]:
+    """(C_score, C_train) in counted GFLOP: scoring every anchor of the dataset once with this
+    estimator, and the training run the proposal would sample for -- the train section's steps of its
+    batch (and flow draws per anchor), a step's forward counted and its backward taken as twice it."""
+    policy = data.bind(handle.model, cfg.flow, str(cfg.device))
+    scoring = scoring_gflop(policy, data.anchors, estimator_arguments(cfg.estimator))
+    t = cfg.train
+    training = step_gflop(policy, data.anchors, int(t.batch_size), int(t.draws_per_anchor)) * int(t.steps)
+    return scoring, training
 
 
 def ratio_verdict_of(
@@ -201,8 +200,8 @@ def ratio_verdict_of(
         level=float(g.verdict_level),
         anchors=int(score.size),
         gradient_seeds=0 if per_seed_rms is None else int(per_seed_rms.shape[0]),
-        scoring_seconds=costs[0],
-        training_seconds=costs[1],
+        scoring_gflop=costs[0],
+        training_gflop=costs[1],
         deviations=deviations,
     )
 
@@ -216,7 +215,7 @@ def audit_statistics(
 ) -> Tuple[Repeatability, Alignment, LeaveOneOut, GateDecision]:
     """Repeatability of the score over estimator seeds, its alignment with the artifact's gradient
     RMS (and the training-loss baseline), leave-one-out robustness, the ratio's three-way verdict
-    (`costs`: seconds to score the dataset once and to train, for its break-even ratio), and the gate
+    (`costs`: GFLOP to score the dataset once and to train, for its break-even ratio), and the gate
     on all of them."""
     a = cfg.audit
     score = matrix.mean(axis=0)
@@ -344,8 +343,8 @@ def run(cfg: AuditJobConfig) -> JobResult[AuditResult]:
     scores, runtime = score_the_anchors(cfg, data, handle, anchor_index)
     matrix = scores.estimator_residuals
     score = matrix.mean(axis=0)
-    # C_score: every anchor of the dataset scored once at this run's speed; C_train: the training run.
-    costs = (float(runtime["seconds_per_anchor"]) * len(data.anchors), training_seconds(cfg, handle))
+    # C_score: every anchor of the dataset scored once; C_train: the training run (counted work, not the clock).
+    costs = break_even_costs(cfg, data, handle)
     rep, alignment, robustness, gate = audit_statistics(cfg, matrix, artifact_anchors, metadata, costs)
     decomposition = where_the_noise_is(cfg, artifact_anchors)
     plots = []
@@ -456,6 +455,6 @@ def print_verdict(v: RatioVerdict) -> None:
     if v.break_even_ratio is not None:
         console.show(
             f"break-even ratio r* = 1 / (1 + C_score / C_train) = {v.break_even_ratio:.3f} (scoring the dataset's "
-            f"anchors once {v.scoring_seconds:.1f} s, its training {v.training_seconds:.1f} s): the proposal "
+            f"anchors once {v.scoring_gflop:,.0f} GFLOP, its training {v.training_gflop:,.0f} GFLOP): the proposal "
             f"{'pays' if v.pays_for_its_scoring else 'does not pay'} for its scoring"
         )

@@ -38,11 +38,11 @@ from vlaeval.policy.builtin import (
 )
 from vlaeval.policy.checkpoint import save_checkpoint, sidecar_path
 from vlaeval.policy.flow import FlowConvention
-from vlaeval.policy.threads import gflop_of
 from vlaeval.policy.time_sampling import validate_time_sampling
 from vlaeval.policy.training import TrainingExtras, TrainingRun, step_gflop, validate_training_recipe
 from vlaeval.residual.ablation import mean_loss, realised_second_moment_ratio
 from vlaeval.residual.estimators import estimator_arguments, score_anchors, validate_estimator_config
+from vlaeval.residual.estimators import scoring_gflop as count_scoring_gflop
 from vlaeval.rollouts.engine import evaluate_closed_loop
 from vlaeval.rollouts.evaluation import Evaluation, evaluation_view, plot_success, print_evaluation, validate_evaluate
 from vlaeval.runs import (
@@ -156,12 +156,8 @@ def comparison_extras(cfg: TrainJobConfig, data: Any) -> Optional[Callable[[torc
 
 
 def scoring_gflop(cfg: TrainJobConfig, data: PolicyData, model: torch.nn.Module) -> float:
-    """The work of scoring every anchor (estimator.*) with `model`, in GFLOP: counted on the first 64
-    anchors' scoring and scaled to all of them (an anchor's scoring costs what any other's does)."""
-    bound = data.bind(model.eval(), cfg.flow)
-    counted = np.arange(min(len(data.anchors), 64))
-    work = gflop_of(lambda: score_anchors(bound, data.anchors, counted, **estimator_arguments(cfg.estimator)))
-    return float(work * len(data.anchors) / counted.size)
+    """The work of scoring every anchor (estimator.*) with `model`, in GFLOP."""
+    return count_scoring_gflop(data.bind(model.eval(), cfg.flow), data.anchors, estimator_arguments(cfg.estimator))
 
 
 def residual_proposal(cfg: TrainJobConfig, data: PolicyData, model: torch.nn.Module) -> Tuple[np.ndarray, float]:

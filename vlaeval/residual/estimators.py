@@ -190,3 +190,16 @@ def score_anchors(
             if progress is not None:
                 progress(stop, k)
     return ResidualScores(losses.mean(axis=2), losses, t_all.double().numpy(), head_evaluations=s * k * m)
+
+
+COUNTED_ANCHORS = 64  # anchors whose scoring is counted; every anchor's scoring costs what any other's does
+
+
+def scoring_gflop(policy: BoundPolicy, anchors: AnchorSet, arguments: EstimatorArguments) -> float:
+    """The work of scoring every anchor of `anchors` once (the estimator's `arguments`), in GFLOP:
+    counted on the first COUNTED_ANCHORS anchors' scoring and scaled to all of them."""
+    from vlaeval.policy.threads import gflop_of
+
+    counted = np.arange(min(len(anchors), COUNTED_ANCHORS))
+    work = gflop_of(lambda: score_anchors(policy, anchors, counted, **arguments))
+    return float(work * len(anchors) / counted.size)

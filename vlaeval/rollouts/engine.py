@@ -301,6 +301,30 @@ def held_out_episodes(
     return [Episode(ep["task"], ep["task_index"], ep["variant"], ep["seed"]) for ep in plan], held_out
 
 
+def run_rollout_jobs(
+    jobs: Sequence[RolloutJob],
+    evaluate: EvaluateConfig,
+    rollout: RolloutConfig,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> List[EpisodeOutcomes]:
+    """`jobs` on the executor rollout.* names (made here and closed however the rollouts end), each
+    episode run as evaluate.* says (its steps, the actions executed per chunk)."""
+    from vlaeval.rollouts.executors import make_executor
+
+    executor = make_executor(str(rollout.executor), int(rollout.workers), rollout.ray_address)
+    try:
+        return rollout_jobs(
+            jobs,
+            executor,
+            execute_actions=int(evaluate.execute_actions),
+            max_steps=int(evaluate.max_steps),
+            group_size=int(rollout.lockstep_group),
+            progress=progress,
+        )
+    finally:
+        executor.close()
+
+
 def evaluate_closed_loop(
     policy: BoundPolicy,
     tasks: List[str],
@@ -312,25 +336,17 @@ def evaluate_closed_loop(
     """The held-out evaluation (evaluate.*: episodes per task, their seed, steps, actions per chunk) of
     `policy` (bound to `tasks`: task k reads instruction k) in the simulator named `simulator`, run
     where rollout.* says (local processes or Ray), beside the scripted expert on the same episodes."""
-    from vlaeval.rollouts.executors import make_executor
-
     episodes, held_out = held_out_episodes(tasks, evaluate, simulator)
     conditions = evaluation_conditions(evaluate)
     jobs = [RolloutJob(policy, episodes, simulator)] + [
         RolloutJob(policy, [condition_episode(c, e, tasks, simulator) for e in episodes], simulator) for c in conditions
     ]
-    executor = make_executor(str(rollout.executor), int(rollout.workers), rollout.ray_address)
-    try:
-        outcomes = rollout_jobs(
-            jobs,
-            executor,
-            execute_actions=int(evaluate.execute_actions),
-            max_steps=int(evaluate.max_steps),
-            group_size=int(rollout.lockstep_group),
-            progress=None if progress is None else (lambda done, total: progress(done, total, "policy episodes")),
-        )
-    finally:
-        executor.close()
+    outcomes = run_rollout_jobs(
+        jobs,
+        evaluate,
+        rollout,
+        None if progress is None else (lambda done, total: progress(done, total, "policy episodes")),
+    )
     successes = outcomes[0].success
     expert = expert_successes(episodes, int(evaluate.max_steps), simulator)
     return Evaluation.of(tasks, episodes, successes, expert, list(zip(conditions, outcomes[1:])), held_out)
