@@ -214,3 +214,54 @@ def test_the_gradient_artifact_runs_the_prefix_once_per_anchor_for_all_its_seeds
     assert float(((shared - loop).abs() / loop).max()) < 1e-4
     with only_trainable(model, "all"):
         assert shared_conditioning(policy, data.anchors, pair_anchor)[1] is None
+
+
+def test_state_dims_keeps_the_object_and_goal_out_of_the_state_token():
+    """model.state_dims=4 (hand and gripper, as tiny_vla_vision reads): the rest of the state changes
+    nothing, the hand does; null reads all of it and keeps the checkpoint key it had before."""
+    from vlaeval.policy.builtin import checkpoint_key, weight_model_settings
+
+    cfg = compose_config([*SMALL, "model.state_dims=4"])
+    data = prepare_data(cfg.data, str(cfg.paths.cache_dir), None)
+    model = build_model(PolicySpec.of(cfg), data).eval()
+    batch = batch_of(data, model, range(4))
+    x = torch.randn(4, model.horizon, model.action_dim, generator=torch.Generator().manual_seed(1))
+    t = torch.full((4,), 0.5)
+    with torch.no_grad():
+        before = model.velocity(model.encode(batch), x, t)
+        moved = dict(batch, observation=batch["observation"].clone())
+        moved["observation"][:, 4:] += 3.0
+        assert torch.equal(model.velocity(model.encode(moved), x, t), before)
+        moved["observation"][:, :4] += 3.0
+        assert not torch.allclose(model.velocity(model.encode(moved), x, t), before)
+    default = compose_config(SMALL)
+    assert model.state.in_features == 4
+    assert checkpoint_key(PolicySpec.of(default), data) != checkpoint_key(PolicySpec.of(cfg), data)
+    assert "state_dims" not in weight_model_settings(default.model)  # null: the key as before it existed
+    assert weight_model_settings(cfg.model)["state_dims"] == 4
+    assert build_model(PolicySpec.of(default), data).state.in_features == data.demonstrations.observations.shape[1]
+
+
+def test_a_goal_blind_state_policy_never_reads_the_hidden_dims():
+    """tiny_vla's model.hidden_state: the hidden dims change nothing; nothing hidden keeps the weights'
+    layout and the checkpoint key a policy had before the option existed."""
+    from vlaeval.policy.builtin import weight_model_settings
+
+    cfg = compose_config(["data=tiny", "model=tiny_vla_small", "model.hidden_state=[36,37,38]"])
+    data = prepare_data(cfg.data, str(cfg.paths.cache_dir), None)
+    model = build_model(PolicySpec.of(cfg), data).eval()
+    batch = data.bind(model, cfg.flow).anchor_batch(data.anchors, np.arange(4))
+    with torch.no_grad():
+        before = model.encode(batch)
+        moved = dict(batch, observation=batch["observation"].clone())
+        moved["observation"][:, 36:39] += 5.0
+        assert torch.equal(model.encode(moved), before)
+        moved["observation"][:, 4:7] += 5.0
+        assert not torch.allclose(model.encode(moved), before)
+    plain = compose_config(["data=tiny", "model=tiny_vla_small"])
+    assert set(build_model(PolicySpec.of(plain), data).state_dict()) == set(model.state_dict())
+    assert "hidden_state" not in weight_model_settings(plain.model)
+    with pytest.raises(UserInputError, match="hidden_state"):
+        build_model(
+            PolicySpec.of(compose_config(["data=tiny", "model=tiny_vla_small", "model.hidden_state=[99]"])), data
+        )

@@ -59,6 +59,8 @@ LATER_TRAIN_KEYS = {
 # Likewise the model's: tiny_vla_vision's auxiliary loss (`locate`), off unless named.
 LATER_MODEL_KEYS = {
     "locate": ("None", ("locate_weight",)),
+    "state_dims": ("None", ()),  # smolvlm_vla's: null (all of the state) keeps the key it had before
+    "hidden_state": ("[]", ()),  # tiny_vla's: nothing hidden keeps the key it had before
 }
 
 KEYPOINT_STATISTICS_IMAGES = 512  # training frames a vision policy's fixed keypoint standardisation reads

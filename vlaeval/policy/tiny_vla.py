@@ -13,6 +13,7 @@ from typing import Dict, Iterable, List, Sequence
 import torch
 from torch import nn
 
+from vlaeval.errors import require
 from vlaeval.policy.flow import sinusoidal_embedding
 
 
@@ -111,6 +112,8 @@ class MLPFlowPolicy(BuiltinPolicy):
 
 
 class TinyVLA(MLPFlowPolicy):
+    state_kept: torch.Tensor  # 1 for each state dim the policy reads, 0 for model.hidden_state's
+
     def __init__(
         self,
         vocab: Sequence[str],
@@ -123,13 +126,24 @@ class TinyVLA(MLPFlowPolicy):
         head_hidden: int = 256,
         head_layers: int = 3,
         time_embedding_dim: int = 32,
+        hidden_state: Sequence[int] = (),
     ) -> None:
         super().__init__(vocab, obs_dim, action_dim, horizon, time_embedding_dim)
+        # State dims the policy never reads (held at their training mean): [36, 37, 38] hides
+        # Meta-World's goal position -- a goal-blind state policy, the control for "sees the goal".
+        hidden = sorted({int(d) for d in hidden_state})
+        require(
+            all(0 <= d < obs_dim for d in hidden),
+            f"model.hidden_state={list(hidden_state)} names dims outside the state's 0..{obs_dim - 1}",
+        )
+        keep = torch.ones(obs_dim)
+        keep[hidden] = 0.0
+        self.register_buffer("state_kept", keep, persistent=False)  # from the config, not the weights
         self.encoder = mlp([obs_dim + len(self.vocab), encoder_hidden, encoder_hidden, conditioning_dim])
         self.build_action_head(conditioning_dim, head_hidden, head_layers)
 
     def encode(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        obs = self.normalise(batch["observation"])
+        obs = self.normalise(batch["observation"]) * self.state_kept
         return self.encoder(torch.cat([obs, batch["instruction"]], dim=-1))
 
     def encoder_modules(self) -> List[nn.Module]:

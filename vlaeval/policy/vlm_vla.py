@@ -3,7 +3,8 @@
     camera(s), uint8 (B, 3, H, W) --> /255, resized to image_size, to [-1, 1]
         --> transformers' Idefics3 (SmolVLM) vision tower and its pixel-shuffle connector
         --> image tokens in the language model's width
-    the state --> standardised --> one linear token
+    the state (its first `state_dims`: 4 is Meta-World's hand and gripper, as tiny_vla_vision reads;
+        null: all of it) --> standardised --> one linear token
     the instruction --> a BPE tokenizer trained here on the data's words (an unseen word is split
         into pieces it knows, not dropped) --> the language model's own embeddings
     prefix = [image tokens, state token, instruction tokens] --> the language model (Llama, causal),
@@ -178,8 +179,12 @@ class VLMFlowVLA(nn.Module):
         vlm_path: Optional[str] = None,
         freeze_vlm: bool = False,
         autocast: Optional[str] = None,
+        state_dims: Optional[int] = None,
     ) -> None:
         super().__init__()
+        require(
+            state_dims is None or int(state_dims) >= 1, f"model.state_dims={state_dims} must be >= 1 (or null: all)"
+        )
         require(bool(cameras), "model.cameras is empty: the VLM reads at least one camera; name one the data has")
         require(
             autocast in AUTOCAST_DTYPES,
@@ -206,7 +211,10 @@ class VLMFlowVLA(nn.Module):
         self.freeze_vlm = bool(freeze_vlm)
         for p in self.vlm.parameters():
             p.requires_grad_(not self.freeze_vlm)
-        self.state = nn.Linear(obs_dim, width)
+        # Only the first state_dims reach the state token: with 4, where the object and the goal are
+        # must come from the camera, as for tiny_vla_vision (the whole state tells the policy).
+        self.state_dims = int(obs_dim if state_dims is None else min(int(state_dims), obs_dim))
+        self.state = nn.Linear(self.state_dims, width)
         self.register_buffer("obs_mean", torch.zeros(obs_dim))
         self.register_buffer("obs_std", torch.ones(obs_dim))
         self.action_in = nn.Linear(action_dim, expert_width)
@@ -294,7 +302,7 @@ class VLMFlowVLA(nn.Module):
         seen = self.vlm.connector(self.vlm.vision_model(pixel_values=pixels).last_hidden_state)
         seen = seen.reshape(b, -1, seen.shape[-1])  # (B, cameras x image tokens, width)
         words = self.vlm.get_input_embeddings()(ids)
-        state = self.state((observation - self.obs_mean) / self.obs_std)[:, None]
+        state = self.state(((observation - self.obs_mean) / self.obs_std)[:, : self.state_dims])[:, None]
         prefix = torch.cat([seen, state, words.to(seen.dtype)], dim=1)
         present = torch.cat([torch.ones(b, seen.shape[1] + 1, dtype=torch.bool, device=ids.device), ids != 0], dim=1)
         out = self.vlm.text_model(inputs_embeds=prefix, attention_mask=present.long(), use_cache=True)

@@ -1,0 +1,250 @@
+"""The repository's claims on five training seeds: each arm trained at seeds 0-4 and run on the test
+half of the held-out scenes (the half nothing is chosen on), paired across arms (the same episodes for
+every checkpoint), with seed-level means, t-intervals over seeds and paired contrasts, Holm-adjusted
+over the page.
+
+    python benchmarks/seed_claims.py [--arms ARM ...] [--seeds 5] [--episodes 20]
+
+Arms (ARMS below): the vision chain of docs/builtin_policy.md (benchmarks/vision_ablations.py's
+overrides, the long arms at 24k steps), the state policy and the goal-blind state policy (the goal's
+position hidden: model.hidden_state=[36,37,38]), and the vision policy with its camera blanked on the
+same episodes. Every checkpoint and every evaluation is cached (the built-in checkpoint slot, the
+recipe comparison's evaluation cache): a killed run restarts where it was, and `--arms` measures
+some arms and keeps the others' last figures. Arms not yet measured are listed with what they cost.
+
+Results in benchmarks/results/seed_claims.json and docs/figures/seed_claims.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+from vision_ablations import DRAWS, LOCATE, NORMALISED, RECIPE, SECOND_CAMERA
+
+from benchlib import compose_default, markdown_table, saved_results, write_figures
+from vlaeval.artifacts import atomic_write_json
+
+STEPS, LONG = 3000, 24000
+VISION = ["data=metaworld_vision", "model=tiny_vla_vision"]
+STATE = ["data=metaworld", "model=tiny_vla"]
+BLANK = {"blank": {"perturbation": {"blank_camera": True}}}
+# name: (what it is, overrides, evaluated with the camera blanked too)
+ARMS: Dict[str, Tuple[str, List[str], bool]] = {
+    "state": ("the state policy (told where the object and goal are), recipe on", [*STATE, *RECIPE], False),
+    "state_goal_blind": (
+        "the state policy with the goal's position hidden (model.hidden_state=[36,37,38])",
+        [*STATE, *RECIPE, "model.hidden_state=[36,37,38]"],
+        False,
+    ),
+    "before": (
+        "the vision policy's encoder as it was (no keypoint standardisation, no recipe)",
+        [
+            *VISION,
+            "model.keypoint_norm=none",
+            "model.sharpness=2.718281828459045",
+            "train.warmup_steps=0",
+            "train.grad_clip_norm=null",
+            "train.ema_decay=null",
+        ],
+        True,
+    ),
+    "marker": ("+ standardisation, recipe, 4 draws, the goal marker", [*VISION, *NORMALISED, *RECIPE, *DRAWS], True),
+    "locate_two_cameras_24k": (
+        "+ locate, a second camera, 24k steps",
+        [*VISION, *NORMALISED, *RECIPE, *DRAWS, LOCATE, *SECOND_CAMERA, f"train.steps={LONG}"],
+        True,
+    ),
+    "two_cameras_film_24k": (
+        "+ locate_two_cameras, FiLM on the instruction, 24k steps",
+        [*VISION, *NORMALISED, *RECIPE, *DRAWS, LOCATE, *SECOND_CAMERA, "model.film=true", f"train.steps={LONG}"],
+        True,
+    ),
+    "two_cameras_two_frames_24k": (
+        "+ locate_two_cameras, the previous frame too, 24k steps",
+        [*VISION, *NORMALISED, *RECIPE, *DRAWS, LOCATE, *SECOND_CAMERA, "model.history=2", f"train.steps={LONG}"],
+        True,
+    ),
+}
+# The contrasts the docs' claims rest on: (arm, against, what a positive difference would show).
+CONTRASTS = [
+    ("state", "state_goal_blind", "the state policy uses the goal's position"),
+    ("marker", "before", "the marker and recipe help the vision policy"),
+    ("locate_two_cameras_24k", "marker", "locating and a second camera (at 24k) help"),
+    ("two_cameras_film_24k", "locate_two_cameras_24k", "FiLM helps"),
+    ("two_cameras_two_frames_24k", "locate_two_cameras_24k", "a second frame helps"),
+    ("locate_two_cameras_24k", "state_goal_blind", "the vision policy beats a goal-blind state policy"),
+]
+# Training minutes per seed on 2 cores (docs/figures/vision_ablations.md's clocks, x8 for 24k steps).
+COST_MINUTES = {
+    "state": 0.5,
+    "state_goal_blind": 0.5,
+    "before": 16,
+    "marker": 1.5,
+    "locate_two_cameras_24k": 24,
+    "two_cameras_film_24k": 35,
+    "two_cameras_two_frames_24k": 45,
+}
+
+
+def arm_seed(name: str, seed: int, episodes: int) -> Dict[str, Any]:
+    """One arm at one seed: its checkpoint (cached) and its success on the test scenes (cached), and,
+    for a vision arm, the same episodes with the camera blanked."""
+    from vlaeval.policy.builtin import PolicySpec, obtain_policy, prepare_data
+    from vlaeval.recipes.seeds import evaluate_checkpoint
+    from vlaeval.rollouts.engine import evaluate_closed_loop
+
+    _, overrides, blank = ARMS[name]
+    cfg = compose_default(
+        [*overrides, f"train.seed={seed}", f"evaluate.episodes_per_task={episodes}", "evaluate.scenes=test"]
+    )
+    data = prepare_data(cfg.data, str(cfg.paths.cache_dir))
+    spec = PolicySpec.of(cfg)
+    started = time.perf_counter()
+    handle = obtain_policy(spec, cfg.checkpoint, str(cfg.paths.cache_dir), data)
+    trained = time.perf_counter() - started
+    run = evaluate_checkpoint(handle, spec, data, cfg.evaluate, cfg.rollout, cfg.simulator, str(cfg.paths.cache_dir))
+    out: Dict[str, Any] = {
+        "seed": seed,
+        "success": [bool(s) for s in run.success],
+        "tasks": list(run.tasks),
+        "rate": run.success_rate,
+        "per_task": run.per_task(),
+        "seconds": trained,
+    }
+    if blank:
+        from omegaconf import OmegaConf
+
+        blanked = OmegaConf.merge(cfg.evaluate, {"conditions": BLANK})
+        evaluation = evaluate_closed_loop(
+            data.bind(handle.model, cfg.flow),
+            list(data.demonstrations.tasks),
+            blanked,
+            cfg.rollout,
+            simulator=cfg.simulator,
+        )
+        out["blanked"] = evaluation.conditions["blank"].policy_success_rate
+    return out
+
+
+def t_interval(values: Sequence[float]) -> Tuple[float, float, float]:
+    from scipy.stats import t as student_t
+
+    x = np.asarray(values, dtype=float)
+    half = student_t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size) if x.size >= 2 else math.inf
+    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+
+
+def holm(p: Sequence[float]) -> List[float]:
+    order = np.argsort(p)
+    adjusted = np.empty(len(p))
+    running = 0.0
+    for rank, k in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[k]))
+        adjusted[k] = running
+    return adjusted.tolist()
+
+
+def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
+    from scipy.stats import ttest_rel
+
+    measured = results["arms"]
+    parts = [
+        f"Each arm trained at seeds 0-{seeds - 1}; each checkpoint runs {episodes} episodes per task on the test half "
+        "of the held-out scenes (nothing is chosen on them), the same episodes for every checkpoint. Success is "
+        "any-step success (the episode succeeded at some step). Mean over seeds with its 95% t-interval (n - 1 df), "
+        "the seeds' SD, each seed's rate; contrasts pair seed k of one arm with seed k of the other, with a paired "
+        "t-interval and p, Holm-adjusted over the contrasts on this page."
+    ]
+    rows = []
+    for name, (what, _, _) in ARMS.items():
+        if name not in measured:
+            continue
+        rates = [r["rate"] for r in measured[name]]
+        mean, low, high = t_interval(rates)
+        blank = [r["blanked"] for r in measured[name] if "blanked" in r]
+        rows.append(
+            [
+                name,
+                what,
+                f"{mean:.3f} [{low:.3f}, {high:.3f}]",
+                f"{np.std(rates, ddof=1):.3f}",
+                ", ".join(f"{x:.3f}" for x in rates),
+                f"{np.mean(blank):.3f}" if blank else "",
+            ]
+        )
+    parts.append(
+        markdown_table(["arm", "what", "success (seed mean, 95% t)", "seed SD", "per seed", "camera blanked"], rows)
+    )
+    tasks = sorted({t for arm in measured.values() for r in arm for t in r["per_task"]})
+    parts.append("Each task's success across seeds (mean / SD):")
+    parts.append(
+        markdown_table(
+            ["arm", *tasks],
+            [
+                [
+                    name,
+                    *[
+                        f"{np.mean([r['per_task'][t] for r in measured[name]]):.2f} / {np.std([r['per_task'][t] for r in measured[name]], ddof=1):.2f}"
+                        for t in tasks
+                    ],
+                ]
+                for name in ARMS
+                if name in measured
+            ],
+        )
+    )
+    done = [(a, b, why) for a, b, why in CONTRASTS if a in measured and b in measured]
+    if done:
+        ps, lines = [], []
+        for a, b, why in done:
+            n = min(len(measured[a]), len(measured[b]))
+            x = np.array([r["rate"] for r in measured[a][:n]])
+            y = np.array([r["rate"] for r in measured[b][:n]])
+            mean, low, high = t_interval(x - y)
+            p = float(ttest_rel(x, y).pvalue) if np.std(x - y) > 0 else (0.0 if mean != 0 else 1.0)
+            ps.append(p)
+            lines.append([f"{a} - {b}", why, f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]", f"{p:.3g}"])
+        for line, adjusted in zip(lines, holm(ps)):
+            line.append(f"{adjusted:.3g}")
+        parts.append(
+            markdown_table(
+                ["contrast", "a positive difference would show", "difference (paired t)", "p", "Holm p"], lines
+            )
+        )
+    missing = [name for name in ARMS if name not in measured]
+    if missing:
+        parts.append(
+            "Not measured yet (`--arms "
+            + " ".join(missing)
+            + "` measures them; training minutes per seed on 2 cores: "
+            + ", ".join(f"{n} ~{COST_MINUTES[n]:g}" for n in missing)
+            + "). Contrasts that need them are left out."
+        )
+    return "\n\n".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--episodes", type=int, default=20)
+    args = parser.parse_args()
+    saved, results = saved_results("seed_claims", {"arms": {}})
+    for name in args.arms:
+        results["arms"][name] = [arm_seed(name, seed, args.episodes) for seed in range(args.seeds)]
+        atomic_write_json(saved, results)  # each finished arm is kept, whatever happens to the next
+        print(name, [round(r["rate"], 3) for r in results["arms"][name]], flush=True)
+    write_figures(
+        "seed_claims",
+        "The repository's claims on five training seeds",
+        f"python benchmarks/seed_claims.py --arms {' '.join(a for a in ARMS if a in results['arms'])} --seeds {args.seeds} --episodes {args.episodes}",
+        page(results, args.seeds, args.episodes),
+    )
+
+
+if __name__ == "__main__":
+    main()
