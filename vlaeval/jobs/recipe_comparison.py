@@ -144,7 +144,7 @@ def bind_recipes(cfg: RecipeComparisonJobConfig) -> Tuple[Arm, Arm]:
     base = PolicySpec.of(cfg)
     arms = []
     tasks: Optional[List[str]] = None
-    for section in (cfg.recipes.baseline, cfg.recipes.candidate):
+    for role, section in (("baseline", cfg.recipes.baseline), ("candidate", cfg.recipes.candidate)):
         recipe = Recipe(section.name, tuple(section.overrides), section.seed_offset)
         spec = recipe.spec(base, cfg.recipes.first_seed)
         data = prepare_data(spec.data, str(cfg.paths.cache_dir))
@@ -152,7 +152,7 @@ def bind_recipes(cfg: RecipeComparisonJobConfig) -> Tuple[Arm, Arm]:
         mine = list(data.demonstrations.tasks)
         require(
             tasks is None or mine == tasks,
-            f"recipes.{section.name}'s data has tasks {mine}, the other recipe's {tasks}; both recipes must be "
+            f"recipes.{role}'s data has tasks {mine}, the baseline's {tasks}; both recipes must be "
             "evaluated on the same tasks (leave data.tasks out of a recipe's overrides)",
         )
         tasks = mine
