@@ -116,9 +116,11 @@ def arm_seed(name: str, seed: int, episodes: int) -> Dict[str, Any]:
         "seconds": trained,
     }
     if blank:
-        from omegaconf import OmegaConf
+        from omegaconf import open_dict
 
-        blanked = OmegaConf.merge(cfg.evaluate, {"conditions": BLANK})
+        blanked = cfg.evaluate.copy()
+        with open_dict(blanked):
+            blanked.conditions = BLANK
         evaluation = evaluate_closed_loop(
             data.bind(handle.model, cfg.flow),
             list(data.demonstrations.tasks),

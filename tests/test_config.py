@@ -303,7 +303,7 @@ def test_every_job_runs_on_its_own_typed_config_made_once_at_dispatch(tmp_path):
     from vlaeval.runs import JobResult
 
     schema_types = typing.get_type_hints(VlaevalConfig)
-    assert len(available_jobs()) == 14
+    assert len(available_jobs()) == 15
     for job in available_jobs():
         module = job_module(job)
         schema = job_schema(module)
