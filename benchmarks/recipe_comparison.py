@@ -69,7 +69,9 @@ def quoted(overrides: Sequence[str]) -> str:
     return "[" + ",".join(f'"{o}"' for o in overrides) + "]"
 
 
-def family_runs(name: str, seeds: int, episodes: int, out: Path, env: Dict[str, str]) -> Dict[str, Any]:
+def family_runs(
+    name: str, seeds: int, episodes: int, out: Path, env: Dict[str, str], with_worse: bool = True
+) -> Dict[str, Any]:
     family = FAMILIES[name]
     common = [*family["base"], f"evaluate.episodes_per_task={episodes}", "evaluate.scenes=test"]
     aa = run_job([*common, "recipes=aa", f"recipes.max_seeds={seeds}", "recipes.margin=0"], out / name / "aa", env)
@@ -81,16 +83,20 @@ def family_runs(name: str, seeds: int, episodes: int, out: Path, env: Dict[str, 
         )
         for margin in (0.05, 0.10)
     }
-    worse = run_job(
-        [
-            *common,
-            "recipes.candidate.name=tenth_steps",
-            f"recipes.candidate.overrides={quoted(family['worse'])}",
-            "recipes.max_seeds=10",
-            "recipes.margin=0",
-        ],
-        out / name / "worse",
-        env,
+    worse = (
+        run_job(
+            [
+                *common,
+                "recipes.candidate.name=tenth_steps",
+                f"recipes.candidate.overrides={quoted(family['worse'])}",
+                "recipes.max_seeds=10",
+                "recipes.margin=0",
+            ],
+            out / name / "worse",
+            env,
+        )
+        if with_worse
+        else None
     )
     return {"aa": aa, "redecided": redecided, "worse": worse}
 
@@ -215,25 +221,28 @@ def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
             )
         )
         pair_sd = float(d.std(ddof=1))
-        observed = float(np.mean(differences(worse)))
-        predicted = plan_seeds([observed], pair_sd, alpha=ALPHA, margin=0.0, prior_scale=PRIOR, max_seeds=10)[0]
-        wl = worse["looks"][-1]
-        wbounds = f"[{wl['low']:+.3f}, {wl['high']:+.3f}]" if "low" in wl else "unbounded"
         parts.append(f"### A recipe known to be worse: {', '.join(FAMILIES[name]['worse'])}")
-        parts.append(
-            markdown_table(
-                ["side", "success per seed", "mean", "seed SD"],
-                [
-                    [s["name"], ", ".join(f"{x:.3f}" for x in s["success"]), f"{s['mean']:.3f}", f"{s['sd']:.3f}"]
-                    for s in (worse["baseline"], worse["candidate"])
-                ],
+        if worse is None:
+            parts.append("Not run yet for this family (`--families " + name + "` without `--aa-only` runs it).")
+        else:
+            observed = float(np.mean(differences(worse)))
+            predicted = plan_seeds([observed], pair_sd, alpha=ALPHA, margin=0.0, prior_scale=PRIOR, max_seeds=10)[0]
+            wl = worse["looks"][-1]
+            wbounds = f"[{wl['low']:+.3f}, {wl['high']:+.3f}]" if "low" in wl else "unbounded"
+            parts.append(
+                markdown_table(
+                    ["side", "success per seed", "mean", "seed SD"],
+                    [
+                        [s["name"], ", ".join(f"{x:.3f}" for x in s["success"]), f"{s['mean']:.3f}", f"{s['sd']:.3f}"]
+                        for s in (worse["baseline"], worse["candidate"])
+                    ],
+                )
             )
-        )
-        parts.append(
-            f"{worse['decision']} at seed pair {worse.get('decided_at')}, the sequence {wbounds}. The planner, at the "
-            f"A/A's seed-pair SD {pair_sd:.3f} and this difference ({observed:+.3f}), predicted "
-            f"{predicted.seeds} pairs for 80% power ({predicted.expected:.1f} on average)."
-        )
+            parts.append(
+                f"{worse['decision']} at seed pair {worse.get('decided_at')}, the sequence {wbounds}. The planner, at "
+                f"the A/A's seed-pair SD {pair_sd:.3f} and this difference ({observed:+.3f}), predicted "
+                f"{predicted.seeds} pairs for 80% power ({predicted.expected:.1f} on average)."
+            )
         effects = [0.05, 0.10, 0.15, 0.20, 0.30]
         rows = plan_seeds([*effects, 0.0], pair_sd, alpha=ALPHA, margin=0.10, prior_scale=PRIOR, max_seeds=20)
         parts.append(
@@ -278,13 +287,14 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=["state"], choices=sorted(FAMILIES))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--aa-only", action="store_true", help="the A/A and its figures, not the worse recipe")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "recipe_comparison")
     args = parser.parse_args()
     env = {**os.environ, "VLAEVAL_CACHE_DIR": os.environ.get("VLAEVAL_CACHE_DIR", str(REPO / ".cache" / "vlaeval"))}
     # Families measured earlier stay on the page (each is hours of training on a small machine).
     saved, results = saved_results("recipe_comparison", {"families": {}})
     for name in args.families:
-        results["families"][name] = family_runs(name, args.seeds, args.episodes, args.out, env)
+        results["families"][name] = family_runs(name, args.seeds, args.episodes, args.out, env, not args.aa_only)
     results["families"] = {k: results["families"][k] for k in FAMILIES if k in results["families"]}
     atomic_write_json(saved, results)
     families = " ".join(results["families"])
