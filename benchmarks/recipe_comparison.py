@@ -238,10 +238,12 @@ def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
                     ],
                 )
             )
+            need = f"{predicted.seeds} pairs" if predicted.seeds is not None else "more than 10 pairs"
             parts.append(
-                f"{worse['decision']} at seed pair {worse.get('decided_at')}, the sequence {wbounds}. The planner, at "
-                f"the A/A's seed-pair SD {pair_sd:.3f} and this difference ({observed:+.3f}), predicted "
-                f"{predicted.seeds} pairs for 80% power ({predicted.expected:.1f} on average)."
+                f"{worse['decision']} at seed pair {worse.get('decided_at')}, the sequence {wbounds} (these pairs' own "
+                f"SD {float(np.std(differences(worse), ddof=1)):.3f}). The planner, at the A/A's seed-pair SD "
+                f"{pair_sd:.3f} and this difference ({observed:+.3f}), predicted {need} for 80% power (power "
+                f"{predicted.power_at_max:.2f} within 10, {predicted.expected:.1f} pairs on average)."
             )
         effects = [0.05, 0.10, 0.15, 0.20, 0.30]
         rows = plan_seeds([*effects, 0.0], pair_sd, alpha=ALPHA, margin=0.10, prior_scale=PRIOR, max_seeds=20)
