@@ -23,7 +23,7 @@ from vlaeval.config import PolicyJobSettings, RecipesConfig
 from vlaeval.errors import require
 from vlaeval.policy.builtin import PolicyData, PolicySpec, build_model, checkpoint_key, obtain_policy, prepare_data
 from vlaeval.policy.checkpoint import validate_checkpoint_config
-from vlaeval.recipes.result import PlanRow, RecipeComparisonResult
+from vlaeval.recipes.result import RecipeComparisonResult
 from vlaeval.recipes.seeds import SeedPair, evaluate_checkpoint, read_seed_outcomes, write_seed_outcomes
 from vlaeval.recipes.spec import Recipe
 from vlaeval.rollouts.evaluation import validate_evaluate
@@ -173,8 +173,7 @@ def run_seed_pairs(cfg: RecipeComparisonJobConfig, arms: Tuple[Arm, Arm]) -> Tup
     base = PolicySpec.of(cfg)
     cache = str(cfg.paths.cache_dir)
     pairs: List[SeedPair] = []
-    test = seed_test([], alpha=settings.alpha, margin=settings.margin, prior_scale=settings.prior_scale)
-    for k in range(settings.max_seeds):
+    for k in range(settings.max_seeds):  # at least two: RecipesConfig checks it
         seed = settings.first_seed + k
         runs = []
         for arm in arms:
@@ -275,10 +274,11 @@ def print_comparison(result: RecipeComparisonResult, max_seeds: int) -> None:
     console.show(f"  seed pairs' outcomes: {result.seed_outcomes}")
 
 
-def print_plan(rows: Sequence[SeedsNeeded | PlanRow], max_seeds: int) -> None:
+def print_plan(rows: Sequence[SeedsNeeded], max_seeds: int) -> None:
     for row in rows:
-        need = row.seeds if isinstance(row, SeedsNeeded) else row.seeds_for_80_percent
-        seeds = f"{need} seed pairs for 80% power" if need is not None else f"more than {max_seeds} seed pairs"
+        seeds = (
+            f"{row.seeds} seed pairs for 80% power" if row.seeds is not None else f"more than {max_seeds} seed pairs"
+        )
         console.show(
             f"  planner: a difference of {row.effect:+.2f} at seed-pair SD {row.sd:.3f} needs {seeds} "
             f"(power at {max_seeds} pairs {row.power_at_max:.2f})"

@@ -34,22 +34,6 @@ class SeedLook(JsonRecord):
 
 
 @dataclass(frozen=True)
-class PlanRow(JsonRecord):
-    """The planner's row: seed pairs for 80% power (None: not within max_seeds), the power at
-    max_seeds, the pairs a run takes on average."""
-
-    effect: float
-    sd: float
-    seeds_for_80_percent: Optional[int]
-    power_at_max: float
-    expected_seeds: float
-
-    @classmethod
-    def of(cls, row: SeedsNeeded) -> "PlanRow":
-        return cls(row.effect, row.sd, row.seeds, row.power_at_max, row.expected)
-
-
-@dataclass(frozen=True)
 class RecipeSummary(JsonRecord):
     """One recipe over the seeds run: its success per seed, their mean and SD, each task's mean and
     SD across seeds, and the seed-spread matrix (seed i's success minus seed j's) with the exact
@@ -102,7 +86,7 @@ class RecipeComparisonResult(JsonRecord):
     method: str
     sd_floor: float  # one episode's worth of success: the least seed-pair SD the test uses
     plan_sd: Optional[float]
-    plan: Tuple[PlanRow, ...]
+    plan: Tuple[SeedsNeeded, ...]
     seed_outcomes: str
     WRITTEN_WHEN_NONE = ("decided_at",)
 
@@ -139,7 +123,7 @@ class RecipeComparisonResult(JsonRecord):
             method=method,
             sd_floor=sd_floor,
             plan_sd=plan_sd,
-            plan=tuple(PlanRow.of(r) for r in plan),
+            plan=tuple(plan),
             seed_outcomes=seed_outcomes,
         )
 

@@ -17,7 +17,7 @@ from vlaeval.config import FlowConfig, TrainConfig, to_plain
 from vlaeval.errors import UserInputError, first_line, require
 from vlaeval.policy.builtin import PolicySpec
 
-RECIPE_SECTIONS = ("model", "data", "flow", "train")
+RECIPE_SECTIONS = tuple(f.name for f in dataclasses.fields(PolicySpec))  # model, data, flow, train
 SEED_KEY = "train.seed"
 
 

@@ -31,11 +31,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vlaeval.records import JsonRecord
+
 BETTER = "BETTER"
 WORSE = "WORSE"
 EQUIVALENT = "EQUIVALENT"
 UNDECIDED = "UNDECIDED"
-SEED_DECISIONS = (BETTER, WORSE, EQUIVALENT, UNDECIDED)
 MIN_SEEDS = 2  # one difference says nothing about the scale its mean is judged against
 METHOD = (
     "confidence sequence for the mean seed-pair difference, inverting the Gaussian-mixture t-test's Bayes factor "
@@ -97,7 +98,8 @@ def critical_ratio(n: int, alpha: float, prior_scale: float) -> float:
 
 def log_bayes_factor(differences: Sequence[float], mu: float, prior_scale: float) -> float:
     """log BF of 'mean != mu' against 'mean == mu' from the seed pairs' differences (0 below two
-    pairs); the test the sequence inverts, kept for its tests and the report's e-value."""
+    pairs): the test the sequence inverts in closed form (critical_ratio), which its tests check
+    against this definition."""
     d = np.asarray(differences, dtype=np.float64)
     n = d.size
     if n < MIN_SEEDS:
@@ -163,7 +165,7 @@ def seed_test(
 
 
 @dataclass(frozen=True)
-class SeedsNeeded:
+class SeedsNeeded(JsonRecord):
     """The planner's row: a difference of this size at this seed-pair SD is certified (BETTER, or
     EQUIVALENT where the difference is 0) by `seeds` pairs with the stated probability, and takes
     `expected` pairs on average when the test may run to `max_seeds` (None: not within them)."""
