@@ -7,8 +7,9 @@ over the page.
 
 Arms (ARMS below): the vision chain of docs/builtin_policy.md (benchmarks/vision_ablations.py's
 overrides, the long arms at 24k steps), the state policy and the goal-blind state policy (the goal's
-position hidden: model.hidden_state=[36,37,38]), and the vision policy with its camera blanked on the
-same episodes. Every checkpoint and every evaluation is cached (the built-in checkpoint slot, the
+position hidden: model.hidden_state=[36,37,38]), and each vision arm on the same episodes with its
+camera blanked and with a counterfactual goal marker (drawn away from the true goal). Every episode
+runs to its horizon, so any-step and final-step success come from the same episodes. Every checkpoint and every evaluation is cached (the built-in checkpoint slot, the
 recipe comparison's evaluation cache): a killed run restarts where it was, and `--arms` measures
 some arms and keeps the others' last figures. Arms not yet measured are listed with what they cost.
 
@@ -31,8 +32,14 @@ from vlaeval.artifacts import atomic_write_json
 STEPS, LONG = 3000, 24000
 VISION = ["data=metaworld_vision", "model=tiny_vla_vision"]
 STATE = ["data=metaworld", "model=tiny_vla"]
-BLANK = {"blank": {"perturbation": {"blank_camera": True}}}
-# name: (what it is, overrides, evaluated with the camera blanked too)
+MARKER_SHIFT = 0.15  # metres: the counterfactual marker's distance from the true goal (~7 pixels at 64x64)
+# What a camera arm is also run under, on the same episodes: the camera blanked, and the goal marker
+# drawn away from the true goal (a policy that finds the goal in its camera must do worse).
+CONDITIONS = {
+    "blank": {"perturbation": {"blank_camera": True}},
+    "counterfactual_marker": {"perturbation": {"goal_marker_shift": MARKER_SHIFT}},
+}
+# name: (what it is, overrides, evaluated under CONDITIONS too)
 ARMS: Dict[str, Tuple[str, List[str], bool]] = {
     "state": ("the state policy (told where the object and goal are), recipe on", [*STATE, *RECIPE], False),
     "state_goal_blind": (
@@ -92,14 +99,20 @@ COST_MINUTES = {
 
 def arm_seed(name: str, seed: int, episodes: int) -> Dict[str, Any]:
     """One arm at one seed: its checkpoint (cached) and its success on the test scenes (cached), and,
-    for a vision arm, the same episodes with the camera blanked."""
+    for a vision arm, the same episodes under CONDITIONS."""
     from vlaeval.policy.builtin import PolicySpec, obtain_policy, prepare_data
     from vlaeval.recipes.seeds import evaluate_checkpoint
     from vlaeval.rollouts.engine import evaluate_closed_loop
 
     _, overrides, blank = ARMS[name]
     cfg = compose_default(
-        [*overrides, f"train.seed={seed}", f"evaluate.episodes_per_task={episodes}", "evaluate.scenes=test"]
+        [
+            *overrides,
+            f"train.seed={seed}",
+            f"evaluate.episodes_per_task={episodes}",
+            "evaluate.scenes=test",
+            "evaluate.run_to_horizon=true",  # any-step and final-step success from the same episodes
+        ]
     )
     data = prepare_data(cfg.data, str(cfg.paths.cache_dir))
     spec = PolicySpec.of(cfg)
@@ -112,23 +125,24 @@ def arm_seed(name: str, seed: int, episodes: int) -> Dict[str, Any]:
         "success": [bool(s) for s in run.success],
         "tasks": list(run.tasks),
         "rate": run.success_rate,
+        "final_rate": run.final_step_success_rate,
         "per_task": run.per_task(),
         "seconds": trained,
     }
     if blank:
         from omegaconf import open_dict
 
-        blanked = cfg.evaluate.copy()
-        with open_dict(blanked):
-            blanked.conditions = BLANK
+        probed = cfg.evaluate.copy()
+        with open_dict(probed):
+            probed.conditions = CONDITIONS
         evaluation = evaluate_closed_loop(
             data.bind(handle.model, cfg.flow),
             list(data.demonstrations.tasks),
-            blanked,
+            probed,
             cfg.rollout,
             simulator=cfg.simulator,
         )
-        out["blanked"] = evaluation.conditions["blank"].policy_success_rate
+        out["conditions"] = {name: c.policy_success_rate for name, c in evaluation.conditions.items()}
     return out
 
 
@@ -150,39 +164,60 @@ def holm(p: Sequence[float]) -> List[float]:
     return adjusted.tolist()
 
 
-def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
+def paired(x: Sequence[float], y: Sequence[float]) -> Tuple[float, float, float, float]:
+    """Mean x - y over seeds, its paired 95% t-interval and the paired t-test's p."""
     from scipy.stats import ttest_rel
 
+    n = min(len(x), len(y))
+    a, b = np.asarray(x[:n], dtype=float), np.asarray(y[:n], dtype=float)
+    mean, low, high = t_interval(a - b)
+    p = float(ttest_rel(a, b).pvalue) if np.std(a - b) > 0 else (0.0 if mean != 0 else 1.0)
+    return mean, low, high, p
+
+
+def seed_cell(values: Sequence[float]) -> str:
+    mean, low, high = t_interval(values)
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
     measured = results["arms"]
     parts = [
         f"Each arm trained at seeds 0-{seeds - 1}; each checkpoint runs {episodes} episodes per task on the test half "
-        "of the held-out scenes (nothing is chosen on them), the same episodes for every checkpoint. Success is "
-        "any-step success (the episode succeeded at some step). Mean over seeds with its 95% t-interval (n - 1 df), "
-        "the seeds' SD, each seed's rate; contrasts pair seed k of one arm with seed k of the other, with a paired "
-        "t-interval and p, Holm-adjusted over the contrasts on this page."
+        "of the held-out scenes (nothing is chosen on them), the same episodes for every checkpoint, each to its "
+        "150-step horizon (`evaluate.run_to_horizon=true`): any-step success (the goal was met at some step) and "
+        "final-step success (it held at the last step) come from the same episodes. Mean over seeds with its 95% "
+        "t-interval (n - 1 df), the seeds' SD, each seed's rate; contrasts pair seed k of one arm with seed k of the "
+        "other (or a checkpoint with itself under a condition), with a paired t-interval and p, Holm-adjusted over "
+        "every contrast on this page. A camera arm also runs the same episodes with its camera blanked and with the "
+        f"goal marker drawn {MARKER_SHIFT:.2f} m from the true goal (the counterfactual marker: a policy that finds "
+        "the goal in its camera must do worse; the physics and the state keep the true goal)."
     ]
     rows = []
     for name, (what, _, _) in ARMS.items():
         if name not in measured:
             continue
         rates = [r["rate"] for r in measured[name]]
-        mean, low, high = t_interval(rates)
-        blank = [r["blanked"] for r in measured[name] if "blanked" in r]
+        finals = [r["final_rate"] for r in measured[name]]
+        probes = [r.get("conditions", {}) for r in measured[name]]
         rows.append(
             [
                 name,
                 what,
-                f"{mean:.3f} [{low:.3f}, {high:.3f}]",
+                seed_cell(rates),
                 f"{np.std(rates, ddof=1):.3f}",
                 ", ".join(f"{x:.3f}" for x in rates),
-                f"{np.mean(blank):.3f}" if blank else "",
+                seed_cell(finals),
+                *(
+                    seed_cell([p[c] for p in probes]) if all(c in p for p in probes) else ""
+                    for c in ("blank", "counterfactual_marker")
+                ),
             ]
         )
-    parts.append(
-        markdown_table(["arm", "what", "success (seed mean, 95% t)", "seed SD", "per seed", "camera blanked"], rows)
-    )
+    header = ["arm", "what", "any-step success (seed mean, 95% t)", "seed SD", "per seed", "final-step success"]
+    parts.append(markdown_table([*header, "camera blanked", "counterfactual marker"], rows))
     tasks = sorted({t for arm in measured.values() for r in arm for t in r["per_task"]})
-    parts.append("Each task's success across seeds (mean / SD):")
+    parts.append("Each task's any-step success across seeds (mean / SD):")
     parts.append(
         markdown_table(
             ["arm", *tasks],
@@ -199,17 +234,26 @@ def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
             ],
         )
     )
-    done = [(a, b, why) for a, b, why in CONTRASTS if a in measured and b in measured]
-    if done:
-        ps, lines = [], []
-        for a, b, why in done:
-            n = min(len(measured[a]), len(measured[b]))
-            x = np.array([r["rate"] for r in measured[a][:n]])
-            y = np.array([r["rate"] for r in measured[b][:n]])
-            mean, low, high = t_interval(x - y)
-            p = float(ttest_rel(x, y).pvalue) if np.std(x - y) > 0 else (0.0 if mean != 0 else 1.0)
-            ps.append(p)
+    lines, ps = [], []
+    for a, b, why in CONTRASTS:
+        if a in measured and b in measured:
+            mean, low, high, p = paired([r["rate"] for r in measured[a]], [r["rate"] for r in measured[b]])
             lines.append([f"{a} - {b}", why, f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]", f"{p:.3g}"])
+            ps.append(p)
+    for name in ARMS:
+        runs = measured.get(name, [])
+        for condition, why in (
+            ("blank", "the policy uses its camera"),
+            ("counterfactual_marker", "the policy finds the goal in its camera"),
+        ):
+            if runs and all(condition in r.get("conditions", {}) for r in runs):
+                clean = [r["rate"] for r in runs]
+                mean, low, high, p = paired(clean, [r["conditions"][condition] for r in runs])
+                lines.append(
+                    [f"{name}: clean - {condition}", why, f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]", f"{p:.3g}"]
+                )
+                ps.append(p)
+    if lines:
         for line, adjusted in zip(lines, holm(ps)):
             line.append(f"{adjusted:.3g}")
         parts.append(

@@ -243,3 +243,37 @@ def test_the_goal_is_drawn_where_the_camera_sees_it_and_the_physics_never_sees_t
     assert np.array_equal(model.site_size, size_before) and np.array_equal(model.site_rgba, rgba_before)
     assert np.array_equal(env.unwrapped._get_obs(), obs)
     runner.close()
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_a_counterfactual_marker_is_drawn_away_from_the_goal_which_the_physics_keeps(seed):
+    """perturbation.goal_marker_shift: the cameras show the marker that many metres from the true goal
+    on the table (a direction drawn from the episode's seed), where the unshifted episode shows it on
+    the goal; the state observation, the steps and the success test are the true goal's."""
+    import mujoco
+
+    from vlaeval.envs import rendering
+    from vlaeval.envs.episodes import Episode, Perturbation, goal_marker_offset
+    from vlaeval.envs.metaworld import SceneEnvironments
+
+    def green(image):
+        return (image[..., 1] > 150) & (image[..., 0] < 120) & (image[..., 2] < 120)
+
+    shifted = Episode("reach-v3", 0, 30, seed, perturbation=Perturbation(goal_marker_shift=0.15))
+    offset = goal_marker_offset(shifted)
+    assert np.isclose(np.linalg.norm(offset), 0.15) and offset[2] == 0.0
+    envs = SceneEnvironments(["corner"], 64)
+    try:
+        observations = [envs.open(Episode("reach-v3", 0, 30, seed)), envs.open(shifted)]
+        assert np.array_equal(*observations)  # the state observation: the true goal
+        model, data = envs.envs[1].unwrapped.model, envs.envs[1].unwrapped.data
+        goal = data.site_xpos[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, rendering.GOAL_SITE)].copy()
+        for k, where in ((0, goal), (1, goal + offset)):
+            blob = np.argwhere(green(envs.images(k)[CORNER]))
+            assert len(blob) >= 3
+            expected = _pixel_of(model, data, "corner", where, 64)
+            assert np.abs(blob.mean(axis=0) + 0.5 - expected).max() < 2.0, (k, blob.mean(axis=0), expected)
+        steps = [envs.step(k, np.array([0.5, 0.0, 0.0, 0.0])) for k in (0, 1)]
+        assert np.array_equal(steps[0][0], steps[1][0]) and steps[0][1:] == steps[1][1:]
+    finally:
+        envs.close()

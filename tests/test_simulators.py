@@ -190,3 +190,66 @@ def test_a_simulator_of_ones_own_is_filmed_through_its_own_view(monkeypatch, tmp
         title="point", instruction="reach the point", execute_actions=2, max_steps=6, simulator="point",
     )  # fmt: skip
     assert path.is_file() and path.stat().st_size > 1000
+
+
+class PassingEnvironments(PointEnvironments):
+    """The point world where the goal is met at the third step only, or, for odd variants, from the
+    third step on (a policy that reaches its goal and then leaves it, and one that keeps it); the
+    wall is unsafe from the fifth step for variant 8 (an episode that reaches, then breaks something)."""
+
+    def open(self, episode: Episode) -> np.ndarray:
+        self.steps = getattr(self, "steps", []) + [0]
+        self.variants = getattr(self, "variants", []) + [episode.variant]
+        return super().open(episode)
+
+    def step(self, k: int, action: np.ndarray) -> Tuple[np.ndarray, bool, bool]:
+        obs, _, ended = super().step(k, action)
+        self.steps[k] += 1
+        reached = self.steps[k] == 3 or (self.variants[k] % 2 == 1 and self.steps[k] >= 3)
+        return obs, reached, ended
+
+    def unsafe(self, k: int) -> bool:
+        return self.variants[k] == 8 and self.steps[k] >= 5
+
+
+class PassingSimulator(PointSimulator):
+    name = "passing"
+
+    def environments(self, cameras: Sequence[str] = (), image_size: int = 64) -> PointEnvironments:
+        return PassingEnvironments()
+
+
+def test_run_to_horizon_keeps_any_step_success_and_says_whether_the_goal_held_at_the_end(monkeypatch):
+    """Without run_to_horizon an episode ends when the goal is first met; with it every episode runs
+    its steps, any-step success is the same, and final_success says whether the goal held at the last
+    step -- true where it was kept, false where it was left, and false after an unsafe event."""
+    import vlaeval.envs
+    from vlaeval.config import EvaluateConfig, RolloutConfig
+    from vlaeval.rollouts.engine import evaluate_closed_loop
+
+    monkeypatch.setitem(SIMULATORS, "passing", (__name__, "PassingSimulator"))
+    monkeypatch.setattr(vlaeval.envs, "_MADE", {})
+    torch.manual_seed(0)
+    model = TinyVLA(["reach"], 4, 2, 4, encoder_hidden=16, conditioning_dim=8, head_hidden=16, head_layers=2)
+    bound = bind_policy(model, ["reach"], FlowConfig(sampling_steps=3))
+    sim = simulator("passing")
+    episodes = [Episode("reach-point", 0, v, v) for v in (5, 6, 7, 8)]
+    first = rollout_lockstep(bound, episodes, execute_actions=2, max_steps=8, simulator=sim)
+    whole = rollout_lockstep(bound, episodes, execute_actions=2, max_steps=8, simulator=sim, to_horizon=True)
+    assert first.final_success is None and list(first.steps) == [3, 3, 3, 3] and first.success.all()
+    assert list(whole.success) == [True, True, True, False] and list(whole.unsafe) == [False] * 3 + [True]
+    assert list(whole.final_success) == [True, False, True, False]
+    assert list(whole.steps) == [8, 8, 8, 5]
+    # Through the evaluation: both rates, per task and overall, and the metric.
+    evaluate = EvaluateConfig(episodes_per_task=4, max_steps=8, execute_actions=2, run_to_horizon=True)
+    run = evaluate_closed_loop(bound, ["reach-point"], evaluate, RolloutConfig(workers=1), simulator="passing")
+    assert run.policy_success_rate == 0.75 and run.final_step_success_rate == 0.5
+    assert run.per_task["reach-point"].final_step_success_rate == 0.5
+    from vlaeval.rollouts.evaluation import evaluation_view
+
+    assert evaluation_view(run)[0]["eval.final_step_success_rate"] == 0.5
+    plain = evaluate_closed_loop(
+        bound, ["reach-point"], EvaluateConfig(episodes_per_task=4, max_steps=8, execute_actions=2),
+        RolloutConfig(workers=1), simulator="passing",
+    )  # fmt: skip
+    assert plain.policy_success_rate == 1.0 and plain.final_step_success_rate is None

@@ -284,6 +284,10 @@ class EvaluateConfig:
     scenes: str = "held_out"
     execute_actions: int = 1  # actions of each sampled chunk executed before re-planning
     max_steps: int = 150
+    # An episode ends when the goal is first reached (any-step success, Meta-World's criterion); with
+    # run_to_horizon every episode runs its max_steps and success at the last step is reported beside
+    # it (final-step success: did the policy keep the goal, as LIBERO and end-state benchmarks judge).
+    run_to_horizon: bool = False
     # Probes run on the very same episodes besides the clean run: {name: {perturbation: {...},
     # instructions: task|paraphrase|unseen|other_task}} (vlaeval/rollouts/evaluation.py). What a
     # policy does with its camera blanked or another task's instruction shows whether it sees and reads.

@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, cast
+from typing import AbstractSet, Any, Callable, Dict, List, Mapping, Optional, Sequence, cast
 
 import numpy as np
 
-from vlaeval.artifacts import atomic_write_json, atomic_write_npz, read_json, sha256_json
+from vlaeval.artifacts import atomic_write_json, atomic_write_npz, read_json, sha256_json, stable_seed
 from vlaeval.data.cameras import CameraFrames, FrameArray
 from vlaeval.data.demonstrations import Demonstrations, content_sha256
 from vlaeval.envs.metaworld import (
@@ -70,6 +70,15 @@ def validate_data_config(data: Any) -> None:
             f"data.cameras: {camera!r} is not a Meta-World camera; choose from {', '.join(METAWORLD_CAMERAS)}",
         )
     require(len(set(cameras)) == len(cameras), f"data.cameras lists a camera twice: {cameras}")
+    fraction = float(getattr(data, "noisy_label_fraction", 0.0))
+    require(
+        0.0 <= fraction <= 1.0,
+        f"data.noisy_label_fraction={fraction} must be between 0 and 1 (the share of episodes with jittery labels)",
+    )
+    require(
+        float(getattr(data, "label_noise", 0.0)) >= 0.0,
+        f"data.label_noise={getattr(data, 'label_noise', 0.0)} must be >= 0 (the jitter's SD, in action units)",
+    )
     size = int(getattr(data, "image_size", 64))
     require(8 <= size <= 512, f"data.image_size={size} must be between 8 and 512 pixels")
 
@@ -86,15 +95,28 @@ def _distance(a: str, b: str) -> int:
 
 
 def record_episode(
-    runner: EpisodeRunner, task: str, variant: int, seed: int, max_steps: int, action_noise: float
+    runner: EpisodeRunner,
+    task: str,
+    variant: int,
+    seed: int,
+    max_steps: int,
+    action_noise: float,
+    label_noise: float = 0.0,
 ) -> Dict[str, Any]:
+    """One expert episode. The label is the clean expert action, unless `label_noise` > 0: then the
+    episode is a jittery operator's, whose recorded (and executed) command is the expert's plus
+    Gaussian jitter of that SD -- noise no policy can learn, so its anchors keep a high loss and
+    large gradients however long a policy trains."""
     env, obs = runner.env(task, variant)
     expert = runner.expert(task)
     rng = np.random.default_rng(seed)
+    jitter = np.random.default_rng(stable_seed("label-noise", seed))  # its own stream: clean episodes keep theirs
     observations, actions, success = [], [], False
     images: Dict[str, List[np.ndarray]] = {camera_key(c): [] for c in runner.cameras}
     for _ in range(max_steps):
         clean = np.clip(expert.get_action(obs), -1.0, 1.0).astype(np.float32)
+        if label_noise > 0.0:  # the operator's device reports the command unclipped; the robot clips it
+            clean = (clean + label_noise * jitter.standard_normal(ACTION_DIM)).astype(np.float32)
         observations.append(np.asarray(obs, dtype=np.float32))
         actions.append(clean)
         for key, image in runner.images(env).items():  # what the cameras see at this observation
@@ -125,12 +147,20 @@ def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str],
         families,
     )
     runner = EpisodeRunner(getattr(data, "cameras", ()), int(getattr(data, "image_size", 64)))
+    jittery = jittery_episodes(len(plan), float(getattr(data, "noisy_label_fraction", 0.0)), int(data.seed))
+    label_noise = float(getattr(data, "label_noise", 0.0))
     episodes = []
     try:
         for i, ep in enumerate(plan):
             episodes.append(
                 record_episode(
-                    runner, ep["task"], ep["variant"], ep["seed"], int(data.max_steps), float(data.action_noise)
+                    runner,
+                    ep["task"],
+                    ep["variant"],
+                    ep["seed"],
+                    int(data.max_steps),
+                    float(data.action_noise),
+                    label_noise if i in jittery else 0.0,
                 )
             )
             if progress is not None:
@@ -161,6 +191,7 @@ def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str],
         "episodes": len(plan),
         "steps": int(lengths.sum()),
         "expert_success_rate": float(arrays["episode_success"].mean()),
+        **({"jittery_episodes": sorted(jittery)} if jittery else {}),  # positions, for checking what a score finds
         "config": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in _data_fields(data).items()},
         "cameras": sorted(cameras),
         "content_sha256": content_sha256(arrays | camera_arrays(cameras), tasks, instructions),
@@ -172,6 +203,16 @@ def build_demonstrations(data: Any, progress: Optional[Callable[[int, int, str],
         manifest=manifest,
         cameras=cameras or None,
     )
+
+
+def jittery_episodes(episodes: int, fraction: float, seed: int) -> AbstractSet[int]:
+    """Which of the plan's episodes a jittery operator recorded: round(fraction x episodes) of them
+    (at least one when the fraction is positive), drawn by a digest of the data seed."""
+    if fraction <= 0.0:
+        return frozenset()
+    count = max(1, int(round(fraction * episodes)))
+    rng = np.random.default_rng(stable_seed("jittery-episodes", seed))
+    return frozenset(int(i) for i in rng.choice(episodes, size=count, replace=False))
 
 
 CAMERA_ARRAY = "camera:"  # a camera's frames in the cached arrays: "camera:observation.images.<name>"
@@ -195,6 +236,9 @@ def _data_fields(data: Any) -> Dict[str, Any]:
     out = {k: v for k, v in plain.items() if k not in ("horizon",)}
     if list(out.get("train_families", [0])) == [0]:
         out.pop("train_families", None)
+    if not out.get("noisy_label_fraction") or not out.get("label_noise"):  # and data with clean labels
+        out.pop("noisy_label_fraction", None)
+        out.pop("label_noise", None)
     if out.get("scenes", "train") == "train":  # likewise the default split
         out.pop("scenes", None)
     if not out.get("cameras"):  # and data without cameras
@@ -235,6 +279,8 @@ class MetaWorldDemonstrations:
         scenes: str = "train",
         cameras: Sequence[str] = (),
         image_size: int = 64,
+        noisy_label_fraction: float = 0.0,
+        label_noise: float = 0.0,
     ) -> None:
         self.name = str(name)
         self.tasks = [str(t) for t in tasks]
@@ -249,6 +295,11 @@ class MetaWorldDemonstrations:
         # pixels; each becomes the feature observation.images.<camera>.
         self.cameras = [str(c) for c in cameras]
         self.image_size = int(image_size)
+        # Mixed-quality demonstrations: this fraction of the episodes recorded by a jittery operator
+        # whose commands carry Gaussian noise of SD label_noise (the gate's positive control,
+        # data=metaworld_jittery; docs/audit.md).
+        self.noisy_label_fraction = float(noisy_label_fraction)
+        self.label_noise = float(label_noise)
 
     def validate(self) -> None:
         validate_data_config(self)

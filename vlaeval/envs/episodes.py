@@ -66,6 +66,10 @@ class Perturbation:
     camera_shift: each camera is moved by this many metres in a direction drawn once per episode.
     blank_camera: every image is black (the camera sees nothing: a policy that uses its camera
         must do worse).
+    goal_marker_shift: the goal marker the cameras show is drawn this many metres from the true goal,
+        on the table, in a direction drawn once per episode; the physics, the success test and the
+        state observation keep the true goal (a counterfactual marker: a policy that finds the goal
+        in its camera must do worse, one that ignores the marker cannot tell).
     """
 
     observation_noise: float = 0.0
@@ -79,6 +83,7 @@ class Perturbation:
     occlusion: float = 0.0
     camera_shift: float = 0.0
     blank_camera: bool = False
+    goal_marker_shift: float = 0.0
 
     @classmethod
     def parse(cls, values: Any, where: str) -> "Perturbation":
@@ -103,6 +108,7 @@ class Perturbation:
         require(out.contrast >= 0, f"{where}.contrast={out.contrast} must be >= 0 (1: unchanged)")
         require(0 <= out.occlusion <= 1, f"{where}.occlusion={out.occlusion} must be in [0, 1] (of the image side)")
         require(out.camera_shift >= 0, f"{where}.camera_shift={out.camera_shift} must be >= 0 metres")
+        require(out.goal_marker_shift >= 0, f"{where}.goal_marker_shift={out.goal_marker_shift} must be >= 0 metres")
         return out
 
     @property
@@ -125,7 +131,15 @@ class Perturbation:
 
 
 NO_PERTURBATION = Perturbation()
-VISUAL_FIELDS = ("image_noise", "brightness", "contrast", "occlusion", "camera_shift", "blank_camera")
+VISUAL_FIELDS = (
+    "image_noise",
+    "brightness",
+    "contrast",
+    "occlusion",
+    "camera_shift",
+    "blank_camera",
+    "goal_marker_shift",
+)
 
 
 @dataclass(frozen=True)
@@ -253,3 +267,14 @@ def camera_offset(episode: Episode) -> np.ndarray:
         return np.zeros(3)
     direction = np.random.default_rng(stable_seed("camera-shift", episode.seed)).standard_normal(3)
     return shift * direction / np.linalg.norm(direction)
+
+
+def goal_marker_offset(episode: Episode) -> np.ndarray:
+    """Where (metres, xyz) the cameras draw the goal marker relative to the true goal: on the table
+    (z unchanged), in a direction drawn once per episode from a stream of its own, times the
+    scenario's and the degradation's goal_marker_shift."""
+    shift = episode.perturbation.goal_marker_shift + episode.degradation.goal_marker_shift
+    if shift == 0:
+        return np.zeros(3)
+    angle = np.random.default_rng(stable_seed("goal-marker-shift", episode.seed)).uniform(0.0, 2.0 * np.pi)
+    return shift * np.array([np.cos(angle), np.sin(angle), 0.0])

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from vlaeval.artifacts import stable_seed
-from vlaeval.envs.episodes import HELD_OUT_SPLITS, Episode, camera_offset, held_out_split
+from vlaeval.envs.episodes import HELD_OUT_SPLITS, Episode, camera_offset, goal_marker_offset, held_out_split
 from vlaeval.envs.rendering import CAMERA_PREFIX, METAWORLD_CAMERAS, RENDERER_VERSION, SceneCameras, camera_key
 
 VIDEO_CAMERA = "corner"  # what a video shows: the view a person reads best, the whole arm and table
@@ -185,6 +185,7 @@ class SceneEnvironments:
         self.envs: List[Any] = []
         self.renderers: List[Any] = []
         self.video_renderers: Dict[Tuple[int, int], Any] = {}  # (episode, size): a video's view
+        self.goal_offsets: List[np.ndarray] = []  # where each episode's cameras draw its goal marker
         self.monitors: List[Tuple[List[int], Optional[float]]] = []
         self.cameras = [str(c)[len(CAMERA_PREFIX) :] if str(c).startswith(CAMERA_PREFIX) else str(c) for c in cameras]
         for feature, camera in zip(cameras, self.cameras):
@@ -203,12 +204,13 @@ class SceneEnvironments:
         # The unsafe-contact monitor: the obstacle's bodies, and the force that makes contact unsafe.
         limit = episode.unsafe_contact_force
         self.monitors.append((obstacle_bodies(env, episode.obstacle) if limit is not None else [], limit))
+        self.goal_offsets.append(goal_marker_offset(episode))
         if self.cameras:
             model = env.unwrapped.model  # this episode's own environment: moving its cameras moves no other's
             offset = camera_offset(episode)
             for camera in self.cameras:
                 model.cam_pos[model.camera(camera).id] += offset
-            self.renderers.append(SceneCameras(model, self.cameras, self.image_size))
+            self.renderers.append(SceneCameras(model, self.cameras, self.image_size, goal_offset=self.goal_offsets[-1]))
         obs, _ = env.reset()
         return obs
 
@@ -226,7 +228,8 @@ class SceneEnvironments:
 
     def frame(self, k: int, size: int) -> np.ndarray:
         if (k, size) not in self.video_renderers:
-            self.video_renderers[k, size] = SceneCameras(self.envs[k].unwrapped.model, [VIDEO_CAMERA], size)
+            model = self.envs[k].unwrapped.model  # the video shows the marker where the policy was shown it
+            self.video_renderers[k, size] = SceneCameras(model, [VIDEO_CAMERA], size, goal_offset=self.goal_offsets[k])
         return self.video_renderers[k, size].render(self.envs[k].unwrapped.data)[camera_key(VIDEO_CAMERA)]
 
     def close(self) -> None:
@@ -238,6 +241,7 @@ class SceneEnvironments:
         self.envs.clear()
         self.renderers.clear()
         self.monitors.clear()
+        self.goal_offsets.clear()
 
 
 class MetaWorldSimulator:

@@ -59,15 +59,19 @@ class SceneCameras:
         size: int,
         mesh_cell: Optional[float] = None,
         goal_marker: Optional[float] = GOAL_MARKER_RADIUS,
+        goal_offset: Optional[np.ndarray] = None,
     ) -> None:
         """`mesh_cell`: the simplification's grid in metres (None: MESH_CELL_AT_64 scaled to `size`;
         0: the full meshes, as RENDERER_VERSION 1 drew them). `goal_marker`: the goal site's radius
-        in metres, drawn in GOAL_MARKER_RGBA (None: as the model draws it, as version 2 did)."""
+        in metres, drawn in GOAL_MARKER_RGBA (None: as the model draws it, as version 2 did).
+        `goal_offset`: metres (xyz) from the true goal at which the marker is drawn (a counterfactual
+        marker, vlaeval/envs/episodes.py: goal_marker_offset); None draws it on the goal."""
         import mujoco
 
         self.cameras, self.size = [str(c) for c in cameras], int(size)
         goal = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, GOAL_SITE)
         self._goal = None if goal_marker is None or goal < 0 else (int(goal), float(goal_marker))
+        self._goal_offset = None if goal_offset is None or not np.any(goal_offset) else np.asarray(goal_offset)
         cell = MESH_CELL_AT_64 * 64 / self.size if mesh_cell is None else float(mesh_cell)
         model.vis.quality.offsamples = 0
         model.vis.global_.offwidth = max(int(model.vis.global_.offwidth), self.size)
@@ -108,6 +112,8 @@ class SceneCameras:
                 geom.type = mujoco.mjtGeom.mjGEOM_SPHERE
                 geom.size[:] = radius
                 geom.rgba[:] = GOAL_MARKER_RGBA
+                if self._goal_offset is not None:
+                    geom.pos[:] = geom.pos + self._goal_offset
 
     def close(self) -> None:
         # MuJoCo frees a renderer's GL objects in whichever OSMesa context is current: make it this

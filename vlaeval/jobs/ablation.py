@@ -611,28 +611,15 @@ def closed_loop_success(
     """The checkpoint and then every fine-tuned policy on the same held-out episodes (paired)."""
     from vlaeval.envs import simulator
     from vlaeval.envs.episodes import Episode
-    from vlaeval.rollouts.engine import RolloutJob, rollout_jobs
-    from vlaeval.rollouts.executors import make_executor
+    from vlaeval.rollouts.engine import RolloutJob, run_rollout_jobs
 
     e = cfg.evaluate
     sim = simulator(cfg.simulator)
     plan = sim.episode_plan(data.demonstrations.tasks, int(e.episodes_per_task), int(e.seed), sim.held_out_variants)
     episodes = [Episode(p["task"], p["task_index"], p["variant"], p["seed"]) for p in plan]
     jobs = [RolloutJob(data.bind(m, cfg.flow), episodes, cfg.simulator) for m in [handle.model.cpu(), *models]]
-    r = cfg.rollout
-    executor = make_executor(str(r.executor), int(r.workers), r.ray_address)
-    try:
-        with console.unit_progress("closed-loop episodes", len(jobs) * len(episodes)) as update:
-            outs = rollout_jobs(
-                jobs,
-                executor,
-                execute_actions=int(e.execute_actions),
-                max_steps=int(e.max_steps),
-                group_size=int(r.lockstep_group),
-                progress=lambda done, total: update(completed=done),
-            )
-    finally:
-        executor.close()
+    with console.unit_progress("closed-loop episodes", len(jobs) * len(episodes)) as update:
+        outs = run_rollout_jobs(jobs, e, cfg.rollout, progress=lambda done, total: update(completed=done))
     return [EpisodeSuccesses(float(np.mean(o.success)), tuple(bool(x) for x in o.success)) for o in outs]
 
 

@@ -31,16 +31,22 @@ STRATUM = "recipe_comparison"  # the stratum column of a comparison's outcome fi
 @dataclass(frozen=True)
 class SeedEvaluation(JsonRecord):
     """One checkpoint's success on the comparison's episodes, episode by episode in their order
-    (`episodes`: task/variant-v/seed-s, the same for every checkpoint of a comparison)."""
+    (`episodes`: task/variant-v/seed-s, the same for every checkpoint of a comparison); with
+    evaluate.run_to_horizon also whether the goal held at each episode's last step."""
 
     checkpoint_sha256: str
     episodes: Tuple[str, ...]
     tasks: Tuple[str, ...]
     success: Tuple[bool, ...]
+    final_success: Optional[Tuple[bool, ...]] = None
 
     @property
     def success_rate(self) -> float:
         return float(np.mean(self.success))
+
+    @property
+    def final_step_success_rate(self) -> Optional[float]:
+        return None if self.final_success is None else float(np.mean(self.final_success))
 
     def per_task(self) -> Dict[str, float]:
         out: Dict[str, float] = {}
@@ -81,7 +87,8 @@ def evaluate_checkpoint(
             **registered_simulator(simulator).cache_identity(),
             "checkpoint": handle.sha256,
             "flow": to_plain(spec.flow),
-            "evaluate": to_plain(evaluate),
+            # run_to_horizon only when set: evaluations cached before it existed keep their key
+            "evaluate": {k: v for k, v in to_plain(evaluate).items() if k != "run_to_horizon" or v},
             "tasks": tasks,
         }
     )
@@ -96,6 +103,7 @@ def evaluate_checkpoint(
             episodes=tuple(f"{e.task}/variant-{e.variant}/seed-{e.seed}" for e in episodes),
             tasks=tuple(e.task for e in episodes),
             success=tuple(bool(s) for s in outcomes.success),
+            final_success=None if outcomes.final_success is None else tuple(bool(s) for s in outcomes.final_success),
         )
         atomic_write_json(folder / EVALUATION_FILE, result.to_json())
         return result

@@ -98,6 +98,7 @@ def rollout_jobs(
     max_steps: int,
     group_size: int = DEFAULT_LOCKSTEP_GROUP,
     progress: Optional[Callable[[int, int], None]] = None,
+    to_horizon: bool = False,
 ) -> List[EpisodeOutcomes]:
     """Every job's episodes in lockstep groups of `group_size`, all groups of all jobs handed to the
     executor at once (so one policy's stragglers overlap another's work); per job its episodes'
@@ -107,7 +108,9 @@ def rollout_jobs(
     calls, owner = [], []
     for k, job in enumerate(jobs):
         for i in range(0, len(job.episodes), size):
-            calls.append((job.policy, list(job.episodes[i : i + size]), execute_actions, max_steps, job.simulator))
+            calls.append(
+                (job.policy, list(job.episodes[i : i + size]), execute_actions, max_steps, job.simulator, to_horizon)
+            )
             owner.append(k)
     parts: List[List[EpisodeOutcomes]] = [[] for _ in jobs]
     total, done = sum(len(job.episodes) for job in jobs), 0
@@ -157,6 +160,7 @@ def rollout_group(
     execute_actions: int,
     max_steps: int,
     simulator: str = DEFAULT_SIMULATOR,
+    to_horizon: bool = False,
 ) -> EpisodeOutcomes:
     """A lockstep group where an executor runs it (the simulator by name: each process makes its own)."""
     with single_threaded_torch():
@@ -166,6 +170,7 @@ def rollout_group(
             execute_actions=execute_actions,
             max_steps=max_steps,
             simulator=registered_simulator(simulator),
+            to_horizon=to_horizon,
         )
 
 
@@ -178,10 +183,15 @@ def rollout_lockstep(
     progress: Optional[Callable[[int, int], None]] = None,
     watch: Optional[Callable[[int, Environments], None]] = None,
     simulator: Optional[Simulator] = None,
+    to_horizon: bool = False,
 ) -> EpisodeOutcomes:
     """Run every episode to success, an unsafe event, termination or `max_steps`, all in lockstep:
     at each control step the episodes whose action queue is empty get new chunks from one batched
     policy call. Returns each episode's outcome (success: reached the goal with no unsafe event).
+    `to_horizon`: an episode that reaches the goal runs on to `max_steps` (or an unsafe event or
+    termination), and its outcome also says whether the goal held at its last step (final_success,
+    the criterion of benchmarks that judge the end state); any-step success is the same either way,
+    because everything before the goal is reached is.
     `watch(k, envs)` is called with the environments when episode k opens and after each of its steps
     (vlaeval/rollouts/videos.py films episode k with envs.frame); it must not change them. `simulator`: where the episodes run (None: the registry's
     default, vlaeval/envs/__init__.py); the engine talks to it and to the bound policy only."""
@@ -189,9 +199,7 @@ def rollout_lockstep(
     reset_policy(policy.model)
     n = len(episodes)
     envs = (simulator or registered_simulator()).environments(policy.cameras, policy.image_size)
-    success = np.zeros(n, dtype=bool)
-    unsafe = np.zeros(n, dtype=bool)
-    steps = np.zeros(n, dtype=np.int64)
+    tally = EpisodeTally(n, max_steps, to_horizon)
     try:
         action_dim = int(cast(Any, policy.model).action_dim)
         disturbances = [EpisodeDisturbances(e, action_dim) for e in episodes]
@@ -226,16 +234,11 @@ def rollout_lockstep(
                 action = disturbances[i].execute(np.clip(queues[i].pop(0), -1.0, 1.0))
                 obs, reached, ended = envs.step(i, action)
                 observations[i] = disturbances[i].observe(obs)
-                steps[i] += 1
                 if watch is not None:
                     watch(i, envs)
                 if seen.kept:  # every step's frame, whether or not the policy is called then
                     seen.add(i, disturbances[i].observe_images(envs.images(i)))
-                if envs.unsafe(i):
-                    unsafe[i] = True  # the episode ends here, a failure whatever else happened
-                elif reached:
-                    success[i] = True
-                elif not (ended or steps[i] >= max_steps):
+                if tally.runs_on(i, reached, ended, envs.unsafe(i)):
                     still.append(i)
                     continue
                 finished += 1
@@ -244,7 +247,34 @@ def rollout_lockstep(
             active = still
     finally:
         envs.close()
-    return EpisodeOutcomes(success=success, unsafe=unsafe, steps=steps)
+    return tally.outcomes()
+
+
+class EpisodeTally:
+    """What each episode of a lockstep group has done so far: its steps, whether it met the goal at
+    some step (success), whether the goal holds now (final), an unsafe event; and whether it runs on."""
+
+    def __init__(self, episodes: int, max_steps: int, to_horizon: bool) -> None:
+        self.max_steps, self.to_horizon = int(max_steps), bool(to_horizon)
+        self.success = np.zeros(episodes, dtype=bool)
+        self.final = np.zeros(episodes, dtype=bool)
+        self.unsafe = np.zeros(episodes, dtype=bool)
+        self.steps = np.zeros(episodes, dtype=np.int64)
+
+    def runs_on(self, i: int, reached: bool, ended: bool, unsafe: bool) -> bool:
+        """Record episode i's step; False when the episode ends with it."""
+        self.steps[i] += 1
+        if unsafe:  # the episode ends here, a failure whatever else happened
+            self.unsafe[i], self.success[i], self.final[i] = True, False, False
+            return False
+        self.success[i] |= reached
+        self.final[i] = reached
+        stop_at_goal = reached and not self.to_horizon
+        return not (ended or stop_at_goal or self.steps[i] >= self.max_steps)
+
+    def outcomes(self) -> EpisodeOutcomes:
+        final = self.final if self.to_horizon else None
+        return EpisodeOutcomes(success=self.success, unsafe=self.unsafe, steps=self.steps, final_success=final)
 
 
 class FrameHistory:
@@ -320,6 +350,7 @@ def run_rollout_jobs(
             max_steps=int(evaluate.max_steps),
             group_size=int(rollout.lockstep_group),
             progress=progress,
+            to_horizon=bool(evaluate.run_to_horizon),
         )
     finally:
         executor.close()
@@ -347,6 +378,5 @@ def evaluate_closed_loop(
         rollout,
         None if progress is None else (lambda done, total: progress(done, total, "policy episodes")),
     )
-    successes = outcomes[0].success
     expert = expert_successes(episodes, int(evaluate.max_steps), simulator)
-    return Evaluation.of(tasks, episodes, successes, expert, list(zip(conditions, outcomes[1:])), held_out)
+    return Evaluation.of(tasks, episodes, outcomes[0], expert, list(zip(conditions, outcomes[1:])), held_out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from vlaeval.config import PolicyJobSettings
 from vlaeval.envs.episodes import NO_PERTURBATION, Perturbation, require_held_out_split
 from vlaeval.errors import require, require_at_least
 from vlaeval.rollouts.language import instruction_mode
+from vlaeval.rollouts.outcomes import EpisodeOutcomes
 
 CONDITION_KEYS = ("perturbation", "instructions")
 
@@ -53,13 +54,16 @@ class EvaluationCondition:
 
 @dataclass(frozen=True)
 class TaskSuccess:
-    """One task's held-out episodes: the policy's and the scripted expert's success on each."""
+    """One task's held-out episodes: the policy's and the scripted expert's success on each (any
+    step), and, where the episodes ran to their horizon (evaluate.run_to_horizon), the policy's
+    success at the last step."""
 
     policy_success_rate: float
     expert_success_rate: float
     episodes: int
     policy_successes: Tuple[bool, ...]
     expert_successes: Tuple[bool, ...]
+    final_step_success_rate: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -96,18 +100,20 @@ class Evaluation:
     conditions: Mapping[str, ConditionSuccess]
     held_out_variants: Tuple[int, int]
     rollout: str = LOCKSTEP
+    final_step_success_rate: Optional[float] = None  # evaluate.run_to_horizon: the goal held at the last step
 
     @classmethod
     def of(
         cls,
         tasks: Sequence[str],
         episodes: Sequence[Any],
-        successes: np.ndarray,
+        policy: EpisodeOutcomes,
         expert: np.ndarray,
         conditions: Sequence[Tuple[EvaluationCondition, Any]],
         held_out: range,
     ) -> "Evaluation":
-        """From the episodes and their successes (policy, expert, each condition's outcomes)."""
+        """From the episodes and their outcomes (policy, expert's successes, each condition's outcomes)."""
+        successes, final = policy.success, policy.final_success
         per_task = {}
         for task in tasks:
             mine = [k for k, e in enumerate(episodes) if e.task == task]
@@ -117,6 +123,7 @@ class Evaluation:
                 len(mine),
                 tuple(bool(x) for x in successes[mine]),
                 tuple(bool(x) for x in expert[mine]),
+                None if final is None else float(np.mean(final[mine])),
             )
         return cls(
             per_task=per_task,
@@ -136,6 +143,7 @@ class Evaluation:
                 for c, out in conditions
             },
             held_out_variants=(held_out.start, held_out.stop),
+            final_step_success_rate=None if final is None else float(np.mean(final)),
         )
 
     def to_json(self) -> Dict[str, Any]:
@@ -176,9 +184,13 @@ def evaluation_view(evaluation: Evaluation) -> Tuple[Dict[str, float], Dict[str,
         "eval.policy_success_rate": evaluation.policy_success_rate,
         "eval.expert_success_rate": evaluation.expert_success_rate,
     }
+    if evaluation.final_step_success_rate is not None:
+        metrics["eval.final_step_success_rate"] = evaluation.final_step_success_rate
     for task, row in evaluation.per_task.items():
         metrics[f"eval.{task}.policy_success_rate"] = row.policy_success_rate
         metrics[f"eval.{task}.expert_success_rate"] = row.expert_success_rate
+        if row.final_step_success_rate is not None:
+            metrics[f"eval.{task}.final_step_success_rate"] = row.final_step_success_rate
     for name, condition in evaluation.conditions.items():
         metrics[f"eval.condition.{name}.policy_success_rate"] = condition.policy_success_rate
         metrics[f"eval.condition.{name}.drop"] = condition.drop
@@ -186,21 +198,26 @@ def evaluation_view(evaluation: Evaluation) -> Tuple[Dict[str, float], Dict[str,
 
 
 def print_evaluation(evaluation: Evaluation) -> None:
+    final = evaluation.final_step_success_rate is not None  # a column only where the episodes ran to the horizon
+
+    def row(name: str, policy: float, last: Optional[float], expert: float, episodes: int) -> Tuple[Any, ...]:
+        return (name, f"{policy:.2f}", *([f"{last:.2f}"] if last is not None else []), f"{expert:.2f}", episodes)
+
     rows = [
-        (task, f"{r.policy_success_rate:.2f}", f"{r.expert_success_rate:.2f}", r.episodes)
+        row(task, r.policy_success_rate, r.final_step_success_rate, r.expert_success_rate, r.episodes)
         for task, r in evaluation.per_task.items()
     ]
     rows.append(
-        (
+        row(
             "all",
-            f"{evaluation.policy_success_rate:.2f}",
-            f"{evaluation.expert_success_rate:.2f}",
+            evaluation.policy_success_rate,
+            evaluation.final_step_success_rate,
+            evaluation.expert_success_rate,
             sum(r.episodes for r in evaluation.per_task.values()),
         )
     )
-    console.show(
-        console.table("Closed-loop success on held-out episodes", ["task", "policy", "expert", "episodes"], rows)
-    )
+    header = ["task", "policy", *(["policy, at the last step"] if final else []), "expert", "episodes"]
+    console.show(console.table("Closed-loop success on held-out episodes", header, rows))
     conditions = evaluation.conditions
     if conditions:
         console.show(

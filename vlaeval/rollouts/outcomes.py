@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Mapping, Sequence, TypedDict
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, TypedDict
 
 import numpy as np
 
@@ -65,15 +65,20 @@ class EpisodeOutcome:
 
 @dataclass(frozen=True)
 class EpisodeOutcomes:
-    """Many episodes' outcomes as columns (bool, bool, int64), in their episodes' order."""
+    """Many episodes' outcomes as columns (bool, bool, int64), in their episodes' order; with
+    `final_success` (bool) where the episodes ran to their horizon (rollout_lockstep's to_horizon):
+    whether the goal held at each one's last step."""
 
     success: np.ndarray
     unsafe: np.ndarray
     steps: np.ndarray
+    final_success: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         if not self.success.shape == self.unsafe.shape == self.steps.shape or self.success.ndim != 1:
             raise ValueError("success, unsafe and steps must be 1-D columns of the same length")
+        if self.final_success is not None and self.final_success.shape != self.success.shape:
+            raise ValueError("final_success must be a column as long as success")
 
     def __len__(self) -> int:
         return int(self.success.size)
@@ -96,7 +101,14 @@ class EpisodeOutcomes:
     def concatenate(cls, parts: Sequence["EpisodeOutcomes"]) -> "EpisodeOutcomes":
         if not parts:
             return cls.of([])
-        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("success", "unsafe", "steps")))
+        success, unsafe, steps = (
+            np.concatenate([getattr(p, n) for p in parts]) for n in ("success", "unsafe", "steps")
+        )
+        finals = [p.final_success for p in parts]
+        if any(f is None for f in finals) != all(f is None for f in finals):
+            raise ValueError("some parts ran to their horizon and some did not")
+        final = None if finals[0] is None else np.concatenate([f for f in finals if f is not None])
+        return cls(success, unsafe, steps, final_success=final)
 
 
 @dataclass(frozen=True)
