@@ -46,6 +46,9 @@ SETTINGS = {
     "gamma 3/4": ["audit.proposal_power=0.75"],
     "default, anchor set 2": [],
     "default, anchor set 3": [],
+    # The positive control: a tenth of the episodes from a jittery operator (data=metaworld_jittery),
+    # where anchor sampling must pay -- a setting clearly worth it, which the gate must pass.
+    "jittery operators (positive control)": ["data=metaworld_jittery"],
 }
 CALIBRATION = {label: [*overrides, f"gradients.epoch={k}"] for k, (label, overrides) in enumerate(SETTINGS.items())}
 # A failed gate's ablation runs too: the calibration is how often the gate's verdict was right.

@@ -145,6 +145,22 @@ def test_the_verdict_its_anchors_needed_and_the_break_even_ratio():
     )  # r* = 1 / 1.5 = 0.667: the whole interval below it pays
     assert costed.break_even_ratio == pytest.approx(2 / 3) and costed.pays_for_its_scoring
     assert type(costed).from_json(costed.to_json()) == costed
+    # The run it would pay in: at that many GFLOP of training, r* equals the interval's upper end.
+    high = costed.high
+    assert break_even_ratio(50.0, costed.training_gflop_to_pay) == pytest.approx(high)
+    short = ratio_verdict(
+        0.6, np.linspace(0.55, 0.65, 101), threshold=0.98, level=0.95, anchors=64, gradient_seeds=8,
+        scoring_gflop=50.0, training_gflop=20.0,
+    )  # fmt: skip
+    assert not short.pays_for_its_scoring and short.training_gflop_to_pay == costed.training_gflop_to_pay
+    from vlaeval.jobs.residual_audit import run_length_to_pay
+
+    assert f"{costed.training_gflop_to_pay / 20.0:.2f}x the planned one's work" in run_length_to_pay(short)
+    hopeless = ratio_verdict(
+        1.0, np.linspace(0.95, 1.05, 101), threshold=0.98, level=0.95, anchors=64, gradient_seeds=8,
+        scoring_gflop=50.0, training_gflop=20.0,
+    )  # fmt: skip
+    assert hopeless.training_gflop_to_pay is None and "any length" in run_length_to_pay(hopeless)
 
 
 def test_the_two_level_bootstrap_is_wider_than_the_anchor_level_alone_when_seeds_are_noisy():

@@ -160,6 +160,9 @@ class RatioVerdict(JsonRecord):
     scoring_gflop: Optional[float] = None
     training_gflop: Optional[float] = None
     pays_for_its_scoring: Optional[bool] = None  # the interval's upper end below r*
+    # The smallest training run (GFLOP) in which the interval's upper end would pay for the scoring:
+    # r* > high <=> C_train > C_score * high / (1 - high); None where no run pays (high >= 1).
+    training_gflop_to_pay: Optional[float] = None
 
     @property
     def exit_code_key(self) -> str:
@@ -218,4 +221,7 @@ def ratio_verdict(
         scoring_gflop=scoring_gflop,
         training_gflop=training_gflop,
         pays_for_its_scoring=None if r_star is None else bool(high < r_star),
+        training_gflop_to_pay=None
+        if scoring_gflop is None or high >= 1.0
+        else float(scoring_gflop) * high / (1.0 - high),
     )

@@ -440,6 +440,16 @@ def print_summary(audit: AuditResult, run: RunRecord) -> None:
     console.show(run.where())
 
 
+def run_length_to_pay(v: RatioVerdict) -> str:
+    """Where the proposal does not pay at the planned run: how much longer a run it would pay in."""
+    if v.pays_for_its_scoring or not v.training_gflop:
+        return ""
+    if v.training_gflop_to_pay is None:
+        return " in a run of any length (the interval reaches 1)"
+    factor = v.training_gflop_to_pay / v.training_gflop
+    return f"; it would in a run of at least {factor:.2f}x the planned one's work (train.steps x train.batch_size)"
+
+
 def print_verdict(v: RatioVerdict) -> None:
     """The ratio's three-way verdict with its interval, and the break-even ratio beside it."""
     needed = (
@@ -456,5 +466,5 @@ def print_verdict(v: RatioVerdict) -> None:
         console.show(
             f"break-even ratio r* = 1 / (1 + C_score / C_train) = {v.break_even_ratio:.3f} (scoring the dataset's "
             f"anchors once {v.scoring_gflop:,.0f} GFLOP, its training {v.training_gflop:,.0f} GFLOP): the proposal "
-            f"{'pays' if v.pays_for_its_scoring else 'does not pay'} for its scoring"
+            f"{'pays' if v.pays_for_its_scoring else 'does not pay'} for its scoring{run_length_to_pay(v)}"
         )
