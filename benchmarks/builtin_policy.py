@@ -86,6 +86,7 @@ def main() -> None:
         f"{handle.sidecar['metrics']['final_loss']:.4f}) in {train_s:.0f} s; the closed-loop evaluation on held-out "
         f"scenes in {eval_s:.0f} s, beside the scripted expert on the same episodes.\n\n"
         + markdown_table(["task", "policy success", "expert success", "episodes"], rows),
+        one_seed=True,
     )
     atomic_write_json(
         out,

@@ -222,7 +222,7 @@ def write_page(page: str, runs: List[Dict[str, Any]], extra: Sequence[str] = ())
         )
     if extra:
         lead += " Overrides for every run: " + " ".join(f"`{x}`" for x in extra) + "."
-    write_figures(page, title, command, lead + "\n\n" + figures_body(runs))
+    write_figures(page, title, command, lead + "\n\n" + figures_body(runs), one_seed=True)
 
 
 DEFAULT_LEAD = (

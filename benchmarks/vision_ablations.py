@@ -310,6 +310,7 @@ def main() -> None:
         "What makes the vision policy see",
         f"python benchmarks/vision_ablations.py --episodes {args.episodes} --steps {args.steps}",
         body(results, args),
+        one_seed=True,
     )
 
 

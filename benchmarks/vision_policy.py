@@ -136,6 +136,7 @@ def main() -> None:
         "The vision-language policy: sees, reads, and what it costs",
         _command(args),
         _body(out, manifest),
+        one_seed=True,
     )
 
 

@@ -105,6 +105,7 @@ def publish(out: Dict[str, Any], args: Any) -> None:
         "The VLM-backbone VLA's held-out success beside tiny_vla_vision's",
         f"python benchmarks/vlm_vla_success.py --steps {args.steps} --episodes {args.episodes}",
         body,
+        one_seed=True,
     )
     print(body)
     print(f"figures: {path}")
