@@ -10,7 +10,8 @@ overrides, the long arms at 24k steps), the state policy and the goal-blind stat
 position hidden: model.hidden_state=[36,37,38]), and each vision arm on the same episodes with its
 camera blanked and with a counterfactual goal marker (drawn away from the true goal). Every episode
 runs to its horizon, so any-step and final-step success come from the same episodes. Every checkpoint and every evaluation is cached (the built-in checkpoint slot, the
-recipe comparison's evaluation cache): a killed run restarts where it was, and `--arms` measures
+recipe comparison's evaluation cache), and a training itself keeps its state every minute
+(train.resume_every_s): a killed run restarts where it was, mid-training included, and `--arms` measures
 some arms and keeps the others' last figures. Arms not yet measured are listed with what they cost.
 
 Results in benchmarks/results/seed_claims.json and docs/figures/seed_claims.md.

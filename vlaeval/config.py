@@ -267,6 +267,10 @@ class TrainConfig:
     # snapshots/step_<N>/model.pt with its sidecar: the weights evaluation would read at that step
     # (the moving average where there is one), for job=offline_validity and checkpoint selection.
     save_every: int = 0
+    # A first-use training of a built-in checkpoint keeps its state (weights, optimizer, generators)
+    # in its cache entry every this many seconds of its clock, so a killed run continues from there to
+    # the weights an uninterrupted one ends with (vlaeval/policy/training.py: LoopState).
+    resume_every_s: float = 60.0
 
 
 @dataclass

@@ -3,6 +3,7 @@ config hash, or loaded from a given checkpoint (`checkpoint=path checkpoint.path
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ NON_WEIGHT_TRAIN_KEYS = (
     "heldout_draws",
     "threads",  # the speed only (up to rounding in a reduction's order)
     "save_every",  # snapshots along the way, not the final weights
+    "resume_every_s",  # how often a killed run's state is kept: it continues to the same weights
     "heldout_scenes",  # what is measured along the way, not what is trained
     "validation_scenes",
     "second_moment_anchors",
@@ -65,6 +67,7 @@ LATER_MODEL_KEYS = {
 
 KEYPOINT_STATISTICS_IMAGES = 512  # training frames a vision policy's fixed keypoint standardisation reads
 CHECKPOINT_FILE = "model.pt"  # a built-in checkpoint in its store entry
+RESUME_FILE = "training_state.pt"  # what a first-use training keeps as it goes, until it ends
 
 
 @dataclass
@@ -230,14 +233,20 @@ def train_and_save(
     path: Path,
     progress: Optional[Callable[[int, float], None]] = None,
     extras: Optional[Callable[[torch.nn.Module], TrainingExtras]] = None,
+    resume_file: Optional[Path] = None,
 ) -> PolicyHandle:
     """Build the model (from train.init_from's weights when given), train it and save it. `extras`
-    makes a comparison's additions from the model training starts from (job=train)."""
+    makes a comparison's additions from the model training starts from (job=train); `resume_file`:
+    where the run keeps its state as it goes, and continues from when a killed run left one."""
     model = build_model(spec, data)
     init_from = spec.train.init_from
     if init_from is not None:
         model.load_state_dict(load_policy(spec, data, Path(str(init_from))).model.state_dict(), strict=True)
     made = extras(model) if extras is not None else None
+    if resume_file is not None:
+        made = dataclasses.replace(
+            made or TrainingExtras(), resume_file=resume_file, resume_every_seconds=float(spec.train.resume_every_s)
+        )
     metrics = train_policy(data.bind(model, spec.flow), data.anchors, spec.train, progress, made)
     sidecar = save_checkpoint(model, path, sidecar_for(spec, data, metrics))
     return PolicyHandle(model, path, sidecar["sha256"], sidecar, True)
@@ -277,7 +286,8 @@ def obtain_policy(
     def build(folder: Path) -> PolicyHandle:
         if announce is not None:
             announce(first_use_notice(spec, Path(cache_dir)))
-        return train_and_save(spec, data, folder / CHECKPOINT_FILE, progress)
+        # A killed first-use training continues where it was (the entry folder outlives the process).
+        return train_and_save(spec, data, folder / CHECKPOINT_FILE, progress, resume_file=folder / RESUME_FILE)
 
     handle, _ = get_or_build(
         cache_dir,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -68,6 +70,12 @@ class TrainingExtras:
     # -- the moving average where there is one --, the run so far): job=train's snapshots.
     snapshot: Optional[Callable[[int, torch.nn.Module, "TrainingRun"], None]] = None
     snapshot_every: int = 0
+    # Where the run keeps what it needs to continue (weights, optimizer, schedule, moving average,
+    # every generator's state, the curves so far), rewritten atomically every `resume_every_seconds`
+    # of its clock: a killed run given the same file continues from the last save to the very weights
+    # an uninterrupted run ends with. Removed when the run ends. None: nothing kept.
+    resume_file: Optional[Path] = None
+    resume_every_seconds: float = 60.0
 
 
 class Minibatch(NamedTuple):
@@ -320,9 +328,10 @@ def _train(
     curves = Curves()
     probes = Probes(extras, model, evaluated, sampler, steps)
     clock = float(extras.seconds_before)
-    probes.at(0, clock)
+    state = LoopState(model, optimizer, schedule, average, rng, sampler, curves, probes)
+    first, clock = state.start(extras, steps, clock)  # step 1, or the one after a killed run's last save
     diverged_at: Optional[int] = None
-    for step in range(1, steps + 1):
+    for step in range(first, steps + 1):
         started = time.perf_counter()
         model.train()
         drawn = minibatch_loss(policy, anchors, rng, int(train.batch_size), q, sampler, draws)
@@ -349,6 +358,8 @@ def _train(
             if progress is not None:
                 progress(step, mean)
         _snapshot(extras, step, steps, evaluated, kept, curves, clock - float(extras.seconds_before))
+        state.keep(extras, step, steps, clock)
+    state.finish(extras)
     if average is not None:
         average.copy_to(model)
     model.eval()
@@ -367,6 +378,124 @@ def _train(
         validation_curve=tuple(probes.validation) if probes.validation else None,
         second_moment_curve=tuple(probes.second_moment) if probes.second_moment else None,
     )
+
+
+RESUME_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """A resume file's content (LoopState.save): the step it was saved after, the run's clock then,
+    the state dicts, the generators' states, the adaptive sampler's (bin averages, bins seen, steps),
+    the curves' lists by name and the probes' (held-out, validation, second moment)."""
+
+    schema: int
+    step: int
+    clock: float
+    model: Dict[str, torch.Tensor]
+    optimizer: Dict[str, Any]
+    schedule: Dict[str, Any]
+    average: Optional[Dict[str, torch.Tensor]]
+    numpy: Mapping[str, Any]
+    torch: torch.Tensor
+    sampler: Optional[Tuple[List[float], List[bool], int]]
+    curves: Dict[str, List[Any]]
+    probes: Tuple[List[Any], List[Any], List[Any]]
+
+
+class LoopState:
+    """Everything the training loop carries from one step to the next, saved to and restored from a
+    resume file (torch.save of tensors and plain values only: it loads with weights_only)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        schedule: torch.optim.lr_scheduler.LRScheduler,
+        average: Optional[WeightAverage],
+        rng: np.random.Generator,
+        sampler: Optional[AdaptiveTimeSampler],
+        curves: "Curves",
+        probes: "Probes",
+    ) -> None:
+        self.model, self.optimizer, self.schedule, self.average = model, optimizer, schedule, average
+        self.rng, self.sampler, self.curves, self.probes = rng, sampler, curves, probes
+        self.clock = self.saved_at = 0.0
+
+    def start(self, extras: TrainingExtras, steps: int, clock: float) -> Tuple[int, float]:
+        """(first step, clock): a fresh run's step 1 (its step-0 probes taken), or the step after a
+        killed run's last save with the clock it had then."""
+        first = self.restore(extras.resume_file, steps)
+        if first == 1:
+            self.clock = clock
+            self.probes.at(0, clock)
+        self.saved_at = self.clock
+        return first, self.clock
+
+    def keep(self, extras: TrainingExtras, step: int, steps: int, clock: float) -> None:
+        """Save after `step` when a resume file is asked for and resume_every_seconds have passed."""
+        if extras.resume_file is not None and step < steps and clock - self.saved_at >= extras.resume_every_seconds:
+            self.save(extras.resume_file, step, clock)
+            self.saved_at = clock
+
+    def finish(self, extras: TrainingExtras) -> None:
+        if extras.resume_file is not None and extras.resume_file.exists():
+            extras.resume_file.unlink()  # the run ended: nothing to continue
+
+    def save(self, path: Path, step: int, clock: float) -> None:
+        from vlaeval.artifacts import atomic_write_bytes
+
+        sampler = self.sampler
+        state = ResumeState(
+            schema=RESUME_SCHEMA,
+            step=int(step),
+            clock=float(clock),
+            model=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            schedule=self.schedule.state_dict(),
+            average=None if self.average is None else self.average.model.state_dict(),
+            numpy=self.rng.bit_generator.state,
+            torch=torch.get_rng_state(),
+            sampler=None if sampler is None else (sampler.average.tolist(), sampler.seen.tolist(), sampler.steps),
+            curves=dict(vars(self.curves)),
+            probes=(self.probes.heldout, self.probes.validation, self.probes.second_moment),
+        )
+        atomic_write_bytes(path, lambda out: torch.save(dataclasses.asdict(state), out))
+
+    def restore(self, path: Optional[Path], steps: int) -> int:
+        """The first step to run: 1, or the one after a resume file's (which is read back into the
+        loop's objects)."""
+        if path is None or not path.exists():
+            return 1
+        try:
+            state = ResumeState(**torch.load(path, map_location="cpu", weights_only=True))
+            if state.schema != RESUME_SCHEMA or not 0 < state.step < steps:
+                raise ValueError(f"schema {state.schema}, step {state.step} of {steps}")
+        except Exception as error:  # a damaged or foreign file: start over, and say so
+            import logging
+
+            logging.getLogger(__name__).warning("resume file %s not used (%s): training from step 1", path, error)
+            os.remove(path)
+            return 1
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        self.schedule.load_state_dict(state.schedule)
+        if self.average is not None and state.average is not None:
+            self.average.model.load_state_dict(state.average)
+        self.rng.bit_generator.state = state.numpy
+        torch.set_rng_state(state.torch)
+        if self.sampler is not None and state.sampler is not None:
+            average, seen, taken = state.sampler
+            self.sampler.average = np.asarray(average, dtype=np.float64)
+            self.sampler.seen = np.asarray(seen, dtype=bool)
+            self.sampler.steps = int(taken)
+        for name, value in state.curves.items():
+            setattr(self.curves, name, list(value))
+        heldout, validation, second_moment = state.probes
+        self.probes.heldout, self.probes.validation = list(heldout), list(validation)
+        self.probes.second_moment = list(second_moment)
+        self.clock = state.clock
+        return state.step + 1
 
 
 class Probes:
@@ -433,7 +562,7 @@ def _heldout(loss: Callable[[torch.nn.Module], float], model: torch.nn.Module) -
 
 def validate_training_recipe(train: Any) -> None:
     """One-line errors for the recipe's settings (train.warmup_steps, grad_clip_norm, ema_decay,
-    threads, draws_per_anchor)."""
+    threads, resume_every_s, draws_per_anchor)."""
     warmup = int(train.warmup_steps or 0)
     require(warmup >= 0, f"train.warmup_steps={warmup} must be >= 0 (0: the cosine from the first step)")
     clip = train.grad_clip_norm
@@ -446,6 +575,10 @@ def validate_training_recipe(train: Any) -> None:
     require(
         decay is None or 0.0 < float(decay) < 1.0,
         f"train.ema_decay={decay} must be in (0, 1) (null: evaluate and save the last weights)",
+    )
+    require(
+        float(train.resume_every_s) >= 0,
+        f"train.resume_every_s={train.resume_every_s} must be >= 0 seconds (0: the state kept after every step)",
     )
     draws, batch = int(train.draws_per_anchor), int(train.batch_size)
     require(
