@@ -9,12 +9,15 @@ Arms (ARMS below): the vision chain of docs/builtin_policy.md (benchmarks/vision
 overrides, the long arms at 24k steps), the state policy and the goal-blind state policy (the goal's
 position hidden: model.hidden_state=[36,37,38]), and each vision arm on the same episodes with its
 camera blanked and with a counterfactual goal marker (drawn away from the true goal). Every episode
-runs to its horizon, so any-step and final-step success come from the same episodes. Every checkpoint and every evaluation is cached (the built-in checkpoint slot, the
-recipe comparison's evaluation cache), and a training itself keeps its state every minute
-(train.resume_every_s): a killed run restarts where it was, mid-training included, and `--arms` measures
-some arms and keeps the others' last figures. Arms not yet measured are listed with what they cost.
+runs to its horizon, so any-step and final-step success come from the same episodes. Every checkpoint
+is cached (the built-in checkpoint slot) and a training keeps its state every minute
+(train.resume_every_s): a killed run restarts where it was, mid-training included. Each finished arm
+is recorded at once, and `--arms` measures some arms and keeps the others' records. Arms not yet
+measured are listed with what they cost.
 
-Results in benchmarks/results/seed_claims.json and docs/figures/seed_claims.md.
+Results in benchmarks/records/seed_claims.json -- tracked, so that arms measured on one machine and
+in one session add up with those measured on another (an arm's record names its overrides, seeds and
+episodes; a record made under other settings is measured again) -- and docs/figures/seed_claims.md.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 from vision_ablations import DRAWS, LOCATE, NORMALISED, RECIPE, SECOND_CAMERA
 
-from benchlib import compose_default, markdown_table, saved_results, write_figures
+from benchlib import REPO, compose_default, markdown_table, write_figures
 from vlaeval.artifacts import atomic_write_json
 
 STEPS, LONG = 3000, 24000
@@ -99,13 +102,15 @@ COST_MINUTES = {
 
 
 def arm_seed(name: str, seed: int, episodes: int) -> Dict[str, Any]:
-    """One arm at one seed: its checkpoint (cached) and its success on the test scenes (cached), and,
-    for a vision arm, the same episodes under CONDITIONS."""
+    """One arm at one seed: its checkpoint (cached) and its success on the test scenes, and, for a
+    camera arm, the same episodes under CONDITIONS in the same evaluation (one run of the clean
+    episodes serves both)."""
+    from omegaconf import open_dict
+
     from vlaeval.policy.builtin import PolicySpec, obtain_policy, prepare_data
-    from vlaeval.recipes.seeds import evaluate_checkpoint
     from vlaeval.rollouts.engine import evaluate_closed_loop
 
-    _, overrides, blank = ARMS[name]
+    _, overrides, probed = ARMS[name]
     cfg = compose_default(
         [
             *overrides,
@@ -116,35 +121,26 @@ def arm_seed(name: str, seed: int, episodes: int) -> Dict[str, Any]:
         ]
     )
     data = prepare_data(cfg.data, str(cfg.paths.cache_dir))
-    spec = PolicySpec.of(cfg)
     started = time.perf_counter()
-    handle = obtain_policy(spec, cfg.checkpoint, str(cfg.paths.cache_dir), data)
+    handle = obtain_policy(PolicySpec.of(cfg), cfg.checkpoint, str(cfg.paths.cache_dir), data)
     trained = time.perf_counter() - started
-    run = evaluate_checkpoint(handle, spec, data, cfg.evaluate, cfg.rollout, cfg.simulator, str(cfg.paths.cache_dir))
-    out: Dict[str, Any] = {
+    evaluate = cfg.evaluate.copy()
+    with open_dict(evaluate):
+        evaluate.conditions = CONDITIONS if probed else {}
+    tasks = list(data.demonstrations.tasks)
+    run = evaluate_closed_loop(data.bind(handle.model, cfg.flow), tasks, evaluate, cfg.rollout, simulator=cfg.simulator)
+    return {
         "seed": seed,
-        "success": [bool(s) for s in run.success],
-        "tasks": list(run.tasks),
-        "rate": run.success_rate,
+        "success": [e.policy for e in run.episodes],
+        "tasks": [e.task for e in run.episodes],
+        "rate": run.policy_success_rate,
         "final_rate": run.final_step_success_rate,
-        "per_task": run.per_task(),
+        "per_task": {task: row.policy_success_rate for task, row in run.per_task.items()},
+        "final_per_task": {task: row.final_step_success_rate for task, row in run.per_task.items()},
+        "conditions": {c: row.policy_success_rate for c, row in run.conditions.items()},
+        "conditions_per_task": {c: dict(row.per_task) for c, row in run.conditions.items()},
         "seconds": trained,
     }
-    if blank:
-        from omegaconf import open_dict
-
-        probed = cfg.evaluate.copy()
-        with open_dict(probed):
-            probed.conditions = CONDITIONS
-        evaluation = evaluate_closed_loop(
-            data.bind(handle.model, cfg.flow),
-            list(data.demonstrations.tasks),
-            probed,
-            cfg.rollout,
-            simulator=cfg.simulator,
-        )
-        out["conditions"] = {name: c.policy_success_rate for name, c in evaluation.conditions.items()}
-    return out
 
 
 def t_interval(values: Sequence[float]) -> Tuple[float, float, float]:
@@ -235,6 +231,34 @@ def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
             ],
         )
     )
+    probed = [n for n in ARMS if n in measured and all(r.get("conditions_per_task") for r in measured[n])]
+    if probed:
+        parts.append(
+            "Each camera arm's tasks, clean / camera blanked / counterfactual marker (seed means of any-step success; "
+            "reach-v3 is the task whose goal only the camera shows a vision policy):"
+        )
+        parts.append(
+            markdown_table(
+                ["arm", *tasks],
+                [
+                    [
+                        name,
+                        *[
+                            " / ".join(
+                                f"{np.mean(values):.2f}"
+                                for values in (
+                                    [r["per_task"][t] for r in measured[name]],
+                                    [r["conditions_per_task"]["blank"][t] for r in measured[name]],
+                                    [r["conditions_per_task"]["counterfactual_marker"][t] for r in measured[name]],
+                                )
+                            )
+                            for t in tasks
+                        ],
+                    ]
+                    for name in probed
+                ],
+            )
+        )
     lines, ps = [], []
     for a, b, why in CONTRASTS:
         if a in measured and b in measured:
@@ -274,17 +298,39 @@ def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
     return "\n\n".join(parts)
 
 
+RECORD = REPO / "benchmarks" / "records" / "seed_claims.json"
+
+
+def recorded(seeds: int, episodes: int) -> Dict[str, Any]:
+    """The arms measured before (on any machine) under today's overrides, seeds and episodes."""
+    import json
+
+    arms = json.loads(RECORD.read_text())["arms"] if RECORD.is_file() else {}
+    kept = {}
+    for name, arm in arms.items():
+        same = (
+            name in ARMS and arm["overrides"] == ARMS[name][1] and (arm["seeds"], arm["episodes"]) == (seeds, episodes)
+        )
+        if same:
+            kept[name] = arm
+        else:
+            print(f"{name}: recorded under other settings; measure it again with --arms {name}", flush=True)
+    return kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--episodes", type=int, default=20)
     args = parser.parse_args()
-    saved, results = saved_results("seed_claims", {"arms": {}})
+    arms = recorded(args.seeds, args.episodes)
     for name in args.arms:
-        results["arms"][name] = [arm_seed(name, seed, args.episodes) for seed in range(args.seeds)]
-        atomic_write_json(saved, results)  # each finished arm is kept, whatever happens to the next
-        print(name, [round(r["rate"], 3) for r in results["arms"][name]], flush=True)
+        runs = [arm_seed(name, seed, args.episodes) for seed in range(args.seeds)]
+        arms[name] = {"overrides": ARMS[name][1], "seeds": args.seeds, "episodes": args.episodes, "runs": runs}
+        atomic_write_json(RECORD, {"arms": arms})  # each finished arm is kept, whatever happens to the next
+        print(name, [round(r["rate"], 3) for r in runs], flush=True)
+    results = {"arms": {name: arm["runs"] for name, arm in arms.items()}}
     write_figures(
         "seed_claims",
         "The repository's claims on five training seeds",
