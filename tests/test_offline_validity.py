@@ -212,6 +212,11 @@ def test_the_job_reports_every_agreement_and_tracks_a_run_per_checkpoint(checkpo
     assert {s for _, s in scopes} == {"pooled", *result["tasks"], "train.seed=0", "train.seed=1"}
     assert result["validated"] == []  # 6 checkpoints never validate anything
     assert "fewer than" in proc.stdout + proc.stderr
+    # The console says what validity.within found, and, since nothing ranks, each checkpoint's success
+    # per task is the headline (best first).
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert "within each group" in said and "train.seed=1" in said, said[-3000:]
+    assert "no offline metric ranks these checkpoints" in said and "per task is the result" in said
     csv = (run_dir / "checkpoints.csv").read_text().splitlines()
     assert csv[0].startswith("checkpoint,sha256,train.seed,trained_steps,heldout_loss") and len(csv) == 7
     assert (run_dir / "offline_validity.png").is_file()

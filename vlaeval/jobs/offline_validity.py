@@ -488,3 +488,39 @@ def print_validity(result: OfflineValidityResult) -> None:
         f"about {np.sqrt(max(ceiling.reliability, 0.0)):.2f} on these episodes); validated: "
         + (", ".join(result.validated) or "none")
     )
+    within = [a for a in result.agreements if "=" in a.scope]  # validity.within's groups: "<setting>=<value>"
+    if within:
+        console.show(
+            console.table(
+                "within each group (the setting held fixed): what a metric ranks beyond it",
+                ["group", "metric", "checkpoints", "Spearman", "validates"],
+                [
+                    (
+                        a.scope,
+                        a.metric,
+                        a.checkpoints,
+                        f"{a.spearman:+.2f} {span(a.spearman_interval)}",
+                        "yes" if a.validates else "no",
+                    )
+                    for a in within
+                ],  # fmt: skip
+            )
+        )
+    if not any(a.validates for a in (within or pooled)):
+        print_success_per_task(result, "within its groups" if within else "")
+
+
+def print_success_per_task(result: OfflineValidityResult, where: str) -> None:
+    """Where no metric ranks the checkpoints, what there is to read: each one's closed-loop success
+    per task, best first."""
+    console.show(
+        console.table(
+            f"no offline metric ranks these checkpoints{' ' + where if where else ''}: their closed-loop success "
+            "per task is the result",
+            ["checkpoint", "success", *result.tasks],
+            [
+                (row.label, f"{row.success_rate:.2f}", *(f"{x:.2f}" for x in row.per_task_success))
+                for row in sorted(result.checkpoints, key=lambda r: -r.success_rate)
+            ],
+        )
+    )
