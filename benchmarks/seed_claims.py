@@ -64,6 +64,11 @@ ARMS: Dict[str, Tuple[str, List[str], bool]] = {
         True,
     ),
     "marker": ("+ standardisation, recipe, 4 draws, the goal marker", [*VISION, *NORMALISED, *RECIPE, *DRAWS], True),
+    "marker_locate": (
+        "+ locate (the encoder taught where the object and goal are), 3k steps, one camera",
+        [*VISION, *NORMALISED, *RECIPE, *DRAWS, LOCATE],
+        True,
+    ),
     "locate_two_cameras_24k": (
         "+ locate, a second camera, 24k steps",
         [*VISION, *NORMALISED, *RECIPE, *DRAWS, LOCATE, *SECOND_CAMERA, f"train.steps={LONG}"],
@@ -84,6 +89,7 @@ ARMS: Dict[str, Tuple[str, List[str], bool]] = {
 CONTRASTS = [
     ("state", "state_goal_blind", "the state policy uses the goal's position"),
     ("marker", "before", "the marker and recipe help the vision policy"),
+    ("marker_locate", "marker", "locating helps (3k steps, one camera)"),
     ("locate_two_cameras_24k", "marker", "locating and a second camera (at 24k) help"),
     ("two_cameras_film_24k", "locate_two_cameras_24k", "FiLM helps"),
     ("two_cameras_two_frames_24k", "locate_two_cameras_24k", "a second frame helps"),
@@ -95,6 +101,7 @@ COST_MINUTES = {
     "state_goal_blind": 0.5,
     "before": 16,
     "marker": 1.5,
+    "marker_locate": 4,
     "locate_two_cameras_24k": 24,
     "two_cameras_film_24k": 35,
     "two_cameras_two_frames_24k": 45,
@@ -259,12 +266,32 @@ def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
                 ],
             )
         )
+    finals = [n for n in ARMS if n in measured and all(r.get("final_per_task") for r in measured[n])]
+    if finals:
+        parts.append("Each task's final-step success across seeds (mean / SD):")
+        parts.append(
+            markdown_table(
+                ["arm", *tasks],
+                [
+                    [
+                        name,
+                        *[
+                            f"{np.mean([r['final_per_task'][t] for r in measured[name]]):.2f} / "
+                            f"{np.std([r['final_per_task'][t] for r in measured[name]], ddof=1):.2f}"
+                            for t in tasks
+                        ],
+                    ]
+                    for name in finals
+                ],
+            )
+        )
     lines, ps = [], []
     for a, b, why in CONTRASTS:
         if a in measured and b in measured:
-            mean, low, high, p = paired([r["rate"] for r in measured[a]], [r["rate"] for r in measured[b]])
-            lines.append([f"{a} - {b}", why, f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]", f"{p:.3g}"])
-            ps.append(p)
+            for key, which in (("rate", "any-step"), ("final_rate", "final-step")):
+                mean, low, high, p = paired([r[key] for r in measured[a]], [r[key] for r in measured[b]])
+                lines.append([f"{a} - {b} ({which})", why, f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]", f"{p:.3g}"])
+                ps.append(p)
     for name in ARMS:
         runs = measured.get(name, [])
         for condition, why in (
