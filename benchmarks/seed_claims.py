@@ -347,7 +347,9 @@ def recorded(seeds: int, episodes: int) -> Dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument(
+        "--arms", nargs="*", default=list(ARMS), choices=list(ARMS), help="arms to measure (none: rewrite the page)"
+    )
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--episodes", type=int, default=20)
     args = parser.parse_args()
