@@ -447,12 +447,33 @@ def child_run(row: CheckpointRow) -> ChildRun:
     )
 
 
+def span(interval: Tuple[float, float]) -> str:
+    return f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
+
+
 def print_validity(result: OfflineValidityResult) -> None:
     pooled = [a for a in result.agreements if a.scope == POOLED]
+    print_pooled(result, pooled)
+    if len(result.checkpoints) < MIN_CHECKPOINTS:
+        console.print_warning(
+            f"{len(result.checkpoints)} checkpoints: fewer than {MIN_CHECKPOINTS}, so no metric is said to validate "
+            "(give more checkpoints: a multirun over steps, learning rates, data sizes and seeds)"
+        )
+    ceiling = next(r for r in result.reliability if r.scope == POOLED)
+    console.show(
+        f"success rates' split-half reliability {ceiling.reliability:.2f} (a correlation with success is at most "
+        f"about {np.sqrt(max(ceiling.reliability, 0.0)):.2f} on these episodes); validated: "
+        + (", ".join(result.validated) or "none")
+    )
+    within = [a for a in result.agreements if "=" in a.scope]  # validity.within's groups: "<setting>=<value>"
+    if within:
+        print_within(within)
+    if not any(a.validates for a in (within or pooled)):
+        print_success_per_task(result, "within its groups" if within else "")
 
-    def span(interval: Tuple[float, float]) -> str:
-        return f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
 
+def print_pooled(result: OfflineValidityResult, pooled: Sequence[Agreement]) -> None:
+    """Every metric against success over all the checkpoints."""
     console.show(
         console.table(
             f"offline metric vs closed-loop success over {len(result.checkpoints)} checkpoints "
@@ -477,37 +498,26 @@ def print_validity(result: OfflineValidityResult) -> None:
         "Pearson, Spearman and MMRV read success measured on these episodes (episode noise attenuates them); "
         "'true success' corrects Pearson by the success rates' split-half reliability"
     )
-    if len(result.checkpoints) < MIN_CHECKPOINTS:
-        console.print_warning(
-            f"{len(result.checkpoints)} checkpoints: fewer than {MIN_CHECKPOINTS}, so no metric is said to validate "
-            "(give more checkpoints: a multirun over steps, learning rates, data sizes and seeds)"
-        )
-    ceiling = next(r for r in result.reliability if r.scope == POOLED)
+
+
+def print_within(within: Sequence[Agreement]) -> None:
+    """validity.within's comparisons, group by group."""
     console.show(
-        f"success rates' split-half reliability {ceiling.reliability:.2f} (a correlation with success is at most "
-        f"about {np.sqrt(max(ceiling.reliability, 0.0)):.2f} on these episodes); validated: "
-        + (", ".join(result.validated) or "none")
-    )
-    within = [a for a in result.agreements if "=" in a.scope]  # validity.within's groups: "<setting>=<value>"
-    if within:
-        console.show(
-            console.table(
-                "within each group (the setting held fixed): what a metric ranks beyond it",
-                ["group", "metric", "checkpoints", "Spearman", "validates"],
-                [
-                    (
-                        a.scope,
-                        a.metric,
-                        a.checkpoints,
-                        f"{a.spearman:+.2f} {span(a.spearman_interval)}",
-                        "yes" if a.validates else "no",
-                    )
-                    for a in within
-                ],  # fmt: skip
-            )
+        console.table(
+            "within each group (the setting held fixed): what a metric ranks beyond it",
+            ["group", "metric", "checkpoints", "Spearman", "validates"],
+            [
+                (
+                    a.scope,
+                    a.metric,
+                    a.checkpoints,
+                    f"{a.spearman:+.2f} {span(a.spearman_interval)}",
+                    "yes" if a.validates else "no",
+                )
+                for a in within
+            ],  # fmt: skip
         )
-    if not any(a.validates for a in (within or pooled)):
-        print_success_per_task(result, "within its groups" if within else "")
+    )
 
 
 def print_success_per_task(result: OfflineValidityResult, where: str) -> None:
