@@ -184,6 +184,15 @@ def seed_cell(values: Sequence[float]) -> str:
     return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
+def seed_task_table(measured: Dict[str, Any], names: Sequence[str], tasks: Sequence[str], key: str) -> str:
+    """Each arm's per-task rate under `key` (per_task, final_per_task): mean / SD over its seeds."""
+    rows = []
+    for name in names:
+        values = [[r[key][t] for r in measured[name]] for t in tasks]
+        rows.append([name, *(f"{np.mean(v):.2f} / {np.std(v, ddof=1):.2f}" for v in values)])
+    return markdown_table(["arm", *tasks], rows)
+
+
 def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
     measured = results["arms"]
     parts = [
@@ -222,22 +231,7 @@ def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
     parts.append(markdown_table([*header, "camera blanked", "counterfactual marker"], rows))
     tasks = sorted({t for arm in measured.values() for r in arm for t in r["per_task"]})
     parts.append("Each task's any-step success across seeds (mean / SD):")
-    parts.append(
-        markdown_table(
-            ["arm", *tasks],
-            [
-                [
-                    name,
-                    *[
-                        f"{np.mean([r['per_task'][t] for r in measured[name]]):.2f} / {np.std([r['per_task'][t] for r in measured[name]], ddof=1):.2f}"
-                        for t in tasks
-                    ],
-                ]
-                for name in ARMS
-                if name in measured
-            ],
-        )
-    )
+    parts.append(seed_task_table(measured, [name for name in ARMS if name in measured], tasks, "per_task"))
     probed = [n for n in ARMS if n in measured and all(r.get("conditions_per_task") for r in measured[n])]
     if probed:
         parts.append(
@@ -269,22 +263,7 @@ def page(results: Dict[str, Any], seeds: int, episodes: int) -> str:
     finals = [n for n in ARMS if n in measured and all(r.get("final_per_task") for r in measured[n])]
     if finals:
         parts.append("Each task's final-step success across seeds (mean / SD):")
-        parts.append(
-            markdown_table(
-                ["arm", *tasks],
-                [
-                    [
-                        name,
-                        *[
-                            f"{np.mean([r['final_per_task'][t] for r in measured[name]]):.2f} / "
-                            f"{np.std([r['final_per_task'][t] for r in measured[name]], ddof=1):.2f}"
-                            for t in tasks
-                        ],
-                    ]
-                    for name in finals
-                ],
-            )
-        )
+        parts.append(seed_task_table(measured, finals, tasks, "final_per_task"))
     lines, ps = [], []
     for a, b, why in CONTRASTS:
         if a in measured and b in measured:

@@ -420,17 +420,16 @@ class LoopState:
     ) -> None:
         self.model, self.optimizer, self.schedule, self.average = model, optimizer, schedule, average
         self.rng, self.sampler, self.curves, self.probes = rng, sampler, curves, probes
-        self.clock = self.saved_at = 0.0
+        self.saved_at = 0.0
 
     def start(self, extras: TrainingExtras, steps: int, clock: float) -> Tuple[int, float]:
         """(first step, clock): a fresh run's step 1 (its step-0 probes taken), or the step after a
         killed run's last save with the clock it had then."""
-        first = self.restore(extras.resume_file, steps)
+        first, clock = self.restore(extras.resume_file, steps, clock)
         if first == 1:
-            self.clock = clock
             self.probes.at(0, clock)
-        self.saved_at = self.clock
-        return first, self.clock
+        self.saved_at = clock
+        return first, clock
 
     def keep(self, extras: TrainingExtras, step: int, steps: int, clock: float) -> None:
         """Save after `step` when a resume file is asked for and resume_every_seconds have passed."""
@@ -462,11 +461,11 @@ class LoopState:
         )
         atomic_write_bytes(path, lambda out: torch.save(dataclasses.asdict(state), out))
 
-    def restore(self, path: Optional[Path], steps: int) -> int:
-        """The first step to run: 1, or the one after a resume file's (which is read back into the
-        loop's objects)."""
+    def restore(self, path: Optional[Path], steps: int, clock: float) -> Tuple[int, float]:
+        """(first step to run, the run's clock): (1, `clock`), or the step after a resume file's and
+        the clock it was saved at (the file read back into the loop's objects)."""
         if path is None or not path.exists():
-            return 1
+            return 1, clock
         try:
             state = ResumeState(**torch.load(path, map_location="cpu", weights_only=True))
             if state.schema != RESUME_SCHEMA or not 0 < state.step < steps:
@@ -476,7 +475,7 @@ class LoopState:
 
             logging.getLogger(__name__).warning("resume file %s not used (%s): training from step 1", path, error)
             os.remove(path)
-            return 1
+            return 1, clock
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
         self.schedule.load_state_dict(state.schedule)
@@ -494,8 +493,7 @@ class LoopState:
         heldout, validation, second_moment = state.probes
         self.probes.heldout, self.probes.validation = list(heldout), list(validation)
         self.probes.second_moment = list(second_moment)
-        self.clock = state.clock
-        return state.step + 1
+        return state.step + 1, state.clock
 
 
 class Probes:
